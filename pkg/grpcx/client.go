@@ -1,0 +1,81 @@
+package grpcx
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+)
+
+// ClientConfig configures a gRPC client connection.
+type ClientConfig struct {
+	// TLS holds the client's certificate, key and the CA the server's
+	// certificate must chain to, or Insecure for plaintext.
+	TLS tlsx.Config
+	// MaxRecvMsgSize is the largest message the client accepts, in bytes;
+	// zero means 256 MiB.
+	MaxRecvMsgSize int
+	// MaxSendMsgSize is the largest message the client sends, in bytes;
+	// zero means 256 MiB.
+	MaxSendMsgSize int
+	// KeepaliveTime is how long the connection may be idle before the client
+	// pings the server (also when no call is active); zero disables client
+	// pings. gRPC raises values below 10s to 10s.
+	KeepaliveTime time.Duration
+}
+
+// Validate reports whether cfg is usable.
+func (c ClientConfig) Validate() error {
+	switch {
+	case c.MaxRecvMsgSize < 0:
+		return fmt.Errorf("grpc client config: MaxRecvMsgSize %d is negative", c.MaxRecvMsgSize)
+	case c.MaxSendMsgSize < 0:
+		return fmt.Errorf("grpc client config: MaxSendMsgSize %d is negative", c.MaxSendMsgSize)
+	case c.KeepaliveTime < 0:
+		return errors.New("grpc client config: KeepaliveTime is negative")
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("grpc client config: %w", err)
+	}
+	return nil
+}
+
+// Dial validates cfg and creates a client connection to target with
+// grpc.NewClient, using cfg's transport credentials, keepalive and message
+// size limits; opts are applied after those. As with grpc.NewClient, no
+// connection is made until the first call.
+func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("grpc dial %s: %w", target, err)
+	}
+	creds, err := cfg.TLS.ClientCredentials()
+	if err != nil {
+		return nil, fmt.Errorf("grpc dial %s: %w", target, err)
+	}
+	recv, send := cfg.MaxRecvMsgSize, cfg.MaxSendMsgSize
+	if recv == 0 {
+		recv = DefaultMaxMsgSize
+	}
+	if send == 0 {
+		send = DefaultMaxMsgSize
+	}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send)),
+	}
+	if cfg.KeepaliveTime > 0 {
+		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:                cfg.KeepaliveTime,
+			PermitWithoutStream: true,
+		}))
+	}
+	conn, err := grpc.NewClient(target, append(dialOpts, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("grpc dial %s: %w", target, err)
+	}
+	return conn, nil
+}
