@@ -1,0 +1,64 @@
+package rpcerr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestToStatus(t *testing.T) {
+	inv := &InvalidError{}
+	inv.Add("desired_lrp.process_guid", "must not be empty")
+	inv.Add("desired_lrp.instances", "must be at most %d", 10)
+	tests := []struct {
+		name string
+		err  error
+		code codes.Code
+		msg  string
+	}{
+		{"nil", nil, codes.OK, ""},
+		{"not found wrapped", fmt.Errorf("claim web/0: %w", NotFound("actual lrp web/0")), codes.NotFound, "claim web/0: actual lrp web/0"},
+		{"exists", AlreadyExists("desired lrp %q", "web"), codes.AlreadyExists, `desired lrp "web"`},
+		{"precondition", FailedPrecondition("x"), codes.FailedPrecondition, "x"},
+		{"aborted", Aborted("lost"), codes.Aborted, "lost"},
+		{"unavailable", Unavailable("etcd down"), codes.Unavailable, "etcd down"},
+		{"out of range", OutOfRange("compacted"), codes.OutOfRange, "compacted"},
+		{"invalid", inv, codes.InvalidArgument, "invalid request: desired_lrp.process_guid: must not be empty; desired_lrp.instances: must be at most 10"},
+		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded, "context deadline exceeded"},
+		{"status passes", status.Error(codes.PermissionDenied, "no"), codes.PermissionDenied, "no"},
+		{"plain", errors.New("boom"), codes.Internal, "boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ToStatus(tt.err)
+			st := status.Convert(err)
+			if st.Code() != tt.code || (tt.err != nil && st.Message() != tt.msg) {
+				t.Fatalf("got %v %q, want %v %q", st.Code(), st.Message(), tt.code, tt.msg)
+			}
+		})
+	}
+}
+
+func TestInvalidDetails(t *testing.T) {
+	err := ToStatus(Invalid("task.definition.rootfs", "must be a URI with a scheme"))
+	st := status.Convert(err)
+	if len(st.Details()) != 1 {
+		t.Fatalf("details: %v", st.Details())
+	}
+	br := st.Details()[0].(*errdetails.BadRequest)
+	if br.FieldViolations[0].Field != "task.definition.rootfs" {
+		t.Fatalf("field: %v", br.FieldViolations[0])
+	}
+	if !errors.Is(Invalid("a", "b"), ErrInvalid) {
+		t.Fatal("errors.Is ErrInvalid")
+	}
+	var e *InvalidError
+	if e.Err() != nil || (&InvalidError{}).Err() != nil {
+		t.Fatal("empty InvalidError must be nil")
+	}
+}
