@@ -1,0 +1,62 @@
+// Package config parses a service's flags over its JSON config file: defaults, then the file
+// named by the config flag, then every flag given on the command line.
+package config
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// Parse parses args into fs. When the flag named fileFlag is set, load is called with its
+// value and the explicitly given flags are applied again afterwards, so they override the file.
+func Parse(fs *flag.FlagSet, args []string, fileFlag string, load func(path string) error) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	type setFlag struct{ name, value string }
+	var given []setFlag
+	path := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == fileFlag {
+			path = f.Value.String()
+			return
+		}
+		given = append(given, setFlag{f.Name, f.Value.String()})
+	})
+	if path == "" {
+		return nil
+	}
+	if err := load(path); err != nil {
+		return err
+	}
+	for _, g := range given {
+		if err := fs.Set(g.name, g.value); err != nil {
+			return fmt.Errorf("flag -%s: %w", g.name, err)
+		}
+	}
+	return nil
+}
+
+// List is a comma-separated list flag bound to a string slice.
+type List struct{ Values *[]string }
+
+// String implements flag.Value.
+func (l List) String() string {
+	if l.Values == nil {
+		return ""
+	}
+	return strings.Join(*l.Values, ",")
+}
+
+// Set implements flag.Value: it replaces the list with the comma-separated items of s.
+func (l List) Set(s string) error {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	*l.Values = out
+	return nil
+}
