@@ -1,0 +1,197 @@
+// Package bbs is Gavel's bulletin board: the API of record over etcd. Run serves the gRPC API
+// (bbsv1.BBSService) from a watch-fed cache, writes every change as one compare-and-swap
+// transaction, streams events, and delivers task completion callbacks.
+package bbs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/bbs/internal/api"
+	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
+	"github.com/gavel-sched/gavel/services/bbs/internal/core"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+	"github.com/gavel-sched/gavel/services/bbs/internal/validate"
+)
+
+// Config is the BBS's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// ListenAddress is where the gRPC API listens.
+	ListenAddress string `json:"listen_address"`
+	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
+	TLS tlsx.Config `json:"tls"`
+	// EtcdEndpoints are the etcd client URLs.
+	EtcdEndpoints []string `json:"etcd_endpoints"`
+	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
+	EtcdTLS tlsx.Config `json:"etcd_tls"`
+	// AuctioneerAddress is the auctioneer's gRPC address. New instances and tasks are sent
+	// there for placement once the auctioneer exists; empty leaves them UNCLAIMED/PENDING.
+	AuctioneerAddress string `json:"auctioneer_address"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+	// MaxInstances bounds a desired LRP's instance count; the desired record and all its
+	// instances are written in one etcd transaction, so etcd's --max-txn-ops must exceed it.
+	MaxInstances int32 `json:"max_instances"`
+	// MaxTaskRejections fails a task after this many rejections.
+	MaxTaskRejections int32 `json:"max_task_rejections"`
+	// BookmarkInterval is how often an idle event subscriber gets a bookmark.
+	BookmarkInterval Duration `json:"bookmark_interval"`
+	// EventRing is how many revisions of events are kept in memory for resuming subscribers.
+	EventRing int `json:"event_ring"`
+	// CallbackWorkers is how many task completion callbacks are delivered at once.
+	CallbackWorkers int `json:"callback_workers"`
+}
+
+// Duration is a time.Duration written as a string ("10s") in config files.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Default is the configuration of a BBS next to a local etcd.
+func Default() Config {
+	return Config{
+		ListenAddress:     "127.0.0.1:8889",
+		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
+		Log:               logging.Config{Level: "info", Format: "text"},
+		MaxInstances:      models.DefaultLimits().MaxInstances,
+		MaxTaskRejections: 3,
+		BookmarkInterval:  Duration(10 * time.Second),
+		EventRing:         100_000,
+		CallbackWorkers:   8,
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate reports the first problem that would stop the BBS from starting.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ListenAddress == "" {
+		errs = append(errs, errors.New("listen_address is required"))
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tls: %w", err))
+	}
+	if err := c.EtcdTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if c.MaxInstances <= 0 {
+		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
+	}
+	if c.MaxTaskRejections <= 0 {
+		errs = append(errs, fmt.Errorf("max_task_rejections must be positive, got %d", c.MaxTaskRejections))
+	}
+	if c.BookmarkInterval <= 0 {
+		errs = append(errs, errors.New("bookmark_interval must be positive"))
+	}
+	if c.EventRing <= 0 {
+		errs = append(errs, errors.New("event_ring must be positive"))
+	}
+	if c.CallbackWorkers <= 0 {
+		errs = append(errs, errors.New("callback_workers must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// Service is a running BBS.
+type Service struct {
+	cfg       Config
+	log       hclog.Logger
+	store     *store.Store
+	core      *core.Core
+	callbacks *callback.Worker
+	server    *grpcx.Server
+}
+
+// New builds a BBS over an etcd client; Run starts it.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bbs config: %w", err)
+	}
+	limits := models.DefaultLimits()
+	limits.MaxInstances = cfg.MaxInstances
+	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing})
+	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
+	c := core.New(st, core.Config{
+		Limits:            limits,
+		MaxTaskRejections: cfg.MaxTaskRejections,
+		Logger:            logger.Named("core"),
+		Callbacks:         callbacks,
+	})
+	callbacks.SetResolver(c)
+	v := validate.Validator{Limits: limits}
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
+	)
+	if err != nil {
+		return nil, err
+	}
+	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
+	return &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server}, nil
+}
+
+// Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
+// API is serving.
+func (s *Service) Run(ctx context.Context, ready func()) error {
+	return lifecycle.Run(ctx, s.log,
+		lifecycle.Member{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
+		lifecycle.Member{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
+		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			return s.server.Run(ctx, func() {
+				r()
+				ready()
+			})
+		})},
+	)
+}
+
+// Addr is the API's bound address once Run has called ready.
+func (s *Service) Addr() net.Addr { return s.server.Addr() }

@@ -1,0 +1,89 @@
+// Package bbstest runs a real BBS for tests: an embedded etcd, the BBS service on a loopback
+// port, and a gRPC client connected to it.
+package bbstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/bbs"
+)
+
+// Env is a running BBS with its etcd.
+type Env struct {
+	// Client talks to the BBS over gRPC.
+	Client bbsv1.BBSServiceClient
+	// Etcd is a client of the BBS's etcd, for direct inspection and fault injection.
+	Etcd *clientv3.Client
+	// Addr is the BBS's gRPC address.
+	Addr string
+	// Service is the running BBS.
+	Service *bbs.Service
+	// Config is the configuration the BBS runs with.
+	Config bbs.Config
+}
+
+// Start runs a BBS over a fresh embedded etcd for the duration of the test. configure, when
+// given, adjusts the configuration first.
+func Start(t testing.TB, configure ...func(*bbs.Config)) *Env {
+	t.Helper()
+	_, cli := etcdtest.Start(t)
+	return StartOn(t, cli, configure...)
+}
+
+// StartOn runs a BBS over an existing etcd client (several BBS instances may share one etcd).
+func StartOn(t testing.TB, cli *clientv3.Client, configure ...func(*bbs.Config)) *Env {
+	t.Helper()
+	cfg := bbs.Default()
+	cfg.ListenAddress = "127.0.0.1:0"
+	cfg.TLS = tlsx.Config{Insecure: true}
+	cfg.EtcdTLS = tlsx.Config{Insecure: true}
+	cfg.BookmarkInterval = bbs.Duration(200 * time.Millisecond)
+	for _, f := range configure {
+		f(&cfg)
+	}
+	logger := logging.NewTest(t)
+	svc, err := bbs.New(cfg, logger, cli)
+	if err != nil {
+		t.Fatalf("new bbs: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("bbs stopped before it was ready: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("bbs not ready within 30s")
+	}
+	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+	if err != nil {
+		cancel()
+		t.Fatalf("dial bbs: %v", err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("bbs stopped with error: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("bbs did not stop within 20s")
+		}
+	})
+	return &Env{Client: bbsv1.NewBBSServiceClient(conn), Etcd: cli, Addr: svc.Addr().String(), Service: svc, Config: cfg}
+}

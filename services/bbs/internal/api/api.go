@@ -1,0 +1,279 @@
+// Package api is the BBS's gRPC surface: each handler unpacks its request (already validated by
+// the server's validator), calls the core and packs the answer. Errors are mapped to gRPC
+// statuses in one place, by rpcerr's interceptors.
+package api
+
+import (
+	"context"
+	"time"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/services/bbs/internal/core"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+// Server implements bbsv1.BBSServiceServer over the core.
+type Server struct {
+	bbsv1.UnimplementedBBSServiceServer
+	core          *core.Core
+	st            *store.Store
+	bookmarkEvery time.Duration
+}
+
+var _ bbsv1.BBSServiceServer = (*Server)(nil)
+
+// New returns the API over c; idle event subscribers get a bookmark every bookmarkEvery.
+func New(c *core.Core, bookmarkEvery time.Duration) *Server {
+	return &Server{core: c, st: c.Store(), bookmarkEvery: bookmarkEvery}
+}
+
+// UpsertDomain implements bbsv1.BBSServiceServer.
+func (s *Server) UpsertDomain(ctx context.Context, r *bbsv1.UpsertDomainRequest) (*bbsv1.UpsertDomainResponse, error) {
+	return &bbsv1.UpsertDomainResponse{}, s.core.UpsertDomain(ctx, r.GetDomain(), r.GetTtlSeconds())
+}
+
+// Domains implements bbsv1.BBSServiceServer.
+func (s *Server) Domains(context.Context, *bbsv1.DomainsRequest) (*bbsv1.DomainsResponse, error) {
+	domains, rev := s.st.Domains()
+	return &bbsv1.DomainsResponse{Domains: domains, Revision: rev}, nil
+}
+
+// DesireLRP implements bbsv1.BBSServiceServer.
+func (s *Server) DesireLRP(ctx context.Context, r *bbsv1.DesireLRPRequest) (*bbsv1.DesireLRPResponse, error) {
+	rev, err := s.core.DesireLRP(ctx, r.GetDesiredLrp())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.DesireLRPResponse{Revision: rev}, nil
+}
+
+// UpdateDesiredLRP implements bbsv1.BBSServiceServer.
+func (s *Server) UpdateDesiredLRP(ctx context.Context, r *bbsv1.UpdateDesiredLRPRequest) (*bbsv1.UpdateDesiredLRPResponse, error) {
+	d, rev, err := s.core.UpdateDesiredLRP(ctx, r.GetProcessGuid(), r.GetUpdate(), r.GetExpectedModificationTag())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.UpdateDesiredLRPResponse{DesiredLrp: d, Revision: rev}, nil
+}
+
+// RemoveDesiredLRP implements bbsv1.BBSServiceServer.
+func (s *Server) RemoveDesiredLRP(ctx context.Context, r *bbsv1.RemoveDesiredLRPRequest) (*bbsv1.RemoveDesiredLRPResponse, error) {
+	rev, err := s.core.RemoveDesiredLRP(ctx, r.GetProcessGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.RemoveDesiredLRPResponse{Revision: rev}, nil
+}
+
+// DesiredLRPs implements bbsv1.BBSServiceServer.
+func (s *Server) DesiredLRPs(_ context.Context, r *bbsv1.DesiredLRPsRequest) (*bbsv1.DesiredLRPsResponse, error) {
+	f, err := core.ListFilter(r.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	lrps, rev := s.st.DesiredLRPs(f)
+	return &bbsv1.DesiredLRPsResponse{DesiredLrps: lrps, Revision: rev}, nil
+}
+
+// DesiredLRPByProcessGuid implements bbsv1.BBSServiceServer.
+func (s *Server) DesiredLRPByProcessGuid(_ context.Context, r *bbsv1.DesiredLRPByProcessGuidRequest) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
+	d, rev, err := s.core.DesiredLRP(r.GetProcessGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.DesiredLRPByProcessGuidResponse{DesiredLrp: d, Revision: rev}, nil
+}
+
+// DesiredLRPSchedulingInfos implements bbsv1.BBSServiceServer.
+func (s *Server) DesiredLRPSchedulingInfos(_ context.Context, r *bbsv1.DesiredLRPSchedulingInfosRequest) (*bbsv1.DesiredLRPSchedulingInfosResponse, error) {
+	f, err := core.ListFilter(r.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	infos, rev := s.st.SchedulingInfos(f)
+	return &bbsv1.DesiredLRPSchedulingInfosResponse{SchedulingInfos: infos, Revision: rev}, nil
+}
+
+// ActualLRPs implements bbsv1.BBSServiceServer.
+func (s *Server) ActualLRPs(_ context.Context, r *bbsv1.ActualLRPsRequest) (*bbsv1.ActualLRPsResponse, error) {
+	f, err := core.ListFilter(r.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	if r.Index != nil {
+		idx := r.GetIndex()
+		f.Index = &idx
+	}
+	lrps, rev := s.st.ActualLRPs(f)
+	return &bbsv1.ActualLRPsResponse{ActualLrps: lrps, Revision: rev}, nil
+}
+
+// ClaimActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequest) (*bbsv1.ClaimActualLRPResponse, error) {
+	a, err := s.core.ClaimActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.ClaimActualLRPResponse{ActualLrp: a}, nil
+}
+
+// StartActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) StartActualLRP(ctx context.Context, r *bbsv1.StartActualLRPRequest) (*bbsv1.StartActualLRPResponse, error) {
+	a, err := s.core.StartActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo(), r.GetRoutable())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.StartActualLRPResponse{ActualLrp: a}, nil
+}
+
+// CrashActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) CrashActualLRP(ctx context.Context, r *bbsv1.CrashActualLRPRequest) (*bbsv1.CrashActualLRPResponse, error) {
+	a, err := s.core.CrashActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.CrashActualLRPResponse{ActualLrp: a}, nil
+}
+
+// FailActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) FailActualLRP(ctx context.Context, r *bbsv1.FailActualLRPRequest) (*bbsv1.FailActualLRPResponse, error) {
+	return &bbsv1.FailActualLRPResponse{}, s.core.FailActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetPlacementError())
+}
+
+// RemoveActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) RemoveActualLRP(ctx context.Context, r *bbsv1.RemoveActualLRPRequest) (*bbsv1.RemoveActualLRPResponse, error) {
+	return &bbsv1.RemoveActualLRPResponse{}, s.core.RemoveActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+}
+
+// RetireActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) RetireActualLRP(ctx context.Context, r *bbsv1.RetireActualLRPRequest) (*bbsv1.RetireActualLRPResponse, error) {
+	return &bbsv1.RetireActualLRPResponse{}, s.core.RetireActualLRP(ctx, r.GetProcessGuid(), r.GetIndex())
+}
+
+// EvacuateClaimedActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) EvacuateClaimedActualLRP(ctx context.Context, r *bbsv1.EvacuateClaimedActualLRPRequest) (*bbsv1.EvacuateClaimedActualLRPResponse, error) {
+	keep, err := s.core.EvacuateClaimedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.EvacuateClaimedActualLRPResponse{KeepContainer: keep}, nil
+}
+
+// EvacuateRunningActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) EvacuateRunningActualLRP(ctx context.Context, r *bbsv1.EvacuateRunningActualLRPRequest) (*bbsv1.EvacuateRunningActualLRPResponse, error) {
+	keep, err := s.core.EvacuateRunningActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.EvacuateRunningActualLRPResponse{KeepContainer: keep}, nil
+}
+
+// EvacuateStoppedActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) EvacuateStoppedActualLRP(ctx context.Context, r *bbsv1.EvacuateStoppedActualLRPRequest) (*bbsv1.EvacuateStoppedActualLRPResponse, error) {
+	keep, err := s.core.EvacuateStoppedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.EvacuateStoppedActualLRPResponse{KeepContainer: keep}, nil
+}
+
+// EvacuateCrashedActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) EvacuateCrashedActualLRP(ctx context.Context, r *bbsv1.EvacuateCrashedActualLRPRequest) (*bbsv1.EvacuateCrashedActualLRPResponse, error) {
+	keep, err := s.core.EvacuateCrashedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.EvacuateCrashedActualLRPResponse{KeepContainer: keep}, nil
+}
+
+// RemoveEvacuatingActualLRP implements bbsv1.BBSServiceServer.
+func (s *Server) RemoveEvacuatingActualLRP(ctx context.Context, r *bbsv1.RemoveEvacuatingActualLRPRequest) (*bbsv1.RemoveEvacuatingActualLRPResponse, error) {
+	return &bbsv1.RemoveEvacuatingActualLRPResponse{}, s.core.RemoveEvacuatingActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+}
+
+// DesireTask implements bbsv1.BBSServiceServer.
+func (s *Server) DesireTask(ctx context.Context, r *bbsv1.DesireTaskRequest) (*bbsv1.DesireTaskResponse, error) {
+	rev, err := s.core.DesireTask(ctx, r.GetTaskGuid(), r.GetDomain(), r.GetDefinition())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.DesireTaskResponse{Revision: rev}, nil
+}
+
+// Tasks implements bbsv1.BBSServiceServer.
+func (s *Server) Tasks(_ context.Context, r *bbsv1.TasksRequest) (*bbsv1.TasksResponse, error) {
+	f, err := core.ListFilter(r.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	tasks, rev := s.st.Tasks(f)
+	return &bbsv1.TasksResponse{Tasks: tasks, Revision: rev}, nil
+}
+
+// TaskByGuid implements bbsv1.BBSServiceServer.
+func (s *Server) TaskByGuid(_ context.Context, r *bbsv1.TaskByGuidRequest) (*bbsv1.TaskByGuidResponse, error) {
+	t, rev, err := s.core.Task(r.GetTaskGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.TaskByGuidResponse{Task: t, Revision: rev}, nil
+}
+
+// StartTask implements bbsv1.BBSServiceServer.
+func (s *Server) StartTask(ctx context.Context, r *bbsv1.StartTaskRequest) (*bbsv1.StartTaskResponse, error) {
+	start, err := s.core.StartTask(ctx, r.GetTaskGuid(), r.GetCellId())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.StartTaskResponse{ShouldStart: start}, nil
+}
+
+// CancelTask implements bbsv1.BBSServiceServer.
+func (s *Server) CancelTask(ctx context.Context, r *bbsv1.CancelTaskRequest) (*bbsv1.CancelTaskResponse, error) {
+	return &bbsv1.CancelTaskResponse{}, s.core.CancelTask(ctx, r.GetTaskGuid())
+}
+
+// RejectTask implements bbsv1.BBSServiceServer.
+func (s *Server) RejectTask(ctx context.Context, r *bbsv1.RejectTaskRequest) (*bbsv1.RejectTaskResponse, error) {
+	return &bbsv1.RejectTaskResponse{}, s.core.RejectTask(ctx, r.GetTaskGuid(), r.GetRejectionReason(), r.GetPlacementError())
+}
+
+// CompleteTask implements bbsv1.BBSServiceServer.
+func (s *Server) CompleteTask(ctx context.Context, r *bbsv1.CompleteTaskRequest) (*bbsv1.CompleteTaskResponse, error) {
+	return &bbsv1.CompleteTaskResponse{}, s.core.CompleteTask(ctx, r.GetTaskGuid(), r.GetCellId(), r.GetFailed(), r.GetFailureReason(), r.GetResult())
+}
+
+// ResolvingTask implements bbsv1.BBSServiceServer.
+func (s *Server) ResolvingTask(ctx context.Context, r *bbsv1.ResolvingTaskRequest) (*bbsv1.ResolvingTaskResponse, error) {
+	return &bbsv1.ResolvingTaskResponse{}, s.core.ResolvingTask(ctx, r.GetTaskGuid())
+}
+
+// DeleteTask implements bbsv1.BBSServiceServer.
+func (s *Server) DeleteTask(ctx context.Context, r *bbsv1.DeleteTaskRequest) (*bbsv1.DeleteTaskResponse, error) {
+	return &bbsv1.DeleteTaskResponse{}, s.core.DeleteTask(ctx, r.GetTaskGuid())
+}
+
+// Cells implements bbsv1.BBSServiceServer.
+func (s *Server) Cells(context.Context, *bbsv1.CellsRequest) (*bbsv1.CellsResponse, error) {
+	cells, rev := s.st.Cells()
+	return &bbsv1.CellsResponse{Cells: cells, Revision: rev}, nil
+}
+
+// Tags implements bbsv1.BBSServiceServer.
+func (s *Server) Tags(context.Context, *bbsv1.TagsRequest) (*bbsv1.TagsResponse, error) {
+	return &bbsv1.TagsResponse{Tags: s.core.Tags()}, nil
+}
+
+// ResolveLinks implements bbsv1.BBSServiceServer.
+func (s *Server) ResolveLinks(_ context.Context, r *bbsv1.ResolveLinksRequest) (*bbsv1.ResolveLinksResponse, error) {
+	links, err := s.core.ResolveLinks(r.GetProcessGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &bbsv1.ResolveLinksResponse{Links: links}, nil
+}
+
+// SubscribeToEvents implements bbsv1.BBSServiceServer.
+func (s *Server) SubscribeToEvents(r *bbsv1.SubscribeToEventsRequest, stream bbsv1.BBSService_SubscribeToEventsServer) error {
+	return s.st.Subscribe(stream.Context(), r.GetSinceRevision(), store.NewEventFilter(r.GetFilter()), s.bookmarkEvery, stream.Send)
+}

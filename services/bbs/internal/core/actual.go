@@ -1,0 +1,267 @@
+package core
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+const (
+	ordinary   = modelsv1.ActualLRP_PRESENCE_ORDINARY
+	evacuating = modelsv1.ActualLRP_PRESENCE_EVACUATING
+	unclaimed  = modelsv1.ActualLRP_STATE_UNCLAIMED
+	claimed    = modelsv1.ActualLRP_STATE_CLAIMED
+	running    = modelsv1.ActualLRP_STATE_RUNNING
+	crashed    = modelsv1.ActualLRP_STATE_CRASHED
+)
+
+func describe(guid string, index int32) string { return fmt.Sprintf("actual lrp %s/%d", guid, index) }
+
+func describeInstance(k *modelsv1.ActualLRPInstanceKey) string {
+	return fmt.Sprintf("instance %s on cell %s", k.GetInstanceGuid(), k.GetCellId())
+}
+
+// changed returns a copy of a with its modification tag bumped and since set when the state
+// changes.
+func (c *Core) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_State) *modelsv1.ActualLRP {
+	next := clone(a)
+	if next.GetState() != state {
+		next.Since = c.now()
+	}
+	next.State = state
+	next.ModificationTag = bump(a.GetModificationTag())
+	return next
+}
+
+// putActual stages a write of a under its key.
+func putActual(t *store.Txn, a *modelsv1.ActualLRP) error {
+	return t.Put(store.ActualKey(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), a.GetPresence()), a)
+}
+
+func deleteActual(t *store.Txn, a *modelsv1.ActualLRP) {
+	t.Delete(store.ActualKey(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), a.GetPresence()))
+}
+
+// ordinaryLRP reads the ordinary record of an instance slot or fails with NotFound.
+func ordinaryLRP(t *store.Txn, guid string, index int32) (*modelsv1.ActualLRP, error) {
+	a, err := t.ActualLRP(guid, index, ordinary)
+	if err != nil {
+		return nil, err
+	}
+	if a == nil {
+		return nil, rpcerr.NotFound("%s not found", describe(guid, index))
+	}
+	return a, nil
+}
+
+func (c *Core) zoneOf(cellID string) string { return c.st.Cell(cellID).GetZone() }
+
+// ClaimActualLRP moves an UNCLAIMED instance to CLAIMED by the given container. Claiming again
+// with the same instance key is a no-op; any other claim fails with FailedPrecondition.
+func (c *Core) ClaimActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (*modelsv1.ActualLRP, error) {
+	var out *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		a, err := ordinaryLRP(t, guid, index)
+		if err != nil {
+			return err
+		}
+		switch a.GetState() {
+		case unclaimed:
+		case claimed:
+			if sameInstance(a.GetInstanceKey(), ik) {
+				out = a
+				return nil
+			}
+			return rpcerr.FailedPrecondition("%s is already claimed by %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
+		case running:
+			return rpcerr.FailedPrecondition("%s is already running as %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
+		default:
+			return rpcerr.FailedPrecondition("%s cannot be claimed in state %s", describe(guid, index), a.GetState())
+		}
+		next := c.changed(a, claimed)
+		next.InstanceKey = clone(ik)
+		next.PlacementError = nil
+		next.Zone = c.zoneOf(ik.GetCellId())
+		out = next
+		return putActual(t, next)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", describe(guid, index), err)
+	}
+	return out, nil
+}
+
+// StartActualLRP marks an instance RUNNING in the given container with its network info. It is
+// legal from UNCLAIMED, from CLAIMED by the same container, and again while RUNNING in the same
+// container (to update network info or routability).
+func (c *Core) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool) (*modelsv1.ActualLRP, error) {
+	var out *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		a, err := ordinaryLRP(t, guid, index)
+		if err != nil {
+			return err
+		}
+		switch a.GetState() {
+		case unclaimed:
+		case claimed:
+			if !sameInstance(a.GetInstanceKey(), ik) {
+				return rpcerr.FailedPrecondition("%s is claimed by %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+			}
+		case running:
+			if !sameInstance(a.GetInstanceKey(), ik) {
+				return rpcerr.FailedPrecondition("%s is running as %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+			}
+			if proto.Equal(a.GetNetInfo(), net) && a.GetRoutable() == routable {
+				out = a
+				return nil
+			}
+		default:
+			return rpcerr.FailedPrecondition("%s cannot be started in state %s", describe(guid, index), a.GetState())
+		}
+		next := c.changed(a, running)
+		next.InstanceKey = clone(ik)
+		next.NetInfo = clone(net)
+		next.Routable = routable
+		next.PlacementError = nil
+		next.Zone = c.zoneOf(ik.GetCellId())
+		out = next
+		return putActual(t, next)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", describe(guid, index), err)
+	}
+	return out, nil
+}
+
+// crashed returns the record after a crash of a's container: UNCLAIMED when the policy
+// restarts it at once, else CRASHED; either way without instance or network.
+func (c *Core) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.ActualLRP {
+	count := models.CrashCountAfterCrash(a, c.cfg.Now())
+	state := crashed
+	if models.ShouldRestartImmediately(count) {
+		state = unclaimed
+	}
+	next := c.changed(a, state)
+	next.Since = c.now()
+	next.CrashCount = count
+	next.CrashReason = reason
+	next.InstanceKey = nil
+	next.NetInfo = nil
+	next.Routable = false
+	return next
+}
+
+// CrashActualLRP records a crash of a CLAIMED or RUNNING instance in the given container.
+func (c *Core) CrashActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (*modelsv1.ActualLRP, error) {
+	var out *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		a, err := ordinaryLRP(t, guid, index)
+		if err != nil {
+			return err
+		}
+		if s := a.GetState(); s != claimed && s != running {
+			return rpcerr.FailedPrecondition("%s cannot crash in state %s", describe(guid, index), s)
+		}
+		if !sameInstance(a.GetInstanceKey(), ik) {
+			return rpcerr.FailedPrecondition("%s belongs to %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+		}
+		out = c.crashed(a, reason)
+		return putActual(t, out)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("crash %s: %w", describe(guid, index), err)
+	}
+	c.restartIfUnclaimed(out)
+	return out, nil
+}
+
+// restartIfUnclaimed asks for an UNCLAIMED instance to be placed.
+func (c *Core) restartIfUnclaimed(a *modelsv1.ActualLRP) {
+	if a.GetState() != unclaimed {
+		return
+	}
+	sched, _ := c.st.SchedulingInfos(store.ListFilter{Guids: map[string]struct{}{a.GetKey().GetProcessGuid(): {}}})
+	if len(sched) == 1 {
+		c.auctionLRPs([]LRPStart{{SchedulingInfo: sched[0], Indices: []int32{a.GetKey().GetIndex()}}})
+	}
+}
+
+// FailActualLRP records why an UNCLAIMED instance could not be placed.
+func (c *Core) FailActualLRP(ctx context.Context, guid string, index int32, pe *modelsv1.PlacementError) error {
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		a, err := ordinaryLRP(t, guid, index)
+		if err != nil {
+			return err
+		}
+		if a.GetState() != unclaimed {
+			return rpcerr.FailedPrecondition("%s cannot fail placement in state %s", describe(guid, index), a.GetState())
+		}
+		next := c.changed(a, unclaimed)
+		next.PlacementError = clone(pe)
+		return putActual(t, next)
+	})
+	if err != nil {
+		return fmt.Errorf("fail %s: %w", describe(guid, index), err)
+	}
+	return nil
+}
+
+// RemoveActualLRP deletes the ordinary record of an instance slot; when ik is set it must match
+// the stored instance key.
+func (c *Core) RemoveActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
+	return c.removeRecord(ctx, guid, index, ordinary, ik)
+}
+
+func (c *Core) removeRecord(ctx context.Context, guid string, index int32, p modelsv1.ActualLRP_Presence, ik *modelsv1.ActualLRPInstanceKey) error {
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		a, err := t.ActualLRP(guid, index, p)
+		if err != nil {
+			return err
+		}
+		if a == nil {
+			return rpcerr.NotFound("%s (%s) not found", describe(guid, index), p)
+		}
+		if ik != nil && !sameInstance(a.GetInstanceKey(), ik) {
+			return rpcerr.FailedPrecondition("%s belongs to %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+		}
+		deleteActual(t, a)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", describe(guid, index), err)
+	}
+	return nil
+}
+
+// RetireActualLRP stops an instance: a record without a container (or on a vanished cell) is
+// deleted; a container on a live cell is stopped by its rep, which then removes the record.
+func (c *Core) RetireActualLRP(ctx context.Context, guid string, index int32) error {
+	var stops []stopRequest
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		stops = nil
+		a, err := ordinaryLRP(t, guid, index)
+		if err != nil {
+			return err
+		}
+		if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil {
+			if c.cfg.Cells == nil {
+				return rpcerr.FailedPrecondition("%s runs on live cell %s and this BBS has no rep client to stop it", describe(guid, index), a.GetInstanceKey().GetCellId())
+			}
+			stops = append(stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: ordinary})
+			return nil
+		}
+		deleteActual(t, a)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("retire %s: %w", describe(guid, index), err)
+	}
+	c.stopInstances(stops)
+	return nil
+}

@@ -1,0 +1,152 @@
+// Package core is the BBS's domain logic: the desired LRP, actual LRP and task lifecycles,
+// domains and cells, each change expressed as one compare-and-swap transaction on the store.
+package core
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/labels"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+// LRPStart asks for instances of one desired LRP to be placed.
+type LRPStart struct {
+	// SchedulingInfo is the desired LRP being placed.
+	SchedulingInfo *modelsv1.DesiredLRPSchedulingInfo
+	// Indices are the instance indices to place.
+	Indices []int32
+}
+
+// Auctioneer places work on cells. The BBS calls it after creating UNCLAIMED instances or
+// PENDING tasks; a failed call leaves the work for convergence to re-auction.
+type Auctioneer interface {
+	RequestLRPAuctions(ctx context.Context, starts []LRPStart) error
+	RequestTaskAuctions(ctx context.Context, tasks []*modelsv1.Task) error
+}
+
+// CellClient reaches the rep of a cell to stop work it runs.
+type CellClient interface {
+	StopLRPInstance(ctx context.Context, cell *modelsv1.CellPresence, key *modelsv1.ActualLRPKey, instance *modelsv1.ActualLRPInstanceKey) error
+	CancelTask(ctx context.Context, cell *modelsv1.CellPresence, taskGuid string) error
+}
+
+// CallbackQueue takes completed tasks whose completion callback must be delivered.
+type CallbackQueue interface {
+	Enqueue(task *modelsv1.Task)
+}
+
+// Config wires the core; zero values take defaults.
+type Config struct {
+	// Limits bound request sizes.
+	Limits models.Limits
+	// MaxTaskRejections fails a task after this many rejections unless the task sets its own.
+	MaxTaskRejections int32
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Logger receives the core's logs.
+	Logger hclog.Logger
+	// Auctioneer places new work; nil leaves it UNCLAIMED/PENDING for a later auction.
+	Auctioneer Auctioneer
+	// Cells stops work running on cells; nil means instances on live cells cannot be stopped.
+	Cells CellClient
+	// Callbacks delivers task completion callbacks; nil disables them.
+	Callbacks CallbackQueue
+}
+
+// Core implements the BBS operations over a store.
+type Core struct {
+	st  *store.Store
+	cfg Config
+	log hclog.Logger
+}
+
+// New returns the core over st.
+func New(st *store.Store, cfg Config) *Core {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.MaxTaskRejections <= 0 {
+		cfg.MaxTaskRejections = 3
+	}
+	if cfg.Limits == (models.Limits{}) {
+		cfg.Limits = models.DefaultLimits()
+	}
+	return &Core{st: st, cfg: cfg, log: cfg.Logger}
+}
+
+// Store is the store the core writes to.
+func (c *Core) Store() *store.Store { return c.st }
+
+func (c *Core) now() *timestamppb.Timestamp { return timestamppb.New(c.cfg.Now()) }
+
+func newTag() *modelsv1.ModificationTag {
+	return &modelsv1.ModificationTag{Epoch: uuid.NewString(), Index: 0}
+}
+
+func bump(tag *modelsv1.ModificationTag) *modelsv1.ModificationTag {
+	if tag == nil {
+		return newTag()
+	}
+	return &modelsv1.ModificationTag{Epoch: tag.GetEpoch(), Index: tag.GetIndex() + 1}
+}
+
+func clone[T proto.Message](m T) T { return proto.Clone(m).(T) }
+
+// ListFilter converts the API's filter; the selector was validated with the request.
+func ListFilter(f *bbsv1.Filter) (store.ListFilter, error) {
+	lf := store.ListFilter{Domain: f.GetDomain(), CellID: f.GetCellId()}
+	if len(f.GetProcessGuids()) > 0 {
+		lf.Guids = make(map[string]struct{}, len(f.GetProcessGuids()))
+		for _, g := range f.GetProcessGuids() {
+			lf.Guids[g] = struct{}{}
+		}
+	}
+	sel, err := labels.Parse(f.GetLabelSelector())
+	if err != nil {
+		return lf, err
+	}
+	lf.Selector = sel
+	return lf, nil
+}
+
+func sameInstance(a, b *modelsv1.ActualLRPInstanceKey) bool {
+	return a.GetInstanceGuid() == b.GetInstanceGuid() && a.GetCellId() == b.GetCellId()
+}
+
+// detach runs fn in the background with a bounded context detached from the request, for work
+// the caller has been promised but need not wait for (auction requests, stops, callbacks).
+func (c *Core) detach(what string, fn func(ctx context.Context) error) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := fn(ctx); err != nil {
+			c.log.Warn("background request failed; convergence will retry", "what", what, "error", err)
+		}
+	}()
+}
+
+func (c *Core) auctionLRPs(starts []LRPStart) {
+	if c.cfg.Auctioneer == nil || len(starts) == 0 {
+		return
+	}
+	c.detach("lrp auction", func(ctx context.Context) error { return c.cfg.Auctioneer.RequestLRPAuctions(ctx, starts) })
+}
+
+func (c *Core) auctionTasks(tasks []*modelsv1.Task) {
+	if c.cfg.Auctioneer == nil || len(tasks) == 0 {
+		return
+	}
+	c.detach("task auction", func(ctx context.Context) error { return c.cfg.Auctioneer.RequestTaskAuctions(ctx, tasks) })
+}

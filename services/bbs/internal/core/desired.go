@@ -1,0 +1,222 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+func (c *Core) newUnclaimed(sched *modelsv1.DesiredLRPSchedulingInfo, index int32) *modelsv1.ActualLRP {
+	return &modelsv1.ActualLRP{
+		Key:             &modelsv1.ActualLRPKey{ProcessGuid: sched.GetProcessGuid(), Index: index, Domain: sched.GetDomain()},
+		State:           modelsv1.ActualLRP_STATE_UNCLAIMED,
+		Presence:        modelsv1.ActualLRP_PRESENCE_ORDINARY,
+		Since:           c.now(),
+		ModificationTag: newTag(),
+	}
+}
+
+// createMissing writes UNCLAIMED instances for every index below the desired count that has no
+// ordinary record, and returns the indices created.
+func (c *Core) createMissing(t *store.Txn, sched *modelsv1.DesiredLRPSchedulingInfo, existing []*modelsv1.ActualLRP) ([]int32, error) {
+	have := map[int32]bool{}
+	for _, a := range existing {
+		if a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY {
+			have[a.GetKey().GetIndex()] = true
+		}
+	}
+	var created []int32
+	for i := int32(0); i < sched.GetInstances(); i++ {
+		if have[i] {
+			continue
+		}
+		if err := t.Put(store.ActualKey(sched.GetProcessGuid(), i, modelsv1.ActualLRP_PRESENCE_ORDINARY), c.newUnclaimed(sched, i)); err != nil {
+			return nil, err
+		}
+		created = append(created, i)
+	}
+	return created, nil
+}
+
+// DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction and asks
+// for them to be placed.
+func (c *Core) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (int64, error) {
+	d = clone(d)
+	d.ModificationTag = newTag()
+	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
+	guid := d.GetProcessGuid()
+	var created []int32
+	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
+		existing, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		if existing != nil {
+			return rpcerr.AlreadyExists("desired lrp %q already exists", guid)
+		}
+		if _, err := t.RunInfo(guid); err != nil {
+			return err
+		}
+		actuals, err := t.ActualLRPs(guid)
+		if err != nil {
+			return err
+		}
+		if err := t.Put(store.DesiredSchedKey(guid), sched); err != nil {
+			return err
+		}
+		if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
+			return err
+		}
+		created, err = c.createMissing(t, sched, actuals)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("desire lrp %s: %w", guid, err)
+	}
+	c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: created}})
+	return rev, nil
+}
+
+// stopRequest is an instance that must be stopped by its cell once a transaction commits.
+type stopRequest struct {
+	key      *modelsv1.ActualLRPKey
+	instance *modelsv1.ActualLRPInstanceKey
+	presence modelsv1.ActualLRP_Presence
+}
+
+// retireOrStop deletes a record that holds no container, or schedules its container's stop.
+func retireOrStop(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) {
+	switch a.GetState() {
+	case modelsv1.ActualLRP_STATE_CLAIMED, modelsv1.ActualLRP_STATE_RUNNING:
+		*stops = append(*stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: a.GetPresence()})
+	default:
+		t.Delete(store.ActualKey(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), a.GetPresence()))
+	}
+}
+
+// UpdateDesiredLRP applies an update, creating or retiring instances when the count changes.
+func (c *Core) UpdateDesiredLRP(ctx context.Context, guid string, u *modelsv1.DesiredLRPUpdate, expected *modelsv1.ModificationTag) (*modelsv1.DesiredLRP, int64, error) {
+	var next *modelsv1.DesiredLRPSchedulingInfo
+	var run *modelsv1.DesiredLRPRunInfo
+	var created []int32
+	var stops []stopRequest
+	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
+		created, stops = nil, nil
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		if sched == nil {
+			return rpcerr.NotFound("desired lrp %q not found", guid)
+		}
+		if run, err = t.RunInfo(guid); err != nil {
+			return err
+		}
+		if expected != nil && (expected.GetEpoch() != sched.GetModificationTag().GetEpoch() || expected.GetIndex() != sched.GetModificationTag().GetIndex()) {
+			return rpcerr.Aborted("desired lrp %q was modified: stored modification tag %s/%d, expected %s/%d",
+				guid, sched.GetModificationTag().GetEpoch(), sched.GetModificationTag().GetIndex(), expected.GetEpoch(), expected.GetIndex())
+		}
+		if err := models.CheckImmutable("update", models.JoinDesiredLRP(sched, run), u); err != nil {
+			return err
+		}
+		next = clone(sched)
+		if u.Instances != nil {
+			next.Instances = u.GetInstances()
+		}
+		if u.GetRoutes() != nil {
+			next.Routes = maps.Clone(u.GetRoutes().GetRoutes())
+		}
+		if u.Annotation != nil {
+			next.Annotation = u.GetAnnotation()
+		}
+		if u.GetLabels() != nil {
+			next.Labels = maps.Clone(u.GetLabels().GetLabels())
+		}
+		next.ModificationTag = bump(sched.GetModificationTag())
+		if err := t.Put(store.DesiredSchedKey(guid), next); err != nil {
+			return err
+		}
+		actuals, err := t.ActualLRPs(guid)
+		if err != nil {
+			return err
+		}
+		if next.GetInstances() > sched.GetInstances() {
+			created, err = c.createMissing(t, next, actuals)
+			return err
+		}
+		for _, a := range actuals {
+			if a.GetKey().GetIndex() >= next.GetInstances() {
+				retireOrStop(t, a, &stops)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
+	}
+	c.auctionLRPs([]LRPStart{{SchedulingInfo: next, Indices: created}})
+	c.stopInstances(stops)
+	return models.JoinDesiredLRP(next, run), rev, nil
+}
+
+// RemoveDesiredLRP deletes a desired LRP with every instance that holds no container, and asks
+// the cells of the others to stop them (their reps then remove the records).
+func (c *Core) RemoveDesiredLRP(ctx context.Context, guid string) (int64, error) {
+	var stops []stopRequest
+	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
+		stops = nil
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		if sched == nil {
+			return rpcerr.NotFound("desired lrp %q not found", guid)
+		}
+		if _, err := t.RunInfo(guid); err != nil {
+			return err
+		}
+		actuals, err := t.ActualLRPs(guid)
+		if err != nil {
+			return err
+		}
+		t.Delete(store.DesiredSchedKey(guid))
+		t.Delete(store.DesiredRunKey(guid))
+		for _, a := range actuals {
+			retireOrStop(t, a, &stops)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)
+	}
+	c.stopInstances(stops)
+	return rev, nil
+}
+
+// stopInstances asks the cells of running instances to stop them. Instances whose cell is gone
+// are removed at once; without a cell client they are left for convergence.
+func (c *Core) stopInstances(stops []stopRequest) {
+	for _, s := range stops {
+		s := s
+		cell := c.st.Cell(s.instance.GetCellId())
+		if cell == nil {
+			c.detach("remove instance of vanished cell", func(ctx context.Context) error {
+				return c.removeRecord(ctx, s.key.GetProcessGuid(), s.key.GetIndex(), s.presence, s.instance)
+			})
+			continue
+		}
+		if c.cfg.Cells == nil {
+			c.log.Warn("no rep client configured: instance keeps running until its cell stops it",
+				"process_guid", s.key.GetProcessGuid(), "index", s.key.GetIndex(), "cell_id", s.instance.GetCellId())
+			continue
+		}
+		c.detach("stop instance", func(ctx context.Context) error {
+			return c.cfg.Cells.StopLRPInstance(ctx, cell, s.key, s.instance)
+		})
+	}
+}

@@ -1,0 +1,191 @@
+package core
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+// slotRecords reads the ordinary and evacuating records of one instance slot.
+func slotRecords(t *store.Txn, guid string, index int32) (ord, evac *modelsv1.ActualLRP, err error) {
+	if ord, err = t.ActualLRP(guid, index, ordinary); err != nil {
+		return nil, nil, err
+	}
+	evac, err = t.ActualLRP(guid, index, evacuating)
+	return ord, evac, err
+}
+
+// unclaim returns a copy of a that waits for placement again.
+func (c *Core) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
+	next := c.changed(a, unclaimed)
+	next.InstanceKey = nil
+	next.NetInfo = nil
+	next.Routable = false
+	return next
+}
+
+// EvacuateClaimedActualLRP gives up a CLAIMED instance on a draining cell: the slot is
+// unclaimed for re-placement and the container is not kept.
+func (c *Core) EvacuateClaimedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+	var restarted *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		restarted = nil
+		ord, evac, err := slotRecords(t, guid, index)
+		if err != nil {
+			return err
+		}
+		if evac != nil && sameInstance(evac.GetInstanceKey(), ik) {
+			deleteActual(t, evac)
+		}
+		if ord != nil && ord.GetState() == claimed && sameInstance(ord.GetInstanceKey(), ik) {
+			restarted = c.unclaim(ord)
+			return putActual(t, restarted)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("evacuate claimed %s: %w", describe(guid, index), err)
+	}
+	if restarted != nil {
+		c.restartIfUnclaimed(restarted)
+	}
+	return false, nil
+}
+
+// EvacuateRunningActualLRP keeps a RUNNING instance of a draining cell routable as an
+// EVACUATING copy while its slot is placed again; once the replacement runs (or the slot is
+// gone) the copy is removed and the cell told to drop the container.
+func (c *Core) EvacuateRunningActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo) (bool, error) {
+	var keep bool
+	var restarted *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		keep, restarted = false, nil
+		ord, evac, err := slotRecords(t, guid, index)
+		if err != nil {
+			return err
+		}
+		if evac != nil {
+			if !sameInstance(evac.GetInstanceKey(), ik) {
+				return rpcerr.FailedPrecondition("%s is already evacuating as %s", describe(guid, index), describeInstance(evac.GetInstanceKey()))
+			}
+			if ord == nil || (ord.GetState() == running && !sameInstance(ord.GetInstanceKey(), ik)) {
+				deleteActual(t, evac) // replaced, or no longer desired
+				return nil
+			}
+			keep = true
+			if !proto.Equal(evac.GetNetInfo(), net) {
+				next := c.changed(evac, running)
+				next.NetInfo = clone(net)
+				return putActual(t, next)
+			}
+			return nil
+		}
+		if ord == nil {
+			return nil
+		}
+		mine := sameInstance(ord.GetInstanceKey(), ik) && (ord.GetState() == running || ord.GetState() == claimed)
+		if !mine && ord.GetState() != unclaimed {
+			return nil // the slot belongs to another container now
+		}
+		copyOf := c.changed(ord, running)
+		copyOf.Presence = evacuating
+		copyOf.InstanceKey = clone(ik)
+		copyOf.NetInfo = clone(net)
+		copyOf.PlacementError = nil
+		if !mine {
+			copyOf.Zone = c.zoneOf(ik.GetCellId())
+		}
+		if err := putActual(t, copyOf); err != nil {
+			return err
+		}
+		keep = true
+		if mine {
+			restarted = c.unclaim(ord)
+			return putActual(t, restarted)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("evacuate running %s: %w", describe(guid, index), err)
+	}
+	if restarted != nil {
+		c.restartIfUnclaimed(restarted)
+	}
+	return keep, nil
+}
+
+// EvacuateStoppedActualLRP removes the records of a container that stopped on a draining cell.
+func (c *Core) EvacuateStoppedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		ord, evac, err := slotRecords(t, guid, index)
+		if err != nil {
+			return err
+		}
+		found := false
+		if evac != nil && sameInstance(evac.GetInstanceKey(), ik) {
+			deleteActual(t, evac)
+			found = true
+		}
+		if ord != nil && sameInstance(ord.GetInstanceKey(), ik) {
+			deleteActual(t, ord)
+			found = true
+		}
+		if !found {
+			return rpcerr.NotFound("%s has no record of %s", describe(guid, index), describeInstance(ik))
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("evacuate stopped %s: %w", describe(guid, index), err)
+	}
+	return false, nil
+}
+
+// EvacuateCrashedActualLRP records a crash of a container on a draining cell: its evacuating
+// copy is removed and, when it still holds the slot, the slot is crashed as by CrashActualLRP.
+func (c *Core) EvacuateCrashedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (bool, error) {
+	var after *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		after = nil
+		ord, evac, err := slotRecords(t, guid, index)
+		if err != nil {
+			return err
+		}
+		found := false
+		if evac != nil && sameInstance(evac.GetInstanceKey(), ik) {
+			deleteActual(t, evac)
+			found = true
+		}
+		if ord != nil && sameInstance(ord.GetInstanceKey(), ik) && (ord.GetState() == claimed || ord.GetState() == running) {
+			after = c.crashed(ord, reason)
+			found = true
+			if err := putActual(t, after); err != nil {
+				return err
+			}
+		}
+		if !found {
+			return rpcerr.NotFound("%s has no record of %s", describe(guid, index), describeInstance(ik))
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("evacuate crashed %s: %w", describe(guid, index), err)
+	}
+	if after != nil {
+		c.restartIfUnclaimed(after)
+	}
+	return false, nil
+}
+
+// RemoveEvacuatingActualLRP deletes the EVACUATING copy of an instance held by ik.
+func (c *Core) RemoveEvacuatingActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
+	if err := c.removeRecord(ctx, guid, index, evacuating, ik); err != nil {
+		return fmt.Errorf("remove evacuating: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+)
+
+// item is one cached record: the decoded value (never mutated once cached) and its etcd
+// revisions.
+type item struct {
+	msg    proto.Message
+	modRev int64
+	lease  int64
+}
+
+type slot struct {
+	index    int32
+	presence modelsv1.ActualLRP_Presence
+}
+
+// state is a full copy of the BBS records, keyed for the readers.
+type state struct {
+	sched   map[string]item
+	run     map[string]item
+	actual  map[string]map[slot]item
+	tasks   map[string]item
+	domains map[string]item
+	cells   map[string]item
+}
+
+func newState() *state {
+	return &state{
+		sched:   map[string]item{},
+		run:     map[string]item{},
+		actual:  map[string]map[slot]item{},
+		tasks:   map[string]item{},
+		domains: map[string]item{},
+		cells:   map[string]item{},
+	}
+}
+
+func (s *state) table(k parsedKey) map[string]item {
+	switch k.kind {
+	case kindSched:
+		return s.sched
+	case kindRun:
+		return s.run
+	case kindTask:
+		return s.tasks
+	case kindDomain:
+		return s.domains
+	case kindCell:
+		return s.cells
+	}
+	return nil
+}
+
+func (s *state) get(k parsedKey) (item, bool) {
+	if k.kind == kindActual {
+		it, ok := s.actual[k.id][slot{k.index, k.presence}]
+		return it, ok
+	}
+	t := s.table(k)
+	if t == nil {
+		return item{}, false
+	}
+	it, ok := t[k.id]
+	return it, ok
+}
+
+func (s *state) set(k parsedKey, it item) {
+	if k.kind == kindActual {
+		m := s.actual[k.id]
+		if m == nil {
+			m = map[slot]item{}
+			s.actual[k.id] = m
+		}
+		m[slot{k.index, k.presence}] = it
+		return
+	}
+	if t := s.table(k); t != nil {
+		t[k.id] = it
+	}
+}
+
+func (s *state) del(k parsedKey) {
+	if k.kind == kindActual {
+		m := s.actual[k.id]
+		delete(m, slot{k.index, k.presence})
+		if len(m) == 0 {
+			delete(s.actual, k.id)
+		}
+		return
+	}
+	if t := s.table(k); t != nil {
+		delete(t, k.id)
+	}
+}
+
+// newMessage returns an empty message of the type stored under k.
+func newMessage(k parsedKey) proto.Message {
+	switch k.kind {
+	case kindSched:
+		return &modelsv1.DesiredLRPSchedulingInfo{}
+	case kindRun:
+		return &modelsv1.DesiredLRPRunInfo{}
+	case kindActual:
+		return &modelsv1.ActualLRP{}
+	case kindTask:
+		return &modelsv1.Task{}
+	case kindDomain:
+		return &modelsv1.Domain{}
+	case kindCell:
+		return &modelsv1.CellPresence{}
+	}
+	return nil
+}
+
+func decode(k parsedKey, value []byte) (proto.Message, error) {
+	m := newMessage(k)
+	if m == nil {
+		return nil, nil
+	}
+	if err := proto.Unmarshal(value, m); err != nil {
+		return nil, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
+	}
+	return m, nil
+}
+
+// Cache is the watch-fed copy of every BBS record. Readers get immutable values; the store's
+// watch loop is its only writer.
+type Cache struct {
+	mu     sync.RWMutex
+	st     *state
+	rev    int64
+	notify chan struct{} // closed and replaced whenever rev advances
+}
+
+func newCache() *Cache {
+	return &Cache{st: newState(), notify: make(chan struct{})}
+}
+
+// Revision is the store revision the cache reflects.
+func (c *Cache) Revision() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.rev
+}
+
+// WaitFor blocks until the cache reflects rev or ctx ends.
+func (c *Cache) WaitFor(ctx context.Context, rev int64) error {
+	for {
+		c.mu.RLock()
+		cur, ch := c.rev, c.notify
+		c.mu.RUnlock()
+		if cur >= rev {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// advance sets the revision and wakes waiters; the caller holds c.mu.
+func (c *Cache) advanceLocked(rev int64) {
+	if rev > c.rev {
+		c.rev = rev
+	}
+	close(c.notify)
+	c.notify = make(chan struct{})
+}
+
+// read runs fn under the read lock.
+func (c *Cache) read(fn func(st *state, rev int64)) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	fn(c.st, c.rev)
+}
+
+func (c *Cache) get(k parsedKey) (item, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.st.get(k)
+}
+
+// sortedKeys returns the keys of m in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// sortedSlots returns the slots of m ordered by index then presence.
+func sortedSlots(m map[slot]item) []slot {
+	slots := make([]slot, 0, len(m))
+	for s := range m {
+		slots = append(slots, s)
+	}
+	sort.Slice(slots, func(i, j int) bool {
+		if slots[i].index != slots[j].index {
+			return slots[i].index < slots[j].index
+		}
+		return slots[i].presence < slots[j].presence
+	})
+	return slots
+}
+
+func sortStrings(s []string) []string {
+	sort.Strings(s)
+	return s
+}

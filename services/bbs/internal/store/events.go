@@ -1,0 +1,241 @@
+package store
+
+import (
+	"google.golang.org/protobuf/proto"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
+)
+
+// change is one key's transition within a store revision; before or after is nil when the
+// record was absent.
+type change struct {
+	key    parsedKey
+	before proto.Message
+	after  proto.Message
+}
+
+// lookup supplies a record a revision did not touch (the unchanged half of a desired LRP).
+type lookup func(k parsedKey) proto.Message
+
+// buildEvents turns the changes of one revision into BBS events: desired LRP events first
+// (their two halves joined), then instance, task and cell events in the order of the changes.
+func buildEvents(rev int64, changes []change, look lookup) []*bbsv1.Event {
+	type halves struct {
+		bs, as, br, ar proto.Message
+		sched, run     bool
+	}
+	var desired []*bbsv1.Event
+	var rest []*bbsv1.Event
+	halvesOf := map[string]*halves{}
+	var order []string
+	for _, c := range changes {
+		switch c.key.kind {
+		case kindSched, kindRun:
+			h := halvesOf[c.key.id]
+			if h == nil {
+				h = &halves{}
+				halvesOf[c.key.id] = h
+				order = append(order, c.key.id)
+			}
+			if c.key.kind == kindSched {
+				h.bs, h.as, h.sched = c.before, c.after, true
+			} else {
+				h.br, h.ar, h.run = c.before, c.after, true
+			}
+		case kindActual:
+			rest = append(rest, actualEvents(c)...)
+		case kindTask:
+			rest = append(rest, taskEvent(c))
+		case kindCell:
+			if e := cellEvent(c); e != nil {
+				rest = append(rest, e)
+			}
+		}
+	}
+	for _, id := range order {
+		h := halvesOf[id]
+		if !h.sched {
+			cur := look(parsedKey{kind: kindSched, id: id})
+			h.bs, h.as = cur, cur
+		}
+		if !h.run {
+			cur := look(parsedKey{kind: kindRun, id: id})
+			h.br, h.ar = cur, cur
+		}
+		before, after := joinDesired(h.bs, h.br), joinDesired(h.as, h.ar)
+		var e *bbsv1.Event
+		switch {
+		case before == nil && after != nil:
+			e = &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpCreated{DesiredLrpCreated: &bbsv1.DesiredLRPCreated{DesiredLrp: after}}}
+		case before != nil && after == nil:
+			e = &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpRemoved{DesiredLrpRemoved: &bbsv1.DesiredLRPRemoved{DesiredLrp: before}}}
+		case before != nil && after != nil:
+			e = &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpChanged{DesiredLrpChanged: &bbsv1.DesiredLRPChanged{Before: before, After: after}}}
+		}
+		if e != nil {
+			desired = append(desired, e)
+		}
+	}
+	out := append(desired, rest...)
+	for _, e := range out {
+		e.Revision = rev
+	}
+	return out
+}
+
+func joinDesired(s, r proto.Message) *modelsv1.DesiredLRP {
+	sched, _ := s.(*modelsv1.DesiredLRPSchedulingInfo)
+	if sched == nil {
+		return nil
+	}
+	run, _ := r.(*modelsv1.DesiredLRPRunInfo)
+	return models.JoinDesiredLRP(sched, run)
+}
+
+func actualEvents(c change) []*bbsv1.Event {
+	before, _ := c.before.(*modelsv1.ActualLRP)
+	after, _ := c.after.(*modelsv1.ActualLRP)
+	switch {
+	case before == nil && after != nil:
+		return []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpCreated{ActualLrpCreated: &bbsv1.ActualLRPCreated{ActualLrp: after}}}}
+	case before != nil && after == nil:
+		return []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpRemoved{ActualLrpRemoved: &bbsv1.ActualLRPRemoved{ActualLrp: before}}}}
+	case before != nil && after != nil:
+		out := []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{Before: before, After: after}}}}
+		if after.GetCrashCount() > before.GetCrashCount() || (after.GetCrashCount() < before.GetCrashCount() && after.GetCrashCount() > 0) {
+			out = append(out, &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpCrashed{ActualLrpCrashed: &bbsv1.ActualLRPCrashed{
+				Key:         after.GetKey(),
+				InstanceKey: before.GetInstanceKey(),
+				CrashCount:  after.GetCrashCount(),
+				CrashReason: after.GetCrashReason(),
+			}}})
+		}
+		return out
+	}
+	return nil
+}
+
+func taskEvent(c change) *bbsv1.Event {
+	before, _ := c.before.(*modelsv1.Task)
+	after, _ := c.after.(*modelsv1.Task)
+	switch {
+	case before == nil:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskCreated{TaskCreated: &bbsv1.TaskCreated{Task: after}}}
+	case after == nil:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskRemoved{TaskRemoved: &bbsv1.TaskRemoved{Task: before}}}
+	default:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskChanged{TaskChanged: &bbsv1.TaskChanged{Before: before, After: after}}}
+	}
+}
+
+func cellEvent(c change) *bbsv1.Event {
+	before, _ := c.before.(*modelsv1.CellPresence)
+	after, _ := c.after.(*modelsv1.CellPresence)
+	switch {
+	case before == nil && after != nil:
+		return &bbsv1.Event{Kind: &bbsv1.Event_CellAppeared{CellAppeared: &bbsv1.CellAppeared{Cell: after}}}
+	case before != nil && after == nil:
+		return &bbsv1.Event{Kind: &bbsv1.Event_CellDisappeared{CellDisappeared: &bbsv1.CellDisappeared{Cell: before}}}
+	}
+	return nil // a re-registration with new details is not an appearance
+}
+
+// EventFilter keeps the events a subscriber asked for; empty fields match everything, and a
+// record without the attribute a non-empty field asks for does not match.
+type EventFilter struct {
+	// Domain keeps events of records in this domain.
+	Domain string
+	// Guids keeps events of these process or task guids.
+	Guids map[string]struct{}
+	// CellID keeps events of instances, tasks and presences of this cell.
+	CellID string
+}
+
+// NewEventFilter builds a filter from the API's filter message.
+func NewEventFilter(f *bbsv1.Filter) EventFilter {
+	ef := EventFilter{Domain: f.GetDomain(), CellID: f.GetCellId()}
+	if len(f.GetProcessGuids()) > 0 {
+		ef.Guids = make(map[string]struct{}, len(f.GetProcessGuids()))
+		for _, g := range f.GetProcessGuids() {
+			ef.Guids[g] = struct{}{}
+		}
+	}
+	return ef
+}
+
+func (f EventFilter) empty() bool { return f.Domain == "" && f.Guids == nil && f.CellID == "" }
+
+func (f EventFilter) matchRecord(domain, guid, cell string) bool {
+	if f.Domain != "" && f.Domain != domain {
+		return false
+	}
+	if f.Guids != nil {
+		if _, ok := f.Guids[guid]; !ok {
+			return false
+		}
+	}
+	return f.CellID == "" || f.CellID == cell
+}
+
+// Match reports whether e passes the filter; a change matches if either side does.
+func (f EventFilter) Match(e *bbsv1.Event) bool {
+	if f.empty() {
+		return true
+	}
+	desired := func(d *modelsv1.DesiredLRP) bool {
+		return d != nil && f.matchRecord(d.GetDomain(), d.GetProcessGuid(), "")
+	}
+	actual := func(a *modelsv1.ActualLRP) bool {
+		return a != nil && f.matchRecord(a.GetKey().GetDomain(), a.GetKey().GetProcessGuid(), a.GetInstanceKey().GetCellId())
+	}
+	task := func(t *modelsv1.Task) bool {
+		return t != nil && f.matchRecord(t.GetDomain(), t.GetTaskGuid(), t.GetCellId())
+	}
+	cell := func(c *modelsv1.CellPresence) bool {
+		return c != nil && f.Domain == "" && f.Guids == nil && (f.CellID == "" || f.CellID == c.GetCellId())
+	}
+	switch k := e.GetKind().(type) {
+	case *bbsv1.Event_DesiredLrpCreated:
+		return desired(k.DesiredLrpCreated.GetDesiredLrp())
+	case *bbsv1.Event_DesiredLrpChanged:
+		return desired(k.DesiredLrpChanged.GetBefore()) || desired(k.DesiredLrpChanged.GetAfter())
+	case *bbsv1.Event_DesiredLrpRemoved:
+		return desired(k.DesiredLrpRemoved.GetDesiredLrp())
+	case *bbsv1.Event_ActualLrpCreated:
+		return actual(k.ActualLrpCreated.GetActualLrp())
+	case *bbsv1.Event_ActualLrpChanged:
+		return actual(k.ActualLrpChanged.GetBefore()) || actual(k.ActualLrpChanged.GetAfter())
+	case *bbsv1.Event_ActualLrpRemoved:
+		return actual(k.ActualLrpRemoved.GetActualLrp())
+	case *bbsv1.Event_ActualLrpCrashed:
+		c := k.ActualLrpCrashed
+		return f.matchRecord(c.GetKey().GetDomain(), c.GetKey().GetProcessGuid(), c.GetInstanceKey().GetCellId())
+	case *bbsv1.Event_TaskCreated:
+		return task(k.TaskCreated.GetTask())
+	case *bbsv1.Event_TaskChanged:
+		return task(k.TaskChanged.GetBefore()) || task(k.TaskChanged.GetAfter())
+	case *bbsv1.Event_TaskRemoved:
+		return task(k.TaskRemoved.GetTask())
+	case *bbsv1.Event_CellAppeared:
+		return cell(k.CellAppeared.GetCell())
+	case *bbsv1.Event_CellDisappeared:
+		return cell(k.CellDisappeared.GetCell())
+	}
+	return false
+}
+
+// filterEvents returns the events of evs that f keeps (evs itself when all pass).
+func (f EventFilter) filterEvents(evs []*bbsv1.Event) []*bbsv1.Event {
+	if f.empty() {
+		return evs
+	}
+	var out []*bbsv1.Event
+	for _, e := range evs {
+		if f.Match(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+)
+
+// Key layout of the BBS in etcd. Values are binary protobuf.
+//
+//	/gavel/v1/desired/sched/<process_guid>          DesiredLRPSchedulingInfo
+//	/gavel/v1/desired/run/<process_guid>            DesiredLRPRunInfo
+//	/gavel/v1/actual/<process_guid>/<index>/<presence> ActualLRP (presence: ordinary|evacuating|suspect)
+//	/gavel/v1/task/<task_guid>                      Task
+//	/gavel/v1/domain/<name>                         Domain, under a lease of its TTL
+//	/gavel/v1/cell/<cell_id>                        CellPresence, under the rep's lease
+//	/gavel/v1/lock/<service>                        leader election
+const (
+	// Root is the prefix of every key Gavel writes.
+	Root = "/gavel/v1/"
+
+	desiredSchedPrefix = Root + "desired/sched/"
+	desiredRunPrefix   = Root + "desired/run/"
+	actualPrefix       = Root + "actual/"
+	taskPrefix         = Root + "task/"
+	domainPrefix       = Root + "domain/"
+	cellPrefix         = Root + "cell/"
+	// LockPrefix is where services keep their leader elections.
+	LockPrefix = Root + "lock/"
+)
+
+// DesiredSchedKey is the key of a desired LRP's scheduling info.
+func DesiredSchedKey(guid string) string { return desiredSchedPrefix + guid }
+
+// DesiredRunKey is the key of a desired LRP's run info.
+func DesiredRunKey(guid string) string { return desiredRunPrefix + guid }
+
+// ActualGuidPrefix is the prefix of every actual LRP record of a process guid.
+func ActualGuidPrefix(guid string) string { return actualPrefix + guid + "/" }
+
+// ActualKey is the key of one actual LRP record.
+func ActualKey(guid string, index int32, p modelsv1.ActualLRP_Presence) string {
+	return ActualGuidPrefix(guid) + strconv.Itoa(int(index)) + "/" + presenceName(p)
+}
+
+// TaskKey is the key of a task.
+func TaskKey(guid string) string { return taskPrefix + guid }
+
+// DomainKey is the key of a domain.
+func DomainKey(name string) string { return domainPrefix + name }
+
+// CellKey is the key of a cell's presence.
+func CellKey(cellID string) string { return cellPrefix + cellID }
+
+func presenceName(p modelsv1.ActualLRP_Presence) string {
+	switch p {
+	case modelsv1.ActualLRP_PRESENCE_EVACUATING:
+		return "evacuating"
+	case modelsv1.ActualLRP_PRESENCE_SUSPECT:
+		return "suspect"
+	default:
+		return "ordinary"
+	}
+}
+
+func parsePresence(s string) (modelsv1.ActualLRP_Presence, bool) {
+	switch s {
+	case "ordinary":
+		return modelsv1.ActualLRP_PRESENCE_ORDINARY, true
+	case "evacuating":
+		return modelsv1.ActualLRP_PRESENCE_EVACUATING, true
+	case "suspect":
+		return modelsv1.ActualLRP_PRESENCE_SUSPECT, true
+	}
+	return 0, false
+}
+
+type kind int
+
+const (
+	kindUnknown kind = iota
+	kindSched
+	kindRun
+	kindActual
+	kindTask
+	kindDomain
+	kindCell
+)
+
+// parsedKey identifies the record a key holds.
+type parsedKey struct {
+	kind     kind
+	id       string // process guid, task guid, domain name or cell id
+	index    int32
+	presence modelsv1.ActualLRP_Presence
+}
+
+func parseKey(k string) (parsedKey, error) {
+	cut := func(prefix string) (string, bool) {
+		rest, ok := strings.CutPrefix(k, prefix)
+		return rest, ok && rest != "" && !strings.Contains(rest, "/")
+	}
+	if id, ok := cut(desiredSchedPrefix); ok {
+		return parsedKey{kind: kindSched, id: id}, nil
+	}
+	if id, ok := cut(desiredRunPrefix); ok {
+		return parsedKey{kind: kindRun, id: id}, nil
+	}
+	if id, ok := cut(taskPrefix); ok {
+		return parsedKey{kind: kindTask, id: id}, nil
+	}
+	if id, ok := cut(domainPrefix); ok {
+		return parsedKey{kind: kindDomain, id: id}, nil
+	}
+	if id, ok := cut(cellPrefix); ok {
+		return parsedKey{kind: kindCell, id: id}, nil
+	}
+	if rest, ok := strings.CutPrefix(k, actualPrefix); ok {
+		parts := strings.Split(rest, "/")
+		if len(parts) == 3 {
+			idx, err := strconv.ParseInt(parts[1], 10, 32)
+			p, pok := parsePresence(parts[2])
+			if err == nil && pok && parts[0] != "" {
+				return parsedKey{kind: kindActual, id: parts[0], index: int32(idx), presence: p}, nil
+			}
+		}
+	}
+	if strings.HasPrefix(k, LockPrefix) {
+		return parsedKey{kind: kindUnknown}, nil
+	}
+	return parsedKey{}, fmt.Errorf("unrecognised key %q", k)
+}
+
+// String is the etcd key of the record k names.
+func (k parsedKey) String() string {
+	switch k.kind {
+	case kindSched:
+		return DesiredSchedKey(k.id)
+	case kindRun:
+		return DesiredRunKey(k.id)
+	case kindActual:
+		return ActualKey(k.id, k.index, k.presence)
+	case kindTask:
+		return TaskKey(k.id)
+	case kindDomain:
+		return DomainKey(k.id)
+	case kindCell:
+		return CellKey(k.id)
+	}
+	return ""
+}

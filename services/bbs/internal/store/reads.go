@@ -1,0 +1,207 @@
+package store
+
+import (
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/labels"
+	"github.com/gavel-sched/gavel/pkg/models"
+)
+
+// ListFilter selects records in list reads; zero fields match everything.
+type ListFilter struct {
+	// Domain keeps records of this domain.
+	Domain string
+	// Guids keeps records with these process (or task) guids.
+	Guids map[string]struct{}
+	// CellID keeps instances and tasks on this cell.
+	CellID string
+	// Selector keeps records whose labels match (instances: their desired LRP's labels).
+	Selector labels.Selector
+	// Index, when set, keeps instances with this index.
+	Index *int32
+}
+
+func (f *ListFilter) guid(g string) bool {
+	if f.Guids == nil {
+		return true
+	}
+	_, ok := f.Guids[g]
+	return ok
+}
+
+func (f *ListFilter) selects(m map[string]string) bool {
+	return f.Selector.Empty() || f.Selector.Matches(m)
+}
+
+// DesiredLRPs lists desired LRPs ordered by guid, with the revision read.
+func (s *Store) DesiredLRPs(f ListFilter) ([]*modelsv1.DesiredLRP, int64) {
+	var out []*modelsv1.DesiredLRP
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		for _, g := range sortedKeys(st.sched) {
+			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
+			if !f.guid(g) || (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
+				continue
+			}
+			run, _ := st.run[g].msg.(*modelsv1.DesiredLRPRunInfo)
+			out = append(out, models.JoinDesiredLRP(sched, run))
+		}
+	})
+	return out, rev
+}
+
+// SchedulingInfos lists desired LRP scheduling infos ordered by guid, with the revision read.
+func (s *Store) SchedulingInfos(f ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64) {
+	var out []*modelsv1.DesiredLRPSchedulingInfo
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		for _, g := range sortedKeys(st.sched) {
+			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
+			if !f.guid(g) || (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
+				continue
+			}
+			out = append(out, sched)
+		}
+	})
+	return out, rev
+}
+
+// DesiredLRP returns one desired LRP (nil when absent), with the revision read.
+func (s *Store) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64) {
+	var out *modelsv1.DesiredLRP
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		if it, ok := st.sched[guid]; ok {
+			run, _ := st.run[guid].msg.(*modelsv1.DesiredLRPRunInfo)
+			out = models.JoinDesiredLRP(it.msg.(*modelsv1.DesiredLRPSchedulingInfo), run)
+		}
+	})
+	return out, rev
+}
+
+// ActualLRPs lists instance records ordered by guid, index and presence, with the revision read.
+func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
+	var out []*modelsv1.ActualLRP
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		guids := make([]string, 0, len(st.actual))
+		if f.Guids != nil {
+			for g := range f.Guids {
+				if _, ok := st.actual[g]; ok {
+					guids = append(guids, g)
+				}
+			}
+			guids = sortStrings(guids)
+		} else {
+			guids = sortedKeys(st.actual)
+		}
+		if f.CellID == "" && f.Domain == "" && f.Selector.Empty() && f.Index == nil {
+			n := 0
+			for _, g := range guids {
+				n += len(st.actual[g])
+			}
+			out = make([]*modelsv1.ActualLRP, 0, n)
+		}
+		for _, g := range guids {
+			if !f.Selector.Empty() {
+				sched, ok := st.sched[g]
+				if !ok || !f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels()) {
+					continue
+				}
+			}
+			m := st.actual[g]
+			for _, sl := range sortedSlots(m) {
+				a := m[sl].msg.(*modelsv1.ActualLRP)
+				if f.Domain != "" && a.GetKey().GetDomain() != f.Domain {
+					continue
+				}
+				if f.CellID != "" && a.GetInstanceKey().GetCellId() != f.CellID {
+					continue
+				}
+				if f.Index != nil && sl.index != *f.Index {
+					continue
+				}
+				out = append(out, a)
+			}
+		}
+	})
+	return out, rev
+}
+
+// Tasks lists tasks ordered by guid, with the revision read.
+func (s *Store) Tasks(f ListFilter) ([]*modelsv1.Task, int64) {
+	var out []*modelsv1.Task
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		for _, g := range sortedKeys(st.tasks) {
+			t := st.tasks[g].msg.(*modelsv1.Task)
+			if !f.guid(g) || (f.Domain != "" && t.GetDomain() != f.Domain) ||
+				(f.CellID != "" && t.GetCellId() != f.CellID) || !f.selects(t.GetDefinition().GetLabels()) {
+				continue
+			}
+			out = append(out, t)
+		}
+	})
+	return out, rev
+}
+
+// Task returns one task (nil when absent), with the revision read.
+func (s *Store) Task(guid string) (*modelsv1.Task, int64) {
+	var out *modelsv1.Task
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		if it, ok := st.tasks[guid]; ok {
+			out = it.msg.(*modelsv1.Task)
+		}
+	})
+	return out, rev
+}
+
+// Domains lists the fresh domains ordered by name, with the revision read.
+func (s *Store) Domains() ([]*modelsv1.Domain, int64) {
+	var out []*modelsv1.Domain
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		for _, n := range sortedKeys(st.domains) {
+			out = append(out, st.domains[n].msg.(*modelsv1.Domain))
+		}
+	})
+	return out, rev
+}
+
+// Domain returns a fresh domain and the lease it is held by (nil when absent or expired).
+func (s *Store) Domain(name string) (*modelsv1.Domain, int64) {
+	it, ok := s.cache.get(parsedKey{kind: kindDomain, id: name})
+	if !ok {
+		return nil, 0
+	}
+	return it.msg.(*modelsv1.Domain), it.lease
+}
+
+// Cells lists registered cells ordered by id, with the revision read.
+func (s *Store) Cells() ([]*modelsv1.CellPresence, int64) {
+	var out []*modelsv1.CellPresence
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		for _, id := range sortedKeys(st.cells) {
+			out = append(out, st.cells[id].msg.(*modelsv1.CellPresence))
+		}
+	})
+	return out, rev
+}
+
+// Cell returns a registered cell (nil when absent).
+func (s *Store) Cell(id string) *modelsv1.CellPresence {
+	it, ok := s.cache.get(parsedKey{kind: kindCell, id: id})
+	if !ok {
+		return nil
+	}
+	return it.msg.(*modelsv1.CellPresence)
+}

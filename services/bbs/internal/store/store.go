@@ -1,0 +1,263 @@
+// Package store keeps the BBS records in etcd: compare-and-swap transactions for every change,
+// a watch-fed cache that serves every read, and the event stream derived from the same watch.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+)
+
+// Options tune a Store; zero values take the defaults.
+type Options struct {
+	// Logger receives the store's logs.
+	Logger hclog.Logger
+	// EventRing is how many revisions of events the store keeps for resuming subscribers
+	// (default 100,000); older resumes are served by a dedicated etcd watch.
+	EventRing int
+	// WriteAttempts bounds the compare-and-swap retries of one change (default 8).
+	WriteAttempts int
+	// ListPageSize is the page size of the initial list from etcd (default 5,000 keys).
+	ListPageSize int64
+	// ReadYourWritesTimeout bounds how long a write waits for the cache to reflect it (default 5s).
+	ReadYourWritesTimeout time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.EventRing <= 0 {
+		o.EventRing = 100_000
+	}
+	if o.WriteAttempts <= 0 {
+		o.WriteAttempts = 8
+	}
+	if o.ListPageSize <= 0 {
+		o.ListPageSize = 5000
+	}
+	if o.ReadYourWritesTimeout <= 0 {
+		o.ReadYourWritesTimeout = 5 * time.Second
+	}
+}
+
+// Store is the BBS's view of etcd.
+type Store struct {
+	client *clientv3.Client
+	opts   Options
+	log    hclog.Logger
+	cache  *Cache
+	hub    *hub
+	synced chan struct{}
+	once   sync.Once
+}
+
+// New returns a store over client; call Run to fill the cache and follow changes.
+func New(client *clientv3.Client, opts Options) *Store {
+	opts.defaults()
+	return &Store{
+		client: client,
+		opts:   opts,
+		log:    opts.Logger,
+		cache:  newCache(),
+		hub:    newHub(opts.EventRing),
+		synced: make(chan struct{}),
+	}
+}
+
+// Client is the etcd client the store writes through.
+func (s *Store) Client() *clientv3.Client { return s.client }
+
+// Cache is the store's record cache.
+func (s *Store) Cache() *Cache { return s.cache }
+
+// Synced is closed once the cache holds a full copy of the store.
+func (s *Store) Synced() <-chan struct{} { return s.synced }
+
+// Run lists every record, then follows the watch until ctx ends, re-listing whenever the
+// watch breaks. ready is called after the first full list.
+func (s *Store) Run(ctx context.Context, ready func()) error {
+	backoff := 100 * time.Millisecond
+	for {
+		rev, err := s.resync(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Warn("listing the store failed; retrying", "error", err, "backoff", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		s.once.Do(func() {
+			close(s.synced)
+			ready()
+		})
+		err = s.follow(ctx, rev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("store watch ended; listing again", "error", err, "revision", rev)
+	}
+}
+
+// resync replaces the cache with a consistent list of every record and resets the event ring.
+func (s *Store) resync(ctx context.Context) (int64, error) {
+	st := newState()
+	var rev int64
+	key, end := Root, clientv3.GetPrefixRangeEnd(Root)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(s.opts.ListPageSize), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.client.Get(ctx, key, opts...)
+		if err != nil {
+			return 0, fmt.Errorf("list %s: %w", Root, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			s.load(st, kv)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	s.cache.mu.Lock()
+	s.cache.st = st
+	s.cache.rev = 0
+	s.cache.advanceLocked(rev)
+	s.cache.mu.Unlock()
+	s.hub.reset(rev)
+	return rev, nil
+}
+
+func (s *Store) load(st *state, kv *mvccpb.KeyValue) {
+	k, err := parseKey(string(kv.Key))
+	if err != nil || k.kind == kindUnknown {
+		return
+	}
+	msg, err := decode(k, kv.Value)
+	if err != nil {
+		s.log.Error("skipping undecodable record", "key", string(kv.Key), "error", err)
+		return
+	}
+	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease})
+}
+
+// follow applies watch events from rev+1 on until the watch fails or ctx ends.
+func (s *Store) follow(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := s.client.Watch(wctx, Root, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+	for resp := range wch {
+		if err := resp.Err(); err != nil {
+			return err
+		}
+		if resp.IsProgressNotify() {
+			s.advance(resp.Header.Revision)
+			continue
+		}
+		for _, group := range byRevision(resp.Events) {
+			s.apply(group)
+		}
+	}
+	return errors.New("watch channel closed")
+}
+
+// byRevision splits watch events into runs of one revision each.
+func byRevision(evs []*clientv3.Event) [][]*clientv3.Event {
+	var out [][]*clientv3.Event
+	for i := 0; i < len(evs); {
+		j := i + 1
+		for j < len(evs) && evs[j].Kv.ModRevision == evs[i].Kv.ModRevision {
+			j++
+		}
+		out = append(out, evs[i:j])
+		i = j
+	}
+	return out
+}
+
+// apply updates the cache with the events of one revision and publishes their BBS events.
+func (s *Store) apply(evs []*clientv3.Event) {
+	rev := evs[0].Kv.ModRevision
+	s.cache.mu.Lock()
+	st := s.cache.st
+	changes := make([]change, 0, len(evs))
+	for _, ev := range evs {
+		k, err := parseKey(string(ev.Kv.Key))
+		if err != nil || k.kind == kindUnknown {
+			continue
+		}
+		c := change{key: k}
+		if old, ok := st.get(k); ok {
+			c.before = old.msg
+		}
+		if ev.Type == clientv3.EventTypePut {
+			msg, err := decode(k, ev.Kv.Value)
+			if err != nil {
+				s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
+				continue
+			}
+			st.set(k, item{msg: msg, modRev: ev.Kv.ModRevision, lease: ev.Kv.Lease})
+			c.after = msg
+		} else {
+			st.del(k)
+		}
+		changes = append(changes, c)
+	}
+	events := buildEvents(rev, changes, func(k parsedKey) proto.Message {
+		it, _ := st.get(k)
+		return it.msg
+	})
+	s.cache.advanceLocked(rev)
+	s.cache.mu.Unlock()
+	s.hub.publish(rev, events)
+}
+
+// advance moves the cache and ring to rev after a progress notification.
+func (s *Store) advance(rev int64) {
+	s.cache.mu.Lock()
+	if rev > s.cache.rev {
+		s.cache.advanceLocked(rev)
+	}
+	s.cache.mu.Unlock()
+	s.hub.publish(rev, nil)
+}
+
+// CurrentRevision asks etcd for its current revision.
+func (s *Store) CurrentRevision(ctx context.Context) (int64, error) {
+	resp, err := s.client.Get(ctx, Root, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("read etcd revision: %w", err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Compact compacts etcd's history up to rev (tests and operators).
+func (s *Store) Compact(ctx context.Context, rev int64) error {
+	_, err := s.client.Compact(ctx, rev, clientv3.WithCompactPhysical())
+	return err
+}
+
+// txnTooLarge reports whether err is etcd refusing a transaction for its size.
+func txnTooLarge(err error) bool {
+	return errors.Is(err, rpcerrTooManyOps) || errors.Is(err, rpcerrTooLarge)
+}

@@ -1,0 +1,190 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+)
+
+var (
+	rpcerrTooManyOps = rpctypes.ErrTooManyOps
+	rpcerrTooLarge   = rpctypes.ErrRequestTooLarge
+)
+
+// Txn is one attempt at a change: it reads records (from the cache on the first attempt, from
+// etcd on retries), remembers the revision of everything it read, and collects writes. The
+// store commits the writes only if nothing read has changed since.
+type Txn struct {
+	s     *Store
+	ctx   context.Context
+	fresh bool
+	reads map[string]int64
+	ops   []clientv3.Op
+}
+
+// Fresh reports whether this attempt reads from etcd rather than the cache.
+func (t *Txn) Fresh() bool { return t.fresh }
+
+func (t *Txn) get(key string) (proto.Message, error) {
+	k, err := parseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if !t.fresh {
+		it, ok := t.s.cache.get(k)
+		t.reads[key] = it.modRev
+		if !ok {
+			return nil, nil
+		}
+		return it.msg, nil
+	}
+	resp, err := t.s.client.Get(t.ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		t.reads[key] = 0
+		return nil, nil
+	}
+	kv := resp.Kvs[0]
+	t.reads[key] = kv.ModRevision
+	return decode(k, kv.Value)
+}
+
+// SchedulingInfo reads a desired LRP's scheduling info (nil when absent).
+func (t *Txn) SchedulingInfo(guid string) (*modelsv1.DesiredLRPSchedulingInfo, error) {
+	m, err := t.get(DesiredSchedKey(guid))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.DesiredLRPSchedulingInfo), nil
+}
+
+// RunInfo reads a desired LRP's run info (nil when absent).
+func (t *Txn) RunInfo(guid string) (*modelsv1.DesiredLRPRunInfo, error) {
+	m, err := t.get(DesiredRunKey(guid))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.DesiredLRPRunInfo), nil
+}
+
+// ActualLRP reads one instance record (nil when absent).
+func (t *Txn) ActualLRP(guid string, index int32, p modelsv1.ActualLRP_Presence) (*modelsv1.ActualLRP, error) {
+	m, err := t.get(ActualKey(guid, index, p))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.ActualLRP), nil
+}
+
+// ActualLRPs reads every instance record of a process guid, ordered by index and presence.
+func (t *Txn) ActualLRPs(guid string) ([]*modelsv1.ActualLRP, error) {
+	var out []*modelsv1.ActualLRP
+	if !t.fresh {
+		t.s.cache.read(func(st *state, _ int64) {
+			m := st.actual[guid]
+			for _, sl := range sortedSlots(m) {
+				it := m[sl]
+				t.reads[ActualKey(guid, sl.index, sl.presence)] = it.modRev
+				out = append(out, it.msg.(*modelsv1.ActualLRP))
+			}
+		})
+		return out, nil
+	}
+	resp, err := t.s.client.Get(t.ctx, ActualGuidPrefix(guid), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read instances of %s: %w", guid, err)
+	}
+	for _, kv := range resp.Kvs {
+		k, err := parseKey(string(kv.Key))
+		if err != nil || k.kind != kindActual {
+			continue
+		}
+		m, err := decode(k, kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		t.reads[string(kv.Key)] = kv.ModRevision
+		out = append(out, m.(*modelsv1.ActualLRP))
+	}
+	return out, nil
+}
+
+// Task reads a task (nil when absent).
+func (t *Txn) Task(guid string) (*modelsv1.Task, error) {
+	m, err := t.get(TaskKey(guid))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.Task), nil
+}
+
+// Put writes msg under key when the transaction commits.
+func (t *Txn) Put(key string, msg proto.Message, opts ...clientv3.OpOption) error {
+	b, err := proto.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	t.ops = append(t.ops, clientv3.OpPut(key, string(b), opts...))
+	return nil
+}
+
+// Delete removes key when the transaction commits.
+func (t *Txn) Delete(key string) {
+	t.ops = append(t.ops, clientv3.OpDelete(key))
+}
+
+// Update runs fn and commits its writes atomically if nothing fn read has changed meanwhile,
+// retrying fn on fresh data when a compare fails. An error fn returns while reading from the
+// cache is re-checked once against etcd before it is returned, so a lagging cache never causes
+// a wrong answer. It returns the revision of the write (the cache's revision when fn wrote
+// nothing) once the cache reflects it.
+func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error) {
+	fresh := false
+	for attempt := 0; attempt < s.opts.WriteAttempts; attempt++ {
+		t := &Txn{s: s, ctx: ctx, fresh: fresh, reads: map[string]int64{}}
+		if err := fn(t); err != nil {
+			if !fresh && !errors.Is(err, rpcerr.ErrInvalid) {
+				fresh = true
+				continue
+			}
+			return 0, err
+		}
+		if len(t.ops) == 0 {
+			return s.cache.Revision(), nil
+		}
+		cmps := make([]clientv3.Cmp, 0, len(t.reads))
+		for key, rev := range t.reads {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev))
+		}
+		resp, err := s.client.Txn(ctx).If(cmps...).Then(t.ops...).Commit()
+		if err != nil {
+			if txnTooLarge(err) {
+				return 0, rpcerr.Invalid("request", "too large to store in one etcd transaction (%d writes): %v", len(t.ops), err)
+			}
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			return 0, rpcerr.Unavailable("etcd transaction failed: %v", err)
+		}
+		if resp.Succeeded {
+			rev := resp.Header.Revision
+			wctx, cancel := context.WithTimeout(ctx, s.opts.ReadYourWritesTimeout)
+			if err := s.cache.WaitFor(wctx, rev); err != nil && ctx.Err() == nil {
+				s.log.Warn("cache is lagging behind a committed write", "revision", rev)
+			}
+			cancel()
+			return rev, nil
+		}
+		fresh = true
+	}
+	return 0, rpcerr.Aborted("lost %d compare-and-swap races in a row; retry", s.opts.WriteAttempts)
+}
