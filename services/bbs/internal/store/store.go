@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
-
 )
 
 // Options tune a Store; zero values take the defaults.
