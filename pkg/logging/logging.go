@@ -39,11 +39,11 @@ const TestLogLevelEnv = "GAVEL_TEST_LOG_LEVEL"
 type Config struct {
 	// Level is the minimum level written: trace, debug, info, warn or error
 	// (case-insensitive). Empty means info.
-	Level string
+	Level string `json:"level"`
 	// Format is "text" (the default when empty) or "json".
-	Format string
+	Format string `json:"format"`
 	// Output receives the log entries. Nil means os.Stderr.
-	Output io.Writer
+	Output io.Writer `json:"-"`
 }
 
 // Validate reports whether the level and format are supported.

@@ -22,16 +22,16 @@ const SPIFFEScheme = "spiffe"
 // Config names the files that make up one side of a mutual TLS connection.
 type Config struct {
 	// CertFile is the PEM certificate (chain) this side presents.
-	CertFile string
+	CertFile string `json:"cert_file"`
 	// KeyFile is the PEM private key of CertFile.
-	KeyFile string
+	KeyFile string `json:"key_file"`
 	// CAFile is the PEM bundle of CAs that the peer's certificate must chain to.
-	CAFile string
+	CAFile string `json:"ca_file"`
 	// ServerName, on clients, overrides the name checked against the server's
 	// certificate; empty means the host of the dialled address.
-	ServerName string
+	ServerName string `json:"server_name"`
 	// Insecure disables TLS entirely (plaintext). For development and tests only.
-	Insecure bool
+	Insecure bool `json:"insecure"`
 }
 
 // Validate reports whether the configuration is usable: either Insecure, or

@@ -186,9 +186,8 @@ func (c *Core) restartIfUnclaimed(a *modelsv1.ActualLRP) {
 	if a.GetState() != unclaimed {
 		return
 	}
-	sched, _ := c.st.SchedulingInfos(store.ListFilter{Guids: map[string]struct{}{a.GetKey().GetProcessGuid(): {}}})
-	if len(sched) == 1 {
-		c.auctionLRPs([]LRPStart{{SchedulingInfo: sched[0], Indices: []int32{a.GetKey().GetIndex()}}})
+	if sched := c.st.SchedulingInfo(a.GetKey().GetProcessGuid()); sched != nil {
+		c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: []int32{a.GetKey().GetIndex()}}})
 	}
 }
 

@@ -216,8 +216,3 @@ func sortedSlots(m map[slot]item) []slot {
 	})
 	return slots
 }
-
-func sortStrings(s []string) []string {
-	sort.Strings(s)
-	return s
-}

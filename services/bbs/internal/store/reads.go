@@ -1,6 +1,8 @@
 package store
 
 import (
+	"sort"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -20,12 +22,20 @@ type ListFilter struct {
 	Index *int32
 }
 
-func (f *ListFilter) guid(g string) bool {
+// candidates returns, in order, the keys of m the guid filter admits: every key, or only the
+// named guids present in m (without scanning m).
+func candidates[V any](f *ListFilter, m map[string]V) []string {
 	if f.Guids == nil {
-		return true
+		return sortedKeys(m)
 	}
-	_, ok := f.Guids[g]
-	return ok
+	out := make([]string, 0, len(f.Guids))
+	for g := range f.Guids {
+		if _, ok := m[g]; ok {
+			out = append(out, g)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (f *ListFilter) selects(m map[string]string) bool {
@@ -38,9 +48,9 @@ func (s *Store) DesiredLRPs(f ListFilter) ([]*modelsv1.DesiredLRP, int64) {
 	var rev int64
 	s.cache.read(func(st *state, r int64) {
 		rev = r
-		for _, g := range sortedKeys(st.sched) {
+		for _, g := range candidates(&f, st.sched) {
 			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
-			if !f.guid(g) || (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
+			if (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
 				continue
 			}
 			run, _ := st.run[g].msg.(*modelsv1.DesiredLRPRunInfo)
@@ -56,9 +66,9 @@ func (s *Store) SchedulingInfos(f ListFilter) ([]*modelsv1.DesiredLRPSchedulingI
 	var rev int64
 	s.cache.read(func(st *state, r int64) {
 		rev = r
-		for _, g := range sortedKeys(st.sched) {
+		for _, g := range candidates(&f, st.sched) {
 			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
-			if !f.guid(g) || (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
+			if (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
 				continue
 			}
 			out = append(out, sched)
@@ -87,17 +97,7 @@ func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
 	var rev int64
 	s.cache.read(func(st *state, r int64) {
 		rev = r
-		guids := make([]string, 0, len(st.actual))
-		if f.Guids != nil {
-			for g := range f.Guids {
-				if _, ok := st.actual[g]; ok {
-					guids = append(guids, g)
-				}
-			}
-			guids = sortStrings(guids)
-		} else {
-			guids = sortedKeys(st.actual)
-		}
+		guids := candidates(&f, st.actual)
 		if f.CellID == "" && f.Domain == "" && f.Selector.Empty() && f.Index == nil {
 			n := 0
 			for _, g := range guids {
@@ -137,9 +137,9 @@ func (s *Store) Tasks(f ListFilter) ([]*modelsv1.Task, int64) {
 	var rev int64
 	s.cache.read(func(st *state, r int64) {
 		rev = r
-		for _, g := range sortedKeys(st.tasks) {
+		for _, g := range candidates(&f, st.tasks) {
 			t := st.tasks[g].msg.(*modelsv1.Task)
-			if !f.guid(g) || (f.Domain != "" && t.GetDomain() != f.Domain) ||
+			if (f.Domain != "" && t.GetDomain() != f.Domain) ||
 				(f.CellID != "" && t.GetCellId() != f.CellID) || !f.selects(t.GetDefinition().GetLabels()) {
 				continue
 			}
@@ -204,4 +204,13 @@ func (s *Store) Cell(id string) *modelsv1.CellPresence {
 		return nil
 	}
 	return it.msg.(*modelsv1.CellPresence)
+}
+
+// SchedulingInfo returns one desired LRP's scheduling info (nil when absent).
+func (s *Store) SchedulingInfo(guid string) *modelsv1.DesiredLRPSchedulingInfo {
+	it, ok := s.cache.get(parsedKey{kind: kindSched, id: guid})
+	if !ok {
+		return nil
+	}
+	return it.msg.(*modelsv1.DesiredLRPSchedulingInfo)
 }

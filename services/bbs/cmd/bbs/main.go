@@ -1,0 +1,74 @@
+// Command bbs runs Gavel's BBS: the API of record over etcd.
+//
+//	bbs -config bbs.json
+//	bbs -listen :8889 -etcd-endpoints https://etcd-0:2379 -tls-cert bbs.crt -tls-key bbs.key -tls-ca ca.crt \
+//	    -etcd-cert bbs-etcd.crt -etcd-key bbs-etcd.key -etcd-ca etcd-ca.crt
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/bbs"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bbs:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg := bbs.Default()
+	fs := flag.NewFlagSet("bbs", flag.ContinueOnError)
+	fs.String("config", "", "JSON config file (see services/bbs/README.md); flags override it")
+	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "server certificate (PEM)")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
+	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
+	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
+	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-cert", "", "etcd client certificate (PEM)")
+	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "etcd client key (PEM)")
+	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-ca", "", "etcd CA (PEM)")
+	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
+	fs.StringVar(&cfg.AuctioneerAddress, "auctioneer-address", "", "auctioneer gRPC address for placing new work")
+	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
+	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	logger := logging.New("bbs", cfg.Log)
+	etcdTLS, err := cfg.EtcdTLS.ClientTLS()
+	if err != nil {
+		return fmt.Errorf("etcd tls: %w", err)
+	}
+	etcd, err := etcdx.NewClient(etcdx.Config{Endpoints: cfg.EtcdEndpoints, TLS: etcdTLS}, logger.Named("etcd"))
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	svc, err := bbs.New(cfg, logger, etcd)
+	if err != nil {
+		return err
+	}
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+		return svc.Run(ctx, func() {
+			logger.Info("bbs serving", "address", svc.Addr().String())
+			ready()
+		})
+	})})
+}
