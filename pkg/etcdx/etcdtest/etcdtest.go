@@ -4,15 +4,13 @@ package etcdtest
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/logging"
 )
 
 // startTimeout bounds how long Start waits for the server.
@@ -39,13 +37,7 @@ func Start(t testing.TB) (*etcdx.Embedded, *clientv3.Client) {
 		}
 	})
 
-	out := &testWriter{t: t}
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:   "etcd-client",
-		Output: out,
-		Level:  hclog.Error,
-	})
-	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: e.Endpoints()}, logger)
+	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: e.Endpoints()}, logging.NewTest(t).Named("etcd-client"))
 	if err != nil {
 		t.Fatalf("connect to embedded etcd: %v", err)
 	}
@@ -54,22 +46,6 @@ func Start(t testing.TB) (*etcdx.Embedded, *clientv3.Client) {
 		if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("close etcd client: %v", err)
 		}
-		out.done.Store(true)
 	})
 	return e, cli
-}
-
-// testWriter sends log lines to t until the test is done; logging to t after
-// the test has completed would panic.
-type testWriter struct {
-	t    testing.TB
-	done atomic.Bool
-}
-
-// Write logs p to t, or drops it once the test is done.
-func (w *testWriter) Write(p []byte) (int, error) {
-	if !w.done.Load() {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
 }
