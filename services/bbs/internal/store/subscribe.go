@@ -155,10 +155,17 @@ func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) []*bbsv1.Event
 		}
 		changes = append(changes, c)
 	}
-	// A desired LRP's run info never changes after it is desired, so the cached copy (or, once
-	// removed, the copy at this revision) completes a change that touched only the scheduling info.
+	// A desired LRP's run info never changes while it is desired, so the cached copy completes a
+	// change that touched only the scheduling info, provided the cache has reached rev and the
+	// copy was written by then (not by a later incarnation of the guid); else the copy at rev.
 	return buildEvents(rev, changes, func(k parsedKey) proto.Message {
-		if it, ok := s.cache.get(k); ok {
+		var it item
+		var ok bool
+		s.cache.read(func(st *state, cacheRev int64) {
+			it, ok = st.get(k)
+			ok = ok && cacheRev >= rev && it.modRev <= rev
+		})
+		if ok {
 			return it.msg
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

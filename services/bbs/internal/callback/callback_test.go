@@ -1,0 +1,419 @@
+package callback_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
+)
+
+// fakeResolver records the calls the worker makes once a callback is delivered.
+type fakeResolver struct {
+	mu         sync.Mutex
+	calls      []string
+	resolveErr error
+	called     chan struct{}
+}
+
+func newFakeResolver() *fakeResolver { return &fakeResolver{called: make(chan struct{}, 100)} }
+
+func (r *fakeResolver) record(call string) {
+	r.mu.Lock()
+	r.calls = append(r.calls, call)
+	r.mu.Unlock()
+	r.called <- struct{}{}
+}
+
+func (r *fakeResolver) ResolvingTask(_ context.Context, guid string) error {
+	r.record("resolving " + guid)
+	return r.resolveErr
+}
+
+func (r *fakeResolver) DeleteTask(_ context.Context, guid string) error {
+	r.record("delete " + guid)
+	return nil
+}
+
+func (r *fakeResolver) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+// waitCalls waits until the resolver has seen n calls.
+func (r *fakeResolver) waitCalls(t *testing.T, n int) []string {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for len(r.got()) < n {
+		select {
+		case <-r.called:
+		case <-deadline:
+			t.Fatalf("resolver calls %v, want %d", r.got(), n)
+		}
+	}
+	return r.got()
+}
+
+type request struct {
+	method, contentType, path string
+	body                      []byte
+	at                        time.Time
+}
+
+// server is a callback receiver answering with the given statuses in turn (the last repeats).
+// Requests block while hold is non-nil and open.
+type server struct {
+	*httptest.Server
+	mu       sync.Mutex
+	answers  []int
+	requests []request
+	received chan struct{}
+	hold     chan struct{}
+}
+
+func newServer(t *testing.T, answers ...int) *server {
+	s := &server{answers: answers, received: make(chan struct{}, 100)}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		s.requests = append(s.requests, request{r.Method, r.Header.Get("Content-Type"), r.URL.RequestURI(), body, time.Now()})
+		code := s.answers[min(len(s.requests), len(s.answers))-1]
+		hold := s.hold
+		s.mu.Unlock()
+		s.received <- struct{}{}
+		if hold != nil {
+			<-hold
+		}
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *server) got() []request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]request(nil), s.requests...)
+}
+
+func (s *server) waitRequests(t *testing.T, n int) []request {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for len(s.got()) < n {
+		select {
+		case <-s.received:
+		case <-deadline:
+			t.Fatalf("server got %d requests, want %d", len(s.got()), n)
+		}
+	}
+	return s.got()
+}
+
+// run starts w until the test ends and waits for it to be ready.
+func run(t *testing.T, w *callback.Worker) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, func() { close(ready) }) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("worker did not stop within 10s")
+		}
+	})
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("worker not ready")
+	}
+}
+
+func newWorker(t *testing.T, r callback.Resolver, cfg callback.Config) *callback.Worker {
+	if cfg.Backoff == 0 {
+		cfg.Backoff = 20 * time.Millisecond
+	}
+	cfg.Logger = logging.NewTest(t)
+	return callback.New(cfg, r)
+}
+
+func completed(guid, url string) *modelsv1.Task {
+	return &modelsv1.Task{
+		TaskGuid: guid,
+		Domain:   "tasks",
+		Definition: &modelsv1.TaskDefinition{
+			Rootfs:                "preloaded:cflinuxfs4",
+			CompletionCallbackUrl: url,
+			Annotation:            "job 7",
+		},
+		State:  modelsv1.Task_STATE_COMPLETED,
+		CellId: "cell-1",
+		Result: "42",
+	}
+}
+
+func TestDeliverResolvesAndDeletes(t *testing.T) {
+	srv := newServer(t, http.StatusOK)
+	res := newFakeResolver()
+	w := newWorker(t, res, callback.Config{})
+	run(t, w)
+	task := completed("t1", srv.URL+"/tasks/t1/done?sig=abc")
+	w.Enqueue(task)
+
+	calls := res.waitCalls(t, 2)
+	if want := []string{"resolving t1", "delete t1"}; !equal(calls, want) {
+		t.Fatalf("resolver calls %v, want %v", calls, want)
+	}
+	reqs := srv.got()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r.method != http.MethodPost || r.contentType != "application/json" || r.path != "/tasks/t1/done?sig=abc" {
+		t.Fatalf("request %s %s Content-Type %q", r.method, r.path, r.contentType)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(r.body, &raw); err != nil {
+		t.Fatalf("body is not JSON: %v: %s", err, r.body)
+	}
+	if raw["taskGuid"] != "t1" || raw["state"] != "STATE_COMPLETED" || raw["result"] != "42" {
+		t.Fatalf("body %s", r.body)
+	}
+	var got modelsv1.Task
+	if err := protojson.Unmarshal(r.body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got, task) {
+		t.Fatalf("delivered %v\nwant %v", &got, task)
+	}
+}
+
+func TestRetriesServerErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		answers []int
+	}{
+		{"503 twice", []int{503, 503, 200}},
+		{"500 then 429 then 408", []int{500, 429, 408, 204}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t, tt.answers...)
+			res := newFakeResolver()
+			w := newWorker(t, res, callback.Config{Backoff: 30 * time.Millisecond})
+			run(t, w)
+			w.Enqueue(completed("t1", srv.URL))
+			if calls := res.waitCalls(t, 2); !equal(calls, []string{"resolving t1", "delete t1"}) {
+				t.Fatalf("resolver calls %v", calls)
+			}
+			reqs := srv.got()
+			if len(reqs) != len(tt.answers) {
+				t.Fatalf("%d attempts, want %d", len(reqs), len(tt.answers))
+			}
+			// The backoff doubles: 30ms, 60ms, 120ms...
+			for i := 1; i < len(reqs); i++ {
+				if gap, min := reqs[i].at.Sub(reqs[i-1].at), 30*time.Millisecond<<(i-1); gap < min {
+					t.Fatalf("attempt %d came %v after the previous one, want at least %v", i+1, gap, min)
+				}
+			}
+		})
+	}
+}
+
+func TestGivesUp(t *testing.T) {
+	t.Run("client error is not retried", func(t *testing.T) {
+		srv := newServer(t, http.StatusBadRequest, http.StatusOK)
+		res := newFakeResolver()
+		w := newWorker(t, res, callback.Config{})
+		run(t, w)
+		w.Enqueue(completed("t1", srv.URL))
+		srv.waitRequests(t, 1)
+		time.Sleep(200 * time.Millisecond) // many backoffs
+		if n := len(srv.got()); n != 1 {
+			t.Fatalf("%d attempts after a 400, want 1", n)
+		}
+		if calls := res.got(); len(calls) != 0 {
+			t.Fatalf("undelivered task was resolved: %v", calls)
+		}
+	})
+	t.Run("attempts exhausted", func(t *testing.T) {
+		srv := newServer(t, http.StatusBadGateway)
+		res := newFakeResolver()
+		w := newWorker(t, res, callback.Config{Attempts: 3, Backoff: 5 * time.Millisecond})
+		run(t, w)
+		w.Enqueue(completed("t1", srv.URL))
+		srv.waitRequests(t, 3)
+		time.Sleep(200 * time.Millisecond)
+		if n := len(srv.got()); n != 3 {
+			t.Fatalf("%d attempts, want 3", n)
+		}
+		if calls := res.got(); len(calls) != 0 {
+			t.Fatalf("undelivered task was resolved: %v", calls)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		srv := httptest.NewServer(http.NotFoundHandler())
+		url := srv.URL
+		srv.Close()
+		res := newFakeResolver()
+		w := newWorker(t, res, callback.Config{Attempts: 2, Backoff: 5 * time.Millisecond})
+		run(t, w)
+		w.Enqueue(completed("t1", url))
+		// Once given up, the task can be queued again (nothing is left in flight).
+		srv2 := newServer(t, http.StatusOK)
+		deadline := time.Now().Add(10 * time.Second)
+		for len(res.got()) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("task never delivered after the first delivery gave up")
+			}
+			w.Enqueue(completed("t1", srv2.URL))
+			time.Sleep(20 * time.Millisecond)
+		}
+		if calls := res.waitCalls(t, 2); !equal(calls, []string{"resolving t1", "delete t1"}) {
+			t.Fatalf("resolver calls %v", calls)
+		}
+	})
+}
+
+func TestResolveRefusedSkipsDelete(t *testing.T) {
+	for _, err := range []error{
+		rpcerr.FailedPrecondition("task %q cannot be resolved in state RESOLVING", "t1"),
+		rpcerr.NotFound("task %q not found", "t1"),
+		errors.New("etcd down"),
+	} {
+		t.Run(err.Error(), func(t *testing.T) {
+			srv := newServer(t, http.StatusOK)
+			res := newFakeResolver()
+			res.resolveErr = err
+			w := newWorker(t, res, callback.Config{})
+			run(t, w)
+			w.Enqueue(completed("t1", srv.URL))
+			res.waitCalls(t, 1)
+			time.Sleep(100 * time.Millisecond)
+			if calls := res.got(); !equal(calls, []string{"resolving t1"}) {
+				t.Fatalf("resolver calls %v, want only the refused resolve", calls)
+			}
+		})
+	}
+}
+
+func TestEnqueueDeduplicatesInFlight(t *testing.T) {
+	srv := newServer(t, http.StatusOK)
+	srv.hold = make(chan struct{})
+	res := newFakeResolver()
+	w := newWorker(t, res, callback.Config{Workers: 4})
+	run(t, w)
+	w.Enqueue(completed("t1", srv.URL))
+	srv.waitRequests(t, 1)
+	// Delivering: queuing it again is a no-op; another task goes through.
+	w.Enqueue(completed("t1", srv.URL))
+	w.Enqueue(completed("t2", srv.URL))
+	srv.waitRequests(t, 2)
+	srv.mu.Lock()
+	close(srv.hold)
+	srv.hold = nil
+	srv.mu.Unlock()
+	res.waitCalls(t, 4)
+	time.Sleep(100 * time.Millisecond)
+	if n := len(srv.got()); n != 2 {
+		t.Fatalf("%d requests, want 2 (t1 once, t2 once)", n)
+	}
+	// Delivered: t1 may be queued again.
+	w.Enqueue(completed("t1", srv.URL))
+	srv.waitRequests(t, 3)
+	res.waitCalls(t, 6)
+}
+
+func TestQueueFull(t *testing.T) {
+	srv := newServer(t, http.StatusOK)
+	res := newFakeResolver()
+	w := newWorker(t, res, callback.Config{QueueSize: 2, Workers: 1})
+	// Not running yet: the queue fills up and further tasks are left for convergence.
+	for _, guid := range []string{"t1", "t2", "t3", "t4"} {
+		w.Enqueue(completed(guid, srv.URL))
+	}
+	run(t, w)
+	calls := res.waitCalls(t, 4)
+	time.Sleep(100 * time.Millisecond)
+	if calls = res.got(); !equal(calls, []string{"resolving t1", "delete t1", "resolving t2", "delete t2"}) {
+		t.Fatalf("resolver calls %v, want t1 and t2 only", calls)
+	}
+	// A dropped task is not stuck as in flight: it can be queued again.
+	w.Enqueue(completed("t3", srv.URL))
+	if calls := res.waitCalls(t, 6); !equal(calls[4:], []string{"resolving t3", "delete t3"}) {
+		t.Fatalf("resolver calls %v", calls)
+	}
+}
+
+func TestStopsDuringBackoff(t *testing.T) {
+	srv := newServer(t, http.StatusServiceUnavailable)
+	res := newFakeResolver()
+	w := newWorker(t, res, callback.Config{Backoff: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, func() {}) }()
+	w.Enqueue(completed("t1", srv.URL))
+	srv.waitRequests(t, 1)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return while a delivery was backing off")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Run took %v to stop", d)
+	}
+	if calls := res.got(); len(calls) != 0 {
+		t.Fatalf("resolver calls %v", calls)
+	}
+}
+
+func TestBadURLIsPermanent(t *testing.T) {
+	res := newFakeResolver()
+	w := newWorker(t, res, callback.Config{Attempts: 5, Backoff: time.Hour})
+	run(t, w)
+	// Unparseable: the worker gives up at once instead of sleeping an hour between attempts.
+	w.Enqueue(completed("t1", "http://[::1"))
+	srv := newServer(t, http.StatusOK)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(res.got()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a bad URL kept the task in flight")
+		}
+		w.Enqueue(completed("t1", srv.URL))
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
