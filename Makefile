@@ -44,7 +44,7 @@ test:
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:
-	$(GO) test $(BENCHFLAGS) ./pkg/etcdx/ ./services/bbs/...
+	$(GO) test $(BENCHFLAGS) ./services/...
 
 ## run: a local cluster on the embedded default (embedded etcd and every service)
 run:
