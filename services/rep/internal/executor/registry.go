@@ -1,0 +1,55 @@
+package executor
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Options are what every backend factory may use.
+type Options struct {
+	// CellAddress is the address instances are reached on.
+	CellAddress string
+	// PortRangeStart and PortRangeEnd bound the host ports handed out (inclusive).
+	PortRangeStart, PortRangeEnd int
+	// WorkDir holds per-container directories.
+	WorkDir string
+	// User is the unprivileged user processes drop to ("" keeps the rep's user).
+	User string
+	// SimStartLatency is how long a simulated container takes to become healthy.
+	SimStartLatency time.Duration
+	// SimCrashRate is the probability per second that a simulated LRP crashes.
+	SimCrashRate float64
+}
+
+// Factory builds a backend.
+type Factory func(Options) (Backend, error)
+
+var registry = map[string]Factory{}
+
+// Register adds a backend factory under name; backends call it from init.
+func Register(name string, f Factory) {
+	if _, dup := registry[name]; dup {
+		panic("executor: backend registered twice: " + name)
+	}
+	registry[name] = f
+}
+
+// New builds the backend registered under name.
+func New(name string, opts Options) (Backend, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown executor backend %q (have %v)", name, Names())
+	}
+	return f(opts)
+}
+
+// Names lists the registered backends.
+func Names() []string {
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
