@@ -286,7 +286,7 @@ func TestActualLRPTransitions(t *testing.T) {
 		{"CLAIMED", "remove A", removeAs(ikA), gone},
 		{"CLAIMED", "remove B", removeAs(ikB), refused(codes.FailedPrecondition, "inst-a")},
 		{"CLAIMED", "remove any", removeAs(nil), gone},
-		{"CLAIMED", "retire on live cell", retire, refused(codes.FailedPrecondition, liveCell)},
+		{"CLAIMED", "retire on live cell", retire, noop}, // the rep is asked to stop it and removes the record
 		{"CLAIMED on gone cell", "retire", retire, gone},
 
 		{"RUNNING", "claim A", claimAs(ikA), refused(codes.FailedPrecondition, "inst-a")},
@@ -300,7 +300,7 @@ func TestActualLRPTransitions(t *testing.T) {
 		{"RUNNING", "remove A", removeAs(ikA), gone},
 		{"RUNNING", "remove B", removeAs(ikB), refused(codes.FailedPrecondition, "inst-a")},
 		{"RUNNING", "remove any", removeAs(nil), gone},
-		{"RUNNING", "retire on live cell", retire, refused(codes.FailedPrecondition, liveCell)},
+		{"RUNNING", "retire on live cell", retire, noop},
 		{"RUNNING on gone cell", "retire", retire, gone},
 
 		{"CRASHED", "claim A", claimAs(ikA), refused(codes.FailedPrecondition, "CRASHED")},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -25,6 +26,7 @@ import (
 	"github.com/gavel-sched/gavel/services/bbs/internal/api"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
+	"github.com/gavel-sched/gavel/services/bbs/internal/peers"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 	"github.com/gavel-sched/gavel/services/bbs/internal/validate"
 )
@@ -39,8 +41,9 @@ type Config struct {
 	EtcdEndpoints []string `json:"etcd_endpoints"`
 	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
 	EtcdTLS tlsx.Config `json:"etcd_tls"`
-	// AuctioneerAddress is the auctioneer's gRPC address. New instances and tasks are sent
-	// there for placement once the auctioneer exists; empty leaves them UNCLAIMED/PENDING.
+	// AuctioneerAddress is the auctioneer's gRPC address; new instances and tasks are sent there
+	// for placement. Empty leaves them UNCLAIMED/PENDING. Calls to the auctioneer and to reps
+	// present the BBS's own certificate (tls).
 	AuctioneerAddress string `json:"auctioneer_address"`
 	// Log sets the log level and format.
 	Log logging.Config `json:"log"`
@@ -147,6 +150,10 @@ type Service struct {
 	core      *core.Core
 	callbacks *callback.Worker
 	server    *grpcx.Server
+
+	reps           *peers.Reps
+	auctioneer     *peers.Auctioneer // nil without an auctioneer address
+	auctioneerConn *grpc.ClientConn
 }
 
 // New builds a BBS over an etcd client; Run starts it.
@@ -158,12 +165,28 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, erro
 	limits.MaxInstances = cfg.MaxInstances
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing})
 	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
-	c := core.New(st, core.Config{
+	// Outgoing calls (auctioneer, reps) present the BBS's own certificate.
+	clientCfg := grpcx.ClientConfig{TLS: cfg.TLS}
+	reps := peers.NewReps(clientCfg)
+	coreCfg := core.Config{
 		Limits:            limits,
 		MaxTaskRejections: cfg.MaxTaskRejections,
 		Logger:            logger.Named("core"),
 		Callbacks:         callbacks,
-	})
+		Cells:             reps,
+	}
+	var auctioneer *peers.Auctioneer
+	var auctioneerConn *grpc.ClientConn
+	if cfg.AuctioneerAddress != "" {
+		conn, err := grpcx.Dial(cfg.AuctioneerAddress, clientCfg)
+		if err != nil {
+			return nil, fmt.Errorf("auctioneer client: %w", err)
+		}
+		auctioneerConn = conn
+		auctioneer = peers.NewAuctioneer(conn, 10*time.Millisecond, logger.Named("auctioneer-client"))
+		coreCfg.Auctioneer = auctioneer
+	}
+	c := core.New(st, coreCfg)
 	callbacks.SetResolver(c)
 	v := validate.Validator{Limits: limits}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
@@ -175,22 +198,29 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, erro
 		return nil, err
 	}
 	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
-	return &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server}, nil
+	return &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
+		reps: reps, auctioneer: auctioneer, auctioneerConn: auctioneerConn}, nil
 }
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
 // API is serving.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	return lifecycle.Run(ctx, s.log,
-		lifecycle.Member{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
-		lifecycle.Member{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
-		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
-			return s.server.Run(ctx, func() {
-				r()
-				ready()
-			})
-		})},
-	)
+	defer s.reps.Close()
+	members := []lifecycle.Member{
+		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
+		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
+	}
+	if s.auctioneer != nil {
+		defer s.auctioneerConn.Close()
+		members = append(members, lifecycle.Member{Name: "auctioneer-client", Runner: lifecycle.RunFunc(s.auctioneer.Run)})
+	}
+	members = append(members, lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+		return s.server.Run(ctx, func() {
+			r()
+			ready()
+		})
+	})})
+	return lifecycle.Run(ctx, s.log, members...)
 }
 
 // Addr is the API's bound address once Run has called ready.
