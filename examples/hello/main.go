@@ -65,7 +65,7 @@ func set(csv string) map[string]bool {
 func serveHTTP(addr, containerPort, index, guid string) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from instance %s (guid %s) on container port %s, host %s, path %s\n", index, guid, containerPort, r.Host, r.URL.Path)
+		fmt.Fprintf(w, "hello from instance %s (guid %s, pid %d) on container port %s, host %s, path %s\n", index, guid, os.Getpid(), containerPort, r.Host, r.URL.Path)
 	})
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	log.Fatal(http.ListenAndServe(addr, mux))
