@@ -1,0 +1,332 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+)
+
+// maxReasonTail bounds the stderr tail added to a failed run action's reason.
+const maxReasonTail = 200
+
+// timeoutError is the cause of a timeout action's context.
+type timeoutError struct{ d time.Duration }
+
+func (e timeoutError) Error() string { return fmt.Sprintf("timed out after %v", e.d) }
+
+// codependentExit is the cause of a codependent action's context once a child exited.
+var codependentExit = errors.New("a codependent action exited")
+
+// runAction runs one node of the action tree and returns its failure, if any. The error's
+// text is the reason reported in the container's Result.
+func (c *container) runAction(ctx context.Context, a *modelsv1.Action) error {
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	switch k := a.GetKind().(type) {
+	case *modelsv1.Action_Run:
+		return c.runProcess(ctx, k.Run)
+	case *modelsv1.Action_Download:
+		return c.download(ctx, k.Download)
+	case *modelsv1.Action_Serial:
+		for _, child := range k.Serial.GetActions() {
+			if err := c.runAction(ctx, child); err != nil {
+				return err
+			}
+		}
+		return nil
+	case *modelsv1.Action_Parallel:
+		errs := c.runAll(ctx, k.Parallel.GetActions(), nil)
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	case *modelsv1.Action_Codependent:
+		return c.runCodependent(ctx, k.Codependent.GetActions())
+	case *modelsv1.Action_Try:
+		if err := c.runAction(ctx, k.Try.GetAction()); err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				return cause // a stop is not a failure to ignore
+			}
+			c.log.Debug("try action failed; ignored", "reason", err)
+		}
+		return nil
+	case *modelsv1.Action_Timeout:
+		d := time.Duration(k.Timeout.GetTimeoutMs()) * time.Millisecond
+		if d <= 0 {
+			return fmt.Errorf("timeout action: timeout_ms must be positive, got %d", k.Timeout.GetTimeoutMs())
+		}
+		tctx, cancel := context.WithTimeoutCause(ctx, d, timeoutError{d})
+		defer cancel()
+		err := c.runAction(tctx, k.Timeout.GetAction())
+		var te timeoutError
+		if errors.As(context.Cause(tctx), &te) && ctx.Err() == nil {
+			return te
+		}
+		return err
+	default:
+		return errors.New("empty action")
+	}
+}
+
+// runAll runs actions at once and returns their errors, by index. When exited is not nil it
+// receives the index of each action as it ends.
+func (c *container) runAll(ctx context.Context, actions []*modelsv1.Action, exited chan<- int) []error {
+	errs := make([]error, len(actions))
+	var wg sync.WaitGroup
+	for i, a := range actions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.runAction(ctx, a)
+			if exited != nil {
+				exited <- i
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// runCodependent runs actions at once; when the first ends, the others are stopped (SIGTERM,
+// then SIGKILL after the kill grace). It fails with the first one's error: the others end
+// because they were stopped, which is not counted as their failure.
+func (c *container) runCodependent(ctx context.Context, actions []*modelsv1.Action) error {
+	if len(actions) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	exited := make(chan int, len(actions))
+	firstCh := make(chan int, 1)
+	go func() {
+		i := <-exited
+		firstCh <- i
+		cancel(codependentExit)
+	}()
+	errs := c.runAll(cctx, actions, exited)
+	first := <-firstCh
+	if errs[first] != nil {
+		return errs[first]
+	}
+	if cause := context.Cause(ctx); cause != nil {
+		return cause
+	}
+	return nil
+}
+
+// runProcess runs a run action's process to its end. When ctx ends for another reason than
+// a stop (which signals processes itself), the process group gets SIGTERM, then SIGKILL after
+// the backend's kill grace.
+func (c *container) runProcess(ctx context.Context, ra *modelsv1.RunAction) error {
+	cmd, err := c.command(ra)
+	if err != nil {
+		return err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("run %s: stdout pipe: %w", ra.GetPath(), err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		_ = outR.Close()
+		_ = outW.Close()
+		return fmt.Errorf("run %s: stderr pipe: %w", ra.GetPath(), err)
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+
+	c.mu.Lock()
+	if c.stopping {
+		c.mu.Unlock()
+		closeAll(outR, outW, errR, errW)
+		return errStopped
+	}
+	err = cmd.Start()
+	if err == nil {
+		c.live[cmd.Process.Pid] = struct{}{}
+	}
+	c.mu.Unlock()
+	_ = outW.Close()
+	_ = errW.Close()
+	if err != nil {
+		_ = outR.Close()
+		_ = errR.Close()
+		return fmt.Errorf("run %s: %w", ra.GetPath(), err)
+	}
+	pgid := cmd.Process.Pid
+	c.markStarted()
+
+	source := ra.GetLogSource()
+	if source == "" {
+		source = ra.GetPath()
+	}
+	stderrTail := &tailBuffer{max: 1 << 10}
+	var copies sync.WaitGroup
+	copies.Add(2)
+	go func() {
+		defer copies.Done()
+		_, _ = io.Copy(c.logWriter(source, "stdout", ra.GetSuppressLogOutput(), nil), outR)
+	}()
+	go func() {
+		defer copies.Done()
+		_, _ = io.Copy(c.logWriter(source, "stderr", ra.GetSuppressLogOutput(), stderrTail), errR)
+	}()
+
+	waitCh := make(chan error, 1)
+	go func() { waitCh <- cmd.Wait() }()
+	var waitErr error
+	select {
+	case waitErr = <-waitCh:
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), errStopped) {
+			waitErr = <-waitCh // the stop signals the process
+			break
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		t := time.NewTimer(c.b.killGrace)
+		select {
+		case waitErr = <-waitCh:
+		case <-t.C:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			waitErr = <-waitCh
+		}
+		t.Stop()
+	}
+	// Nothing of the process group outlives its leader.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	c.mu.Lock()
+	delete(c.live, pgid)
+	c.mu.Unlock()
+
+	// Output ends when every writer is gone; a process that left the group may still hold
+	// the pipes, so stop reading after a moment.
+	copied := make(chan struct{})
+	go func() { copies.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(time.Second):
+		_ = outR.Close()
+		_ = errR.Close()
+		<-copied
+	}
+	_ = outR.Close()
+	_ = errR.Close()
+
+	if waitErr == nil {
+		return nil
+	}
+	var exitErr *exec.ExitError
+	if !errors.As(waitErr, &exitErr) {
+		return fmt.Errorf("run %s: %w", ra.GetPath(), waitErr)
+	}
+	reason := exitErr.ProcessState.String() // "exit status 3" or "signal: killed"
+	if tail := stderrTail.lastLines(maxReasonTail); tail != "" {
+		reason += ": " + tail
+	}
+	return errors.New(reason)
+}
+
+// command builds the process of a run action.
+func (c *container) command(ra *modelsv1.RunAction) (*exec.Cmd, error) {
+	if ra.GetPath() == "" {
+		return nil, errors.New("run action: empty path")
+	}
+	env := append([]string(nil), c.env...)
+	for _, e := range ra.GetEnv() {
+		env = append(env, e.GetName()+"="+e.GetValue())
+	}
+	dir := ra.GetDir()
+	switch {
+	case c.root != "":
+		dir = filepath.Join("/", dir)
+	case dir == "":
+		dir = c.dir
+	case !filepath.IsAbs(dir):
+		dir = filepath.Join(c.dir, dir)
+	}
+	path, err := c.lookPath(ra.GetPath(), env)
+	if err != nil {
+		return nil, err
+	}
+	attr := &syscall.SysProcAttr{Setpgid: true, Chroot: c.root, Credential: c.cred}
+	if c.cg != nil {
+		attr.UseCgroupFD = true
+		attr.CgroupFD = int(c.cg.fd.Fd())
+	}
+	return &exec.Cmd{
+		Path:        path,
+		Args:        append([]string{ra.GetPath()}, ra.GetArgs()...),
+		Env:         env,
+		Dir:         dir,
+		SysProcAttr: attr,
+	}, nil
+}
+
+// lookPath resolves a bare program name through the process's PATH, inside the rootfs when
+// chrooted. Paths with a slash are used as they are (relative ones from the working dir).
+func (c *container) lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	pathVar := ""
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			pathVar = v // the last one wins, as in the process
+		}
+	}
+	for _, d := range filepath.SplitList(pathVar) {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		candidate := filepath.Join(d, name)
+		fi, err := os.Stat(filepath.Join(c.root, candidate))
+		if err != nil {
+			// In a chroot an absolute symbolic link points into the rootfs, not the host.
+			if c.root == "" {
+				continue
+			}
+			if _, lerr := os.Lstat(filepath.Join(c.root, candidate)); lerr != nil {
+				continue
+			}
+			return candidate, nil
+		}
+		if fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return candidate, nil
+		}
+	}
+	return "", fmt.Errorf("run %s: executable not found in PATH %q", name, pathVar)
+}
+
+// logWriter returns where a process's stream goes: debug log lines (unless suppressed) and,
+// for stderr, the tail kept for the failure reason.
+func (c *container) logWriter(source, stream string, suppress bool, tail *tailBuffer) io.Writer {
+	var ws []io.Writer
+	if tail != nil {
+		ws = append(ws, tail)
+	}
+	if !suppress && c.log.IsDebug() {
+		ws = append(ws, &lineLogger{log: c.log.With("source", source, "stream", stream)})
+	}
+	if len(ws) == 0 {
+		return io.Discard
+	}
+	return io.MultiWriter(ws...)
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
+}

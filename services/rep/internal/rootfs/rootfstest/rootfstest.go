@@ -1,0 +1,124 @@
+// Package rootfstest helps tests use docker rootfses without leaving the machine: it runs
+// go-containerregistry's in-process registry on 127.0.0.1, builds image layers from files and
+// pushes images to it, and builds static Go binaries to put in them.
+package rootfstest
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// NewRegistry starts an in-process registry on 127.0.0.1 and returns its host:port. It is
+// shut down when the test ends.
+func NewRegistry(t testing.TB) string {
+	t.Helper()
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// File is one entry of a test layer.
+type File struct {
+	// Name is the path in the image, without a leading slash ("bin/app", "etc/").
+	Name string
+	// Mode is the permission bits (0o755 for executables and directories).
+	Mode int64
+	// Body is the content of a regular file.
+	Body []byte
+	// Typeflag is the tar type (tar.TypeReg when zero, or tar.TypeDir, tar.TypeSymlink, ...).
+	Typeflag byte
+	// Linkname is the target of a symbolic or hard link.
+	Linkname string
+}
+
+// Layer builds an uncompressed image layer holding files, in order.
+func Layer(t testing.TB, files ...File) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		typ := f.Typeflag
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		hdr := &tar.Header{Name: f.Name, Mode: f.Mode, Typeflag: typ, Linkname: f.Linkname}
+		if typ == tar.TypeReg {
+			hdr.Size = int64(len(f.Body))
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatalf("layer: header %s: %v", f.Name, err)
+		}
+		if typ == tar.TypeReg {
+			if _, err := tw.Write(f.Body); err != nil {
+				t.Fatalf("layer: write %s: %v", f.Name, err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatalf("layer: close: %v", err)
+	}
+	data := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	})
+	if err != nil {
+		t.Fatalf("layer: %v", err)
+	}
+	return layer
+}
+
+// Push builds an image from layers (the first is the bottom one), pushes it to
+// host/repo:tag and returns its rootfs URI "docker://host/repo#tag" and its digest.
+func Push(t testing.TB, host, repo, tag string, layers ...v1.Layer) (string, v1.Hash) {
+	t.Helper()
+	base, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{Architecture: runtime.GOARCH, OS: "linux"})
+	if err != nil {
+		t.Fatalf("push: config: %v", err)
+	}
+	img, err := mutate.AppendLayers(base, layers...)
+	if err != nil {
+		t.Fatalf("push: build image: %v", err)
+	}
+	ref, err := name.NewTag(host+"/"+repo+":"+tag, name.Insecure)
+	if err != nil {
+		t.Fatalf("push: reference: %v", err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatalf("push: digest: %v", err)
+	}
+	return "docker://" + host + "/" + repo + "#" + tag, d
+}
+
+// BuildStatic builds the Go packages pkgs (e.g. "./testdata/app") from dir into the
+// directory out as static binaries (CGO_ENABLED=0), one per package, named after it.
+func BuildStatic(dir, out string, pkgs ...string) error {
+	args := append([]string{"build", "-trimpath", "-o", out + string(os.PathSeparator)}, pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %v: %w\n%s", pkgs, err, b)
+	}
+	return nil
+}
