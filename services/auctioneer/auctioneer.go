@@ -1,0 +1,364 @@
+// Package auctioneer is Gavel's placement service. The elected auctioneer batches start
+// requests from the BBS, asks every cell for its state, places each LRP instance and task on a
+// compatible cell with room (filters and scores in internal/placement), hands the work to the
+// cells with Perform and reports what could not be placed back to the BBS. Standby instances
+// refuse requests until they win the election.
+package auctioneer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/api"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/auction"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/batch"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
+)
+
+// ElectionName is the name auctioneers campaign under: the lock prefix is
+// etcdx.LockKey(ElectionName), "/gavel/v1/lock/auctioneer".
+const ElectionName = "auctioneer"
+
+// ServiceName is the gRPC service name whose health is SERVING only on the leader.
+var ServiceName = auctioneerv1.AuctioneerService_ServiceDesc.ServiceName
+
+// A round that could not list cells is retried this many times (waiting roundRetryDelay
+// between rounds) before its work is dropped; the BBS's convergence re-auctions it.
+const (
+	maxRoundAttempts = 3
+	roundRetryDelay  = time.Second
+)
+
+// Config is the auctioneer's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// ListenAddress is where the gRPC API (AuctioneerService, health, reflection) listens.
+	ListenAddress string `json:"listen_address"`
+	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
+	TLS tlsx.Config `json:"tls"`
+	// BBSAddress is the BBS's gRPC address: cells are listed there and placement failures
+	// reported there.
+	BBSAddress string `json:"bbs_address"`
+	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
+	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// RepTLS is the client certificate, key and CA for calling reps (State, Perform); or
+	// insecure for plaintext.
+	RepTLS tlsx.Config `json:"rep_tls"`
+	// EtcdEndpoints are the etcd client URLs used for leader election.
+	EtcdEndpoints []string `json:"etcd_endpoints"`
+	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
+	EtcdTLS tlsx.Config `json:"etcd_tls"`
+	// BatchInterval is the batch window: requests arriving while a round runs wait until this
+	// long after the round started, so they are placed together. A request arriving while the
+	// auctioneer is idle is placed at once.
+	BatchInterval Duration `json:"batch_interval"`
+	// CellStateTimeout bounds each cell's State call in a round; cells that do not answer in
+	// time are skipped for the round.
+	CellStateTimeout Duration `json:"cell_state_timeout"`
+	// PerformTimeout bounds each cell's Perform call; a cell that does not answer in time is
+	// treated as having refused its work, which is retried once on another cell.
+	PerformTimeout Duration `json:"perform_timeout"`
+	// MaxInflightStarts limits how many containers may be starting at once across all cells
+	// (those the cells report plus those placed in the round); work over the limit fails with
+	// IN_FLIGHT_LIMIT. Zero means unlimited.
+	MaxInflightStarts int `json:"max_inflight_starts"`
+	// LockTTL is the TTL of the election lease: a leader that cannot refresh it for this long
+	// loses leadership and a standby takes over.
+	LockTTL Duration `json:"lock_ttl"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+}
+
+// Duration is a time.Duration written as a string ("50ms") in config files.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"50ms\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("parse duration: %w", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String formats d like time.Duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set parses a flag value ("50ms"); with String it makes *Duration a flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("parse duration: %w", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Default is the configuration of an auctioneer next to a local BBS and etcd.
+func Default() Config {
+	return Config{
+		ListenAddress:    "127.0.0.1:8890",
+		BBSAddress:       "127.0.0.1:8889",
+		EtcdEndpoints:    []string{"http://127.0.0.1:2379"},
+		BatchInterval:    Duration(50 * time.Millisecond),
+		CellStateTimeout: Duration(2 * time.Second),
+		PerformTimeout:   Duration(10 * time.Second),
+		LockTTL:          Duration(etcdx.DefaultElectionTTL),
+		Log:              logging.Config{Level: "info", Format: "text"},
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate reports every problem that would stop the auctioneer from starting.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ListenAddress == "" {
+		errs = append(errs, errors.New("listen_address is required"))
+	}
+	if c.BBSAddress == "" {
+		errs = append(errs, errors.New("bbs_address is required"))
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
+	}
+	for _, t := range []struct {
+		name string
+		cfg  tlsx.Config
+	}{{"tls", c.TLS}, {"bbs_tls", c.BBSTLS}, {"rep_tls", c.RepTLS}, {"etcd_tls", c.EtcdTLS}} {
+		if err := t.cfg.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", t.name, err))
+		}
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if c.BatchInterval <= 0 {
+		errs = append(errs, fmt.Errorf("batch_interval must be positive, got %s", c.BatchInterval))
+	}
+	if c.CellStateTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("cell_state_timeout must be positive, got %s", c.CellStateTimeout))
+	}
+	if c.PerformTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("perform_timeout must be positive, got %s", c.PerformTimeout))
+	}
+	if c.MaxInflightStarts < 0 {
+		errs = append(errs, fmt.Errorf("max_inflight_starts must not be negative, got %d", c.MaxInflightStarts))
+	}
+	if c.LockTTL < Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("lock_ttl must be at least 1s, got %s", c.LockTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// Service is a running auctioneer.
+type Service struct {
+	cfg     Config
+	log     hclog.Logger
+	etcd    *clientv3.Client
+	batch   *batch.Batch
+	pool    *auction.Pool
+	runner  *auction.Runner
+	server  *grpcx.Server
+	leading atomic.Bool
+	rounds  atomic.Int64
+}
+
+// New builds an auctioneer that elects its leader over etcd and talks to the BBS through bbs;
+// Run starts it. Reps are dialled with cfg.RepTLS as cells appear. logger may be nil.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("auctioneer config: %w", err)
+	}
+	if etcd == nil || bbs == nil {
+		return nil, errors.New("auctioneer: etcd and bbs clients are required")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	pool := auction.NewPool(grpcx.ClientConfig{TLS: cfg.RepTLS})
+	s := &Service{
+		cfg:   cfg,
+		log:   logger,
+		etcd:  etcd,
+		batch: batch.New(),
+		pool:  pool,
+		runner: auction.NewRunner(bbs, pool, auction.Config{
+			StateTimeout:   time.Duration(cfg.CellStateTimeout),
+			PerformTimeout: time.Duration(cfg.PerformTimeout),
+			MaxInFlight:    cfg.MaxInflightStarts,
+		}, logger.Named("auction")),
+	}
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithValidator(api.Validate),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("auctioneer: %w", err)
+	}
+	auctioneerv1.RegisterAuctioneerServiceServer(server.GRPC, api.New(queue{s}))
+	s.server = server
+	return s, nil
+}
+
+// Run serves the API and campaigns for leadership until ctx ends; while leading it runs
+// auctions. ready is called once the API is serving (as leader or standby).
+func (s *Service) Run(ctx context.Context, ready func()) error {
+	defer func() {
+		if err := s.pool.Close(); err != nil {
+			s.log.Warn("close rep connections", "error", err)
+		}
+	}()
+	return lifecycle.Run(ctx, s.log,
+		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			return s.server.Run(ctx, func() {
+				// A standby until elected.
+				s.server.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+				r()
+			})
+		})},
+		lifecycle.Member{Name: "election", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			host, err := os.Hostname()
+			if err != nil || host == "" {
+				host = "auctioneer"
+			}
+			id := fmt.Sprintf("%s@%s", host, s.Addr())
+			el, err := etcdx.NewElection(s.etcd, ElectionName, id, time.Duration(s.cfg.LockTTL), s.log.Named("election"))
+			if err != nil {
+				return fmt.Errorf("auctioneer election: %w", err)
+			}
+			r()
+			ready()
+			return el.Run(ctx, s.lead)
+		})},
+	)
+}
+
+// Addr is the API's bound address once Run has called ready.
+func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// IsLeader reports whether this auctioneer is the elected leader running auctions.
+func (s *Service) IsLeader() bool { return s.leading.Load() }
+
+// Rounds is the number of auction rounds run so far.
+func (s *Service) Rounds() int64 { return s.rounds.Load() }
+
+// lead runs auctions for as long as this auctioneer leads: it drains the batch at most once per
+// batch interval, at once when a request arrives while idle.
+func (s *Service) lead(ctx context.Context) error {
+	s.batch.Reset()
+	s.leading.Store(true)
+	s.server.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.log.Info("leading: running auctions", "batch_interval", s.cfg.BatchInterval)
+	defer func() {
+		s.leading.Store(false)
+		s.server.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+		dropped := s.batch.Len()
+		s.batch.Reset()
+		s.log.Info("standing by", "dropped_requests", dropped)
+	}()
+	interval := time.Duration(s.cfg.BatchInterval)
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.batch.Ready():
+		}
+		if wait := time.Until(last.Add(interval)); wait > 0 && !sleep(ctx, wait) {
+			return nil
+		}
+		entries := s.batch.Drain()
+		if len(entries) == 0 {
+			continue
+		}
+		last = time.Now()
+		if !s.round(ctx, entries) && !sleep(ctx, roundRetryDelay) {
+			return nil
+		}
+	}
+}
+
+// round runs one auction over entries. When the round could not run, it requeues the entries
+// that have attempts left and reports false.
+func (s *Service) round(ctx context.Context, entries []batch.Entry) bool {
+	s.rounds.Add(1)
+	works := make([]*placement.Work, len(entries))
+	for i, e := range entries {
+		works[i] = e.Work
+	}
+	_, err := s.runner.Run(ctx, works)
+	if err == nil {
+		return true
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	var retry []batch.Entry
+	for _, e := range entries {
+		if e.Attempts+1 < maxRoundAttempts {
+			e.Attempts++
+			retry = append(retry, e)
+		}
+	}
+	s.log.Error("auction round failed", "error", err, "requeued", len(retry), "dropped", len(entries)-len(retry))
+	s.batch.Requeue(retry)
+	return false
+}
+
+// queue adapts the service to api.Queue.
+type queue struct{ s *Service }
+
+// Leading implements api.Queue.
+func (q queue) Leading() bool { return q.s.leading.Load() }
+
+// Enqueue implements api.Queue.
+func (q queue) Enqueue(works []*placement.Work) { q.s.batch.Add(works...) }
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,381 @@
+// Package auction runs auction rounds: it lists the cells from the BBS, fetches every cell's
+// State in parallel, places each piece of work with the placement stack, hands the work to the
+// chosen cells with Perform (retrying what a cell refuses once on the next best cell), and
+// reports what could not be placed back to the BBS.
+package auction
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
+)
+
+// BBS is what a round needs from the BBS; bbsv1.BBSServiceClient satisfies it.
+type BBS interface {
+	Cells(ctx context.Context, in *bbsv1.CellsRequest, opts ...grpc.CallOption) (*bbsv1.CellsResponse, error)
+	FailActualLRP(ctx context.Context, in *bbsv1.FailActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.FailActualLRPResponse, error)
+	RejectTask(ctx context.Context, in *bbsv1.RejectTaskRequest, opts ...grpc.CallOption) (*bbsv1.RejectTaskResponse, error)
+}
+
+// Reps gives a client of the rep at an address; *Pool implements it.
+type Reps interface {
+	Rep(address string) (repv1.RepServiceClient, error)
+}
+
+// Defaults of Config's zero fields.
+const (
+	// DefaultStateTimeout bounds each cell's State call.
+	DefaultStateTimeout = 2 * time.Second
+	// DefaultPerformTimeout bounds each cell's Perform call.
+	DefaultPerformTimeout = 10 * time.Second
+	// DefaultBBSTimeout bounds each call to the BBS.
+	DefaultBBSTimeout = 10 * time.Second
+	// DefaultParallelism bounds concurrent State calls and concurrent BBS reports.
+	DefaultParallelism = 64
+)
+
+// Config tunes a Runner; zero fields take the defaults above.
+type Config struct {
+	// StateTimeout bounds each cell's State call; a cell that does not answer in time is
+	// skipped for the round.
+	StateTimeout time.Duration
+	// PerformTimeout bounds each cell's Perform call.
+	PerformTimeout time.Duration
+	// BBSTimeout bounds each call to the BBS.
+	BBSTimeout time.Duration
+	// MaxInFlight limits the containers starting at once across all cells; zero is unlimited.
+	MaxInFlight int
+	// Parallelism bounds concurrent State calls and concurrent placement error reports.
+	Parallelism int
+}
+
+func (c Config) withDefaults() Config {
+	if c.StateTimeout <= 0 {
+		c.StateTimeout = DefaultStateTimeout
+	}
+	if c.PerformTimeout <= 0 {
+		c.PerformTimeout = DefaultPerformTimeout
+	}
+	if c.BBSTimeout <= 0 {
+		c.BBSTimeout = DefaultBBSTimeout
+	}
+	if c.Parallelism <= 0 {
+		c.Parallelism = DefaultParallelism
+	}
+	return c
+}
+
+// Runner runs auction rounds. One round runs at a time.
+type Runner struct {
+	bbs    BBS
+	reps   Reps
+	stack  *placement.Stack
+	cfg    Config
+	logger hclog.Logger
+	// retain, when set, is told the rep addresses of each round (Pool.Retain).
+	retain func(map[string]bool)
+}
+
+// NewRunner builds a runner. When reps is a *Pool, connections to cells that left are closed
+// after each round's listing.
+func NewRunner(bbs BBS, reps Reps, cfg Config, logger hclog.Logger) *Runner {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	r := &Runner{bbs: bbs, reps: reps, stack: placement.NewStack(), cfg: cfg.withDefaults(), logger: logger}
+	if p, ok := reps.(*Pool); ok {
+		r.retain = p.Retain
+	}
+	return r
+}
+
+// Result is what a round did.
+type Result struct {
+	// Placed maps each placed work key to its cell id.
+	Placed map[string]string
+	// Failed maps each unplaced work key to its placement failure (reported to the BBS).
+	Failed map[string]*placement.Failure
+	// Cells is the number of registered cells.
+	Cells int
+	// Unreachable is the number of cells that did not answer State.
+	Unreachable int
+	// ReportErrors counts placement failures the BBS did not accept.
+	ReportErrors int
+}
+
+// ErrListCells wraps a failure to list cells from the BBS: the round did not run and the work
+// may be retried.
+var ErrListCells = errors.New("list cells")
+
+// Run runs one round over works. It returns an error wrapping ErrListCells, having done
+// nothing, when the BBS cannot list the cells; every other problem ends in Result.Failed.
+func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, error) {
+	start := time.Now()
+	res := Result{Placed: map[string]string{}, Failed: map[string]*placement.Failure{}}
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
+	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{})
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
+	}
+	presences := listed.GetCells()
+	if r.retain != nil {
+		keep := make(map[string]bool, len(presences))
+		for _, p := range presences {
+			keep[p.GetRepAddress()] = true
+		}
+		r.retain(keep)
+	}
+
+	cells := r.fetchStates(ctx, presences)
+	inflight := placement.InFlight{Limit: r.cfg.MaxInFlight}
+	for _, c := range cells {
+		if c.Unreachable {
+			res.Unreachable++
+		} else {
+			inflight.Starting += c.Starting
+		}
+	}
+	res.Cells = len(cells)
+
+	placement.Order(works)
+	byCell := map[*placement.Cell][]*placement.Work{}
+	for _, w := range works {
+		if c, f := r.place(w, cells, nil, &inflight); f != nil {
+			res.Failed[w.Key()] = f
+		} else {
+			byCell[c] = append(byCell[c], w)
+		}
+	}
+	r.performWithRetry(ctx, works, cells, byCell, &inflight, &res)
+
+	res.ReportErrors = r.report(ctx, works, res.Failed)
+	r.logger.Info("auction round",
+		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed),
+		"cells", res.Cells, "cells_unreachable", res.Unreachable, "duration", time.Since(start))
+	return res, nil
+}
+
+// performWithRetry hands byCell to the cells (first wave). Whatever a cell hands back, or
+// could not receive because its Perform failed (the cell is then unreachable for the rest of the
+// round), is placed once more on the next best cell other than the one that refused it, and
+// performed in a second wave. Work placed on no cell ends in res.Failed as CELL_COMMUNICATION.
+// works is the round's work in placement order; retries keep that order.
+func (r *Runner) performWithRetry(ctx context.Context, works []*placement.Work, cells []*placement.Cell,
+	byCell map[*placement.Cell][]*placement.Work, inflight *placement.InFlight, res *Result) {
+	pos := make(map[string]int, len(works))
+	for i, w := range works {
+		pos[w.Key()] = i
+	}
+	refusals := r.perform(ctx, byCell, res.Placed)
+	sort.SliceStable(refusals, func(i, j int) bool { return pos[refusals[i].work.Key()] < pos[refusals[j].work.Key()] })
+	// Release everything first, so each retry sees all the room the refusals freed.
+	for _, rf := range refusals {
+		rf.cell.Release(rf.work)
+		inflight.Add(-1)
+	}
+	firstCell := make(map[string]string, len(refusals))
+	retry := map[*placement.Cell][]*placement.Work{}
+	for _, rf := range refusals {
+		firstCell[rf.work.Key()] = rf.cell.ID
+		c, f := r.place(rf.work, cells, placement.Refused{rf.cell.ID: true}, inflight)
+		if f != nil {
+			res.Failed[rf.work.Key()] = &placement.Failure{
+				Code:    modelsv1.PlacementError_CODE_CELL_COMMUNICATION,
+				Message: fmt.Sprintf("cell %s could not start it (%s), and no other cell could take it: %s", rf.cell.ID, rf.why, f.Message),
+			}
+			continue
+		}
+		retry[c] = append(retry[c], rf.work)
+	}
+	for _, rf := range r.perform(ctx, retry, res.Placed) {
+		res.Failed[rf.work.Key()] = &placement.Failure{
+			Code:    modelsv1.PlacementError_CODE_CELL_COMMUNICATION,
+			Message: fmt.Sprintf("cells %s and %s could not start it (%s)", firstCell[rf.work.Key()], rf.cell.ID, rf.why),
+		}
+	}
+}
+
+// place selects a cell for w and reserves it there, or explains why it cannot.
+func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused placement.Refused, inflight *placement.InFlight) (*placement.Cell, *placement.Failure) {
+	if f := inflight.Admit(); f != nil {
+		return nil, f
+	}
+	c, f := r.stack.Select(w, cells, refused)
+	if f != nil {
+		return nil, f
+	}
+	c.Reserve(w)
+	inflight.Add(1)
+	return c, nil
+}
+
+// fetchStates asks every cell for its State in parallel, each bounded by StateTimeout, and
+// returns the round's view of the cells ordered by id. Cells that fail to answer are included
+// as unreachable.
+func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPresence) []*placement.Cell {
+	cells := make([]*placement.Cell, len(presences))
+	sem := make(chan struct{}, r.cfg.Parallelism)
+	var wg sync.WaitGroup
+	for i, p := range presences {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			state, err := r.state(ctx, p)
+			if err != nil {
+				r.logger.Warn("cell did not report state", "cell_id", p.GetCellId(), "rep_address", p.GetRepAddress(), "error", err)
+				cells[i] = unreachableCell(p)
+				return
+			}
+			cells[i] = cellFromState(p, state)
+		}()
+	}
+	wg.Wait()
+	sort.Slice(cells, func(i, j int) bool { return cells[i].ID < cells[j].ID })
+	return cells
+}
+
+func (r *Runner) state(ctx context.Context, p *modelsv1.CellPresence) (*repv1.StateResponse, error) {
+	client, err := r.reps.Rep(p.GetRepAddress())
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, r.cfg.StateTimeout)
+	defer cancel()
+	state, err := client.State(sctx, &repv1.StateRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("state of cell %s at %s: %w", p.GetCellId(), p.GetRepAddress(), err)
+	}
+	return state, nil
+}
+
+// refusal is work a cell did not take.
+type refusal struct {
+	work *placement.Work
+	cell *placement.Cell
+	why  string
+}
+
+// perform sends each cell its work in parallel, records what was taken in placed and returns
+// what was not. A cell whose Perform call fails is marked unreachable.
+func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*placement.Work, placed map[string]string) []refusal {
+	type outcome struct {
+		cell    *placement.Cell
+		works   []*placement.Work
+		refused map[string]bool
+		err     error
+	}
+	outcomes := make(chan outcome, len(byCell))
+	for c, works := range byCell {
+		go func() {
+			refused, err := r.performOn(ctx, c, works)
+			outcomes <- outcome{cell: c, works: works, refused: refused, err: err}
+		}()
+	}
+	var out []refusal
+	for range byCell {
+		o := <-outcomes
+		if o.err != nil {
+			r.logger.Warn("perform failed", "cell_id", o.cell.ID, "rep_address", o.cell.Address, "work", len(o.works), "error", o.err)
+			o.cell.Unreachable = true
+		}
+		for _, w := range o.works {
+			switch {
+			case o.err != nil:
+				out = append(out, refusal{work: w, cell: o.cell, why: "perform failed: " + errText(o.err)})
+			case o.refused[w.Key()]:
+				out = append(out, refusal{work: w, cell: o.cell, why: "the cell refused it"})
+			default:
+				placed[w.Key()] = o.cell.ID
+			}
+		}
+	}
+	return out
+}
+
+func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*placement.Work) (map[string]bool, error) {
+	client, err := r.reps.Rep(c.Address)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PerformTimeout)
+	defer cancel()
+	resp, err := client.Perform(pctx, performRequest(works))
+	if err != nil {
+		return nil, fmt.Errorf("perform on cell %s at %s: %w", c.ID, c.Address, err)
+	}
+	return failedKeys(resp), nil
+}
+
+// report sends each failure to the BBS in parallel: FailActualLRP for instances, RejectTask for
+// tasks. It returns how many reports failed.
+func (r *Runner) report(ctx context.Context, works []*placement.Work, failed map[string]*placement.Failure) int {
+	sem := make(chan struct{}, r.cfg.Parallelism)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	errCount := 0
+	for _, w := range works {
+		f, ok := failed[w.Key()]
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := r.reportOne(ctx, w, f); err != nil {
+				level := hclog.Warn
+				if c := status.Code(err); c == codes.FailedPrecondition || c == codes.NotFound {
+					level = hclog.Debug // claimed, removed or completed meanwhile
+				}
+				r.logger.Log(level, "could not report placement failure", "work", w.String(), "error", err)
+				mu.Lock()
+				errCount++
+				mu.Unlock()
+				return
+			}
+			r.logger.Info("placement failed", "work", w.String(), "code", f.Code.String(), "reason", f.Message)
+		}()
+	}
+	wg.Wait()
+	return errCount
+}
+
+func (r *Runner) reportOne(ctx context.Context, w *placement.Work, f *placement.Failure) error {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
+	defer cancel()
+	if w.Kind == placement.KindTask {
+		if _, err := r.bbs.RejectTask(rctx, &bbsv1.RejectTaskRequest{TaskGuid: w.TaskGuid, RejectionReason: f.Message, PlacementError: f.Proto()}); err != nil {
+			return fmt.Errorf("reject task %s: %w", w.TaskGuid, err)
+		}
+		return nil
+	}
+	if _, err := r.bbs.FailActualLRP(rctx, &bbsv1.FailActualLRPRequest{ProcessGuid: w.ProcessGuid, Index: w.Index, PlacementError: f.Proto()}); err != nil {
+		return fmt.Errorf("fail actual lrp %s/%d: %w", w.ProcessGuid, w.Index, err)
+	}
+	return nil
+}
+
+// errText is the message of a gRPC error without its code prefix.
+func errText(err error) string {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return strings.TrimSpace(se.GRPCStatus().Message())
+	}
+	return err.Error()
+}

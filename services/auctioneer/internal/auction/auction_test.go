@@ -1,0 +1,289 @@
+package auction
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
+)
+
+// fakeBBS lists fixed cells and records placement failures.
+type fakeBBS struct {
+	cells    []*modelsv1.CellPresence
+	cellsErr error
+	mu       sync.Mutex
+	failed   map[string]*modelsv1.PlacementError // "guid/index" or "task:guid"
+}
+
+func (b *fakeBBS) Cells(context.Context, *bbsv1.CellsRequest, ...grpc.CallOption) (*bbsv1.CellsResponse, error) {
+	if b.cellsErr != nil {
+		return nil, b.cellsErr
+	}
+	return &bbsv1.CellsResponse{Cells: b.cells}, nil
+}
+
+func (b *fakeBBS) FailActualLRP(_ context.Context, in *bbsv1.FailActualLRPRequest, _ ...grpc.CallOption) (*bbsv1.FailActualLRPResponse, error) {
+	b.record((&placement.Work{Kind: placement.KindLRP, ProcessGuid: in.GetProcessGuid(), Index: in.GetIndex()}).Key(), in.GetPlacementError())
+	return &bbsv1.FailActualLRPResponse{}, nil
+}
+
+func (b *fakeBBS) RejectTask(_ context.Context, in *bbsv1.RejectTaskRequest, _ ...grpc.CallOption) (*bbsv1.RejectTaskResponse, error) {
+	if in.GetRejectionReason() != in.GetPlacementError().GetMessage() {
+		return nil, status.Error(codes.InvalidArgument, "reason differs from the placement error")
+	}
+	b.record((&placement.Work{Kind: placement.KindTask, TaskGuid: in.GetTaskGuid()}).Key(), in.GetPlacementError())
+	return &bbsv1.RejectTaskResponse{}, nil
+}
+
+func (b *fakeBBS) record(key string, pe *modelsv1.PlacementError) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failed == nil {
+		b.failed = map[string]*modelsv1.PlacementError{}
+	}
+	b.failed[key] = pe
+}
+
+// fakeRep is an in-memory rep client.
+type fakeRep struct {
+	repv1.RepServiceClient // unused methods panic
+	state                  *repv1.StateResponse
+	stateErr               error
+	performErr             error
+	refuseAll              bool
+	mu                     sync.Mutex
+	performed              []*repv1.PerformRequest
+}
+
+func (r *fakeRep) State(context.Context, *repv1.StateRequest, ...grpc.CallOption) (*repv1.StateResponse, error) {
+	return r.state, r.stateErr
+}
+
+func (r *fakeRep) Perform(_ context.Context, in *repv1.PerformRequest, _ ...grpc.CallOption) (*repv1.PerformResponse, error) {
+	r.mu.Lock()
+	r.performed = append(r.performed, in)
+	r.mu.Unlock()
+	if r.performErr != nil {
+		return nil, r.performErr
+	}
+	if r.refuseAll {
+		return &repv1.PerformResponse{FailedLrps: in.GetLrps(), FailedTasks: in.GetTasks()}, nil
+	}
+	return &repv1.PerformResponse{}, nil
+}
+
+// got lists the work the rep accepted or was offered, as keys.
+func (r *fakeRep) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, p := range r.performed {
+		for _, l := range p.GetLrps() {
+			out = append(out, (&placement.Work{Kind: placement.KindLRP, ProcessGuid: l.GetKey().GetProcessGuid(), Index: l.GetKey().GetIndex()}).Key())
+		}
+		for _, t := range p.GetTasks() {
+			out = append(out, "task/"+t.GetTaskGuid())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+type fakeReps map[string]*fakeRep
+
+func (f fakeReps) Rep(addr string) (repv1.RepServiceClient, error) {
+	r, ok := f[addr]
+	if !ok {
+		return nil, errors.New("no such rep")
+	}
+	return r, nil
+}
+
+// env is a BBS with cells a (zone z1), b (zone z2), both 1 GiB / 10 containers, tag "web".
+func env(t *testing.T) (*fakeBBS, fakeReps) {
+	t.Helper()
+	bbs := &fakeBBS{}
+	reps := fakeReps{}
+	for _, c := range []struct{ id, zone string }{{"a", "z1"}, {"b", "z2"}} {
+		addr := c.id + ":1"
+		bbs.cells = append(bbs.cells, &modelsv1.CellPresence{CellId: c.id, RepAddress: addr, Zone: c.zone})
+		capacity := &modelsv1.CellCapacity{MemoryMb: 1024, DiskMb: 4096, Containers: 10}
+		reps[addr] = &fakeRep{state: &repv1.StateResponse{
+			CellId: c.id, Zone: c.zone, TotalResources: capacity, AvailableResources: capacity,
+			PlacementTags: []string{"web"}, PreloadedRootfses: []string{"cflinuxfs4"}, RootfsProviders: []string{"docker"},
+		}}
+	}
+	return bbs, reps
+}
+
+func lrpStart(guid string, memory int32, indices ...int32) *auctioneerv1.LRPStartRequest {
+	return &auctioneerv1.LRPStartRequest{
+		ProcessGuid: guid, Domain: "apps", Indices: indices, Rootfs: "preloaded:cflinuxfs4",
+		Resources: &modelsv1.Resources{MemoryMb: memory, DiskMb: 10},
+	}
+}
+
+func TestRoundPlacesAndReports(t *testing.T) {
+	bbs, reps := env(t)
+	bbs.cells = append(bbs.cells, &modelsv1.CellPresence{CellId: "c", RepAddress: "c:1", Zone: "z3"})
+	reps["c:1"] = &fakeRep{stateErr: status.Error(codes.Unavailable, "down")}
+	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+
+	picky := lrpStart("picky", 64, 0)
+	picky.PlacementConstraint = &modelsv1.PlacementConstraint{Require: []string{"gpu"}}
+	works := LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1, 2, 3), lrpStart("huge", 4096, 0), picky})
+	works = append(works, TaskWork([]*auctioneerv1.TaskStartRequest{{TaskGuid: "t1", Domain: "apps", Rootfs: "docker:///x", Resources: &modelsv1.Resources{MemoryMb: 64}}})...)
+	res, err := r.Run(context.Background(), works)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Cells != 3 || res.Unreachable != 1 {
+		t.Fatalf("cells %d unreachable %d", res.Cells, res.Unreachable)
+	}
+	// web spreads 2/2 over the zones; the task goes to the emptier cell.
+	if a, b := reps["a:1"].got(), reps["b:1"].got(); len(a)+len(b) != 5 ||
+		!slices.Contains(append(a, b...), "task/t1") ||
+		countPrefix(a, "lrp/web/") != 2 || countPrefix(b, "lrp/web/") != 2 {
+		t.Fatalf("a got %v, b got %v", a, b)
+	}
+	want := map[string]string{
+		"lrp/huge/0":  "CODE_INSUFFICIENT_RESOURCES insufficient resources: memory (2 compatible cells)",
+		"lrp/picky/0": `CODE_CELL_MISMATCH found no compatible cell: 0/3 cells eligible (2 lack tag "gpu", 1 did not answer)`,
+	}
+	if got := failures(bbs); !equalMaps(got, want) {
+		t.Fatalf("failures %v\nwant %v", got, want)
+	}
+}
+
+func TestRoundRetriesRefusedWorkOnce(t *testing.T) {
+	bbs, reps := env(t)
+	reps["a:1"].refuseAll = true
+	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Placed["lrp/web/0"] != "b" || res.Placed["lrp/web/1"] != "b" || len(res.Failed) != 0 {
+		t.Fatalf("placed %v failed %v", res.Placed, res.Failed)
+	}
+	// a was offered one instance (spread), refused it; b got both in the end.
+	if got := reps["a:1"].got(); len(got) != 1 {
+		t.Fatalf("a offered %v", got)
+	}
+
+	// Both cells fail: the retry fails as CELL_COMMUNICATION.
+	bbs, reps = env(t)
+	reps["a:1"].performErr = status.Error(codes.Unavailable, "connection refused")
+	reps["b:1"].refuseAll = true
+	r = NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0)})); err != nil {
+		t.Fatal(err)
+	}
+	if got := failures(bbs)["lrp/web/0"]; got != "CODE_CELL_COMMUNICATION cells a and b could not start it (the cell refused it)" {
+		t.Fatalf("failure %q", got)
+	}
+	if len(reps["a:1"].got())+len(reps["b:1"].got()) != 2 {
+		t.Fatalf("offered %v and %v, want one offer each", reps["a:1"].got(), reps["b:1"].got())
+	}
+}
+
+func TestRoundInFlightLimit(t *testing.T) {
+	bbs, reps := env(t)
+	reps["a:1"].state.StartingContainerCount = 1
+	r := NewRunner(bbs, reps, Config{MaxInFlight: 3}, logging.NewTest(t))
+	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1, 2, 3)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Placed) != 2 || len(res.Failed) != 2 {
+		t.Fatalf("placed %v failed %v", res.Placed, res.Failed)
+	}
+	for k, f := range res.Failed {
+		if f.Code != modelsv1.PlacementError_CODE_IN_FLIGHT_LIMIT || (k != "lrp/web/2" && k != "lrp/web/3") {
+			t.Fatalf("%s: %v", k, f)
+		}
+	}
+}
+
+func TestRoundWithoutCellList(t *testing.T) {
+	bbs, reps := env(t)
+	bbs.cellsErr = status.Error(codes.Unavailable, "bbs down")
+	_, err := NewRunner(bbs, reps, Config{}, logging.NewTest(t)).Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 1, 0)}))
+	if !errors.Is(err, ErrListCells) || len(bbs.failed) != 0 {
+		t.Fatalf("err %v, failures %v", err, bbs.failed)
+	}
+}
+
+func TestPoolCachesAndRetains(t *testing.T) {
+	p := NewPool(grpcClientConfig())
+	if _, err := p.Rep("127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Rep("127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Rep("127.0.0.1:2"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Len() != 2 {
+		t.Fatalf("%d connections, want 2", p.Len())
+	}
+	p.Retain(map[string]bool{"127.0.0.1:2": true})
+	if p.Len() != 1 {
+		t.Fatalf("%d connections after retain, want 1", p.Len())
+	}
+	if err := p.Close(); err != nil || p.Len() != 0 {
+		t.Fatalf("close: %v, %d left", err, p.Len())
+	}
+}
+
+func countPrefix(keys []string, prefix string) int {
+	n := 0
+	for _, k := range keys {
+		if strings.HasPrefix(k, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func failures(b *fakeBBS) map[string]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]string{}
+	for k, pe := range b.failed {
+		out[k] = pe.GetCode().String() + " " + pe.GetMessage()
+	}
+	return out
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func grpcClientConfig() grpcx.ClientConfig {
+	return grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}
+}

@@ -1,0 +1,12 @@
+package placement
+
+// NotEvacuating passes cells that are not draining; an evacuating cell takes no new work.
+type NotEvacuating struct{}
+
+// Check implements Filter.
+func (NotEvacuating) Check(_ *Work, c *Cell) []Reason {
+	if c.Evacuating {
+		return []Reason{{One: "is evacuating", Many: "are evacuating"}}
+	}
+	return nil
+}
