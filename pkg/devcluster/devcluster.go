@@ -1,0 +1,211 @@
+// Package devcluster runs a whole Gavel cluster in one process: an embedded etcd, the BBS, the
+// auctioneer and any number of reps. `gavel dev` runs it with process-backed cells; integration
+// tests and the scale benchmark run it with simulated cells.
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/auctioneer"
+	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// Cell describes one rep of the cluster.
+type Cell struct {
+	// Config is the rep's configuration; devcluster fills in addresses, TLS and etcd.
+	Config rep.Config
+}
+
+// Config describes the cluster.
+type Config struct {
+	// Dir holds etcd's data and the reps' work directories.
+	Dir string
+	// BBSAddress and AuctioneerAddress are the listen addresses ("127.0.0.1:0" picks a port).
+	BBSAddress, AuctioneerAddress string
+	// UnsafeNoFsync turns etcd's fsync off (tests, benchmarks).
+	UnsafeNoFsync bool
+	// Cells are the reps to run.
+	Cells []Cell
+	// Logger receives every component's logs.
+	Logger hclog.Logger
+	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
+	ConfigureBBS        func(*bbs.Config)
+	ConfigureAuctioneer func(*auctioneer.Config)
+}
+
+// Cluster is a running cluster; its fields are valid once Run has called ready.
+type Cluster struct {
+	cfg Config
+
+	// Etcd is a client of the cluster's etcd.
+	Etcd *clientv3.Client
+	// EtcdEndpoints are the embedded etcd's client URLs.
+	EtcdEndpoints []string
+	// BBS is a client of the BBS.
+	BBS bbsv1.BBSServiceClient
+	// BBSAddress and AuctioneerAddress are where those services listen.
+	BBSAddress, AuctioneerAddress string
+	// Reps are the running reps, in Config.Cells order.
+	Reps []*rep.Service
+}
+
+// New returns a cluster; Run starts it.
+func New(cfg Config) *Cluster {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	return &Cluster{cfg: cfg}
+}
+
+var insecure = tlsx.Config{Insecure: true}
+
+// freeAddr resolves a ":0" port to a concrete free one, since peers must know each other's
+// addresses before they start.
+func freeAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if port != "0" {
+		return addr, nil
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// Run starts etcd, the BBS, the auctioneer and the reps in that order, calls ready, and stops
+// them in reverse order when ctx ends.
+func (c *Cluster) Run(ctx context.Context, ready func()) error {
+	log := c.cfg.Logger
+	var err error
+	if c.BBSAddress, err = freeAddr(c.cfg.BBSAddress); err != nil {
+		return fmt.Errorf("bbs address: %w", err)
+	}
+	if c.AuctioneerAddress, err = freeAddr(c.cfg.AuctioneerAddress); err != nil {
+		return fmt.Errorf("auctioneer address: %w", err)
+	}
+	etcd, err := etcdx.NewEmbedded(etcdx.EmbeddedConfig{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true})
+	if err != nil {
+		return err
+	}
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, conn := range conns {
+			conn.Close()
+		}
+	}()
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure})
+		if err == nil {
+			conns = append(conns, conn)
+		}
+		return conn, err
+	}
+
+	members := []lifecycle.Member{
+		{Name: "etcd", Runner: etcd},
+		{Name: "etcd-client", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cli, err := etcdx.NewClient(etcdx.Config{Endpoints: etcd.Endpoints()}, log.Named("etcd-client"))
+			if err != nil {
+				return err
+			}
+			c.Etcd, c.EtcdEndpoints = cli, etcd.Endpoints()
+			ready()
+			<-ctx.Done()
+			return cli.Close()
+		})},
+		{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cfg := bbs.Default()
+			cfg.ListenAddress, cfg.AuctioneerAddress = c.BBSAddress, c.AuctioneerAddress
+			cfg.TLS, cfg.EtcdTLS = insecure, insecure
+			cfg.EtcdEndpoints = c.EtcdEndpoints
+			if c.cfg.ConfigureBBS != nil {
+				c.cfg.ConfigureBBS(&cfg)
+			}
+			svc, err := bbs.New(cfg, log.Named("bbs"), c.Etcd)
+			if err != nil {
+				return err
+			}
+			conn, err := dial(c.BBSAddress)
+			if err != nil {
+				return err
+			}
+			c.BBS = bbsv1.NewBBSServiceClient(conn)
+			return svc.Run(ctx, ready)
+		})},
+		{Name: "auctioneer", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cfg := auctioneer.Default()
+			cfg.ListenAddress, cfg.BBSAddress = c.AuctioneerAddress, c.BBSAddress
+			cfg.TLS, cfg.BBSTLS, cfg.RepTLS, cfg.EtcdTLS = insecure, insecure, insecure, insecure
+			cfg.EtcdEndpoints = c.EtcdEndpoints
+			if c.cfg.ConfigureAuctioneer != nil {
+				c.cfg.ConfigureAuctioneer(&cfg)
+			}
+			svc, err := auctioneer.New(cfg, log.Named("auctioneer"), c.Etcd, c.BBS)
+			if err != nil {
+				return err
+			}
+			return svc.Run(ctx, func() { waitLeader(ctx, svc); ready() })
+		})},
+	}
+	for i := range c.cfg.Cells {
+		cell := c.cfg.Cells[i].Config
+		members = append(members, lifecycle.Member{Name: "rep-" + cell.CellID, Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cell.BBSAddress, cell.EtcdEndpoints = c.BBSAddress, c.EtcdEndpoints
+			cell.TLS, cell.BBSTLS, cell.EtcdTLS = insecure, insecure, insecure
+			if cell.ListenAddress == "" || cell.ListenAddress == rep.Default().ListenAddress {
+				cell.ListenAddress = "127.0.0.1:0"
+			}
+			if cell.WorkDir == "" || cell.WorkDir == rep.Default().WorkDir {
+				cell.WorkDir = filepath.Join(c.cfg.Dir, "cells", cell.CellID)
+			}
+			backend, err := rep.NewBackend(cell)
+			if err != nil {
+				return err
+			}
+			resolver, err := rep.NewResolver(cell)
+			if err != nil {
+				return err
+			}
+			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), c.Etcd, c.BBS, backend, resolver)
+			if err != nil {
+				return err
+			}
+			c.Reps = append(c.Reps, svc)
+			return svc.Run(ctx, ready)
+		})})
+	}
+	members = append(members, lifecycle.Member{Name: "ready", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+		r()
+		ready()
+		<-ctx.Done()
+		return nil
+	})})
+	return lifecycle.Run(ctx, log, members...)
+}
+
+// waitLeader waits (bounded) until the auctioneer leads, so work sent at once is placed.
+func waitLeader(ctx context.Context, svc *auctioneer.Service) {
+	deadline := time.Now().Add(15 * time.Second)
+	for !svc.IsLeader() && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+}

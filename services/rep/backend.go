@@ -1,0 +1,13 @@
+package rep
+
+import (
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	_ "github.com/gavel-sched/gavel/services/rep/internal/executor/process" // registers "process"
+	_ "github.com/gavel-sched/gavel/services/rep/internal/executor/sim"     // registers "sim"
+)
+
+// NewBackend builds the executor backend the configuration names ("process" or "sim"), with
+// the options derived from it. Every backend is registered here, in one place.
+func NewBackend(c Config) (executor.Backend, error) {
+	return executor.New(c.Backend, BackendOptions(c))
+}

@@ -1,0 +1,185 @@
+// Command rep runs Gavel's cell agent: it registers the cell in etcd, serves State/Perform to
+// the auctioneer and runs work through an executor backend.
+//
+//	rep -config rep.json
+//	rep --cell-id cell-z1-0 --zone z1 --tags staging,skynet \
+//	    --preloaded-rootfses '{"cflinuxfs4":"/var/gavel/rootfs/cflinuxfs4"}' \
+//	    --supported-root-fs-providers docker --memory-mb 8192 --disk-mb 65536 --containers 250 \
+//	    --backend process --listen :1800 --bbs-address bbs:8889 --etcd-endpoints https://etcd-0:2379 ...
+//
+// SIGUSR1 evacuates the cell and then exits; SIGINT and SIGTERM exit at once.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "rep:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg := rep.Default()
+	fs := flag.NewFlagSet("rep", flag.ContinueOnError)
+	fs.String("config", "", "JSON config file (see services/rep/README.md); flags override it")
+	fs.StringVar(&cfg.CellID, "cell-id", cfg.CellID, "cell id")
+	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "availability zone")
+	fs.Var(config.List{Values: &cfg.Tags}, "tags", "comma-separated placement tags (case-insensitive)")
+	fs.Var(jsonMap{&cfg.PreloadedRootfses}, "preloaded-rootfses", `preloaded rootfses as JSON name→path, e.g. '{"cflinuxfs4":"/path"}'`)
+	fs.Var(config.List{Values: &cfg.SupportedRootfsProviders}, "supported-root-fs-providers", "comma-separated rootfs providers, e.g. docker")
+	fs.Var(int32Flag{&cfg.Capacity.MemoryMB}, "memory-mb", "memory capacity in MiB")
+	fs.Var(int32Flag{&cfg.Capacity.DiskMB}, "disk-mb", "disk capacity in MiB")
+	fs.Var(int32Flag{&cfg.Capacity.Containers}, "containers", "container capacity")
+	fs.StringVar(&cfg.Backend, "backend", cfg.Backend, "executor backend: process|sim")
+	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
+	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", cfg.AdvertiseAddress, "rep address registered in the cell presence (default: the bound listen address)")
+	fs.StringVar(&cfg.CellAddress, "cell-address", cfg.CellAddress, "address instances are reached on")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "server certificate (PEM)")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
+	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
+	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address")
+	fs.StringVar(&cfg.BBSTLS.CertFile, "bbs-cert", "", "BBS client certificate (PEM)")
+	fs.StringVar(&cfg.BBSTLS.KeyFile, "bbs-key", "", "BBS client key (PEM)")
+	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")
+	fs.StringVar(&cfg.BBSTLS.ServerName, "bbs-server-name", "", "name checked against the BBS's certificate (default: its host)")
+	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
+	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
+	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-cert", "", "etcd client certificate (PEM)")
+	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "etcd client key (PEM)")
+	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-ca", "", "etcd CA (PEM)")
+	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
+	fs.Var(&cfg.LeaseTTL, "lease-ttl", "TTL of the cell presence's lease")
+	fs.StringVar(&cfg.PortRange, "port-range", cfg.PortRange, "host port range, start-end")
+	fs.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "directory for containers and the rootfs cache")
+	fs.StringVar(&cfg.RunAsUser, "run-as-user", cfg.RunAsUser, "unprivileged user processes drop to")
+	fs.Var(config.List{Values: &cfg.Hooks.OnCreate}, "on-create-hooks", "comma-separated executables run before a container starts (spec JSON on stdin)")
+	fs.Var(config.List{Values: &cfg.Hooks.OnDestroy}, "on-destroy-hooks", "comma-separated executables run after a container stopped (spec JSON on stdin)")
+	fs.Var(&cfg.Sim.StartLatency, "sim-start-latency", "sim backend: time to become healthy")
+	fs.Float64Var(&cfg.Sim.CrashRate, "sim-crash-rate", cfg.Sim.CrashRate, "sim backend: crash probability per second")
+	fs.Var(&cfg.BulkInterval, "bulk-interval", "how often containers are reconciled with the BBS")
+	fs.Var(&cfg.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")
+	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
+	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	logger := logging.New("rep", cfg.Log).With("cell_id", cfg.CellID)
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return fmt.Errorf("work dir: %w", err)
+	}
+	etcdTLS, err := cfg.EtcdTLS.ClientTLS()
+	if err != nil {
+		return fmt.Errorf("etcd tls: %w", err)
+	}
+	etcd, err := etcdx.NewClient(etcdx.Config{Endpoints: cfg.EtcdEndpoints, TLS: etcdTLS}, logger.Named("etcd"))
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	bbsConn, err := grpcx.Dial(cfg.BBSAddress, grpcx.ClientConfig{TLS: cfg.BBSTLS})
+	if err != nil {
+		return fmt.Errorf("bbs client: %w", err)
+	}
+	defer bbsConn.Close()
+	backend, err := rep.NewBackend(cfg)
+	if err != nil {
+		return fmt.Errorf("executor backend: %w", err)
+	}
+	resolver, err := rep.NewResolver(cfg)
+	if err != nil {
+		return err
+	}
+	svc, err := rep.New(cfg, logger, etcd, bbsv1.NewBBSServiceClient(bbsConn), backend, resolver)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	evacuate := make(chan os.Signal, 1)
+	signal.Notify(evacuate, syscall.SIGUSR1)
+	defer signal.Stop(evacuate)
+	go func() {
+		select {
+		case <-evacuate:
+			logger.Info("SIGUSR1: evacuating, then exiting")
+			if err := svc.Evacuate(ctx); err != nil {
+				logger.Error("evacuation failed", "error", err)
+			}
+			stop()
+		case <-ctx.Done():
+		}
+	}()
+	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "rep", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+		return svc.Run(ctx, func() {
+			logger.Info("rep serving", "address", svc.Addr().String(), "advertise_address", svc.AdvertiseAddress(), "backend", cfg.Backend)
+			ready()
+		})
+	})})
+}
+
+// jsonMap is a flag holding a JSON object of strings.
+type jsonMap struct{ m *map[string]string }
+
+// String implements flag.Value.
+func (j jsonMap) String() string {
+	if j.m == nil || *j.m == nil {
+		return ""
+	}
+	b, _ := json.Marshal(*j.m)
+	return string(b)
+}
+
+// Set implements flag.Value.
+func (j jsonMap) Set(s string) error {
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return fmt.Errorf(`want a JSON object of strings, e.g. '{"cflinuxfs4":"/path"}': %w`, err)
+	}
+	*j.m = m
+	return nil
+}
+
+// int32Flag is an int32 flag.
+type int32Flag struct{ v *int32 }
+
+// String implements flag.Value.
+func (f int32Flag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return strconv.Itoa(int(*f.v))
+}
+
+// Set implements flag.Value.
+func (f int32Flag) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	*f.v = int32(n)
+	return nil
+}

@@ -1,0 +1,95 @@
+package rep_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+func validConfig() rep.Config {
+	c := rep.Default()
+	c.CellID = "cell-1"
+	c.TLS.Insecure = true
+	c.BBSTLS.Insecure = true
+	c.EtcdTLS.Insecure = true
+	return c
+}
+
+func TestConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rep.json")
+	body := `{"cell_id": "cell-z1-0", "zone": "z1", "tags": ["Staging", "skynet"],
+	  "preloaded_rootfses": {"cflinuxfs4": "/var/gavel/cflinuxfs4"}, "supported_rootfs_providers": ["docker"],
+	  "capacity": {"memory_mb": 2048, "disk_mb": 8192, "containers": 20}, "backend": "sim",
+	  "lease_ttl": "3s", "bulk_interval": "5s", "sim": {"start_latency": "2s", "crash_rate": 0.01},
+	  "hooks": {"timeout": "5s"}, "port_range": "62000-62099"}`
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := validConfig()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatalf("LoadFile: %v", err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if c.CellID != "cell-z1-0" || c.Capacity.Containers != 20 || time.Duration(c.LeaseTTL) != 3*time.Second ||
+		time.Duration(c.Sim.StartLatency) != 2*time.Second || c.Sim.CrashRate != 0.01 || c.PreloadedRootfses["cflinuxfs4"] == "" {
+		t.Fatalf("loaded %+v", c)
+	}
+	o := rep.BackendOptions(c)
+	if o.PortRangeStart != 62000 || o.PortRangeEnd != 62099 || o.SimStartLatency != 2*time.Second || o.CellAddress != "127.0.0.1" {
+		t.Fatalf("backend options %+v", o)
+	}
+	if err := c.LoadFile(filepath.Join(t.TempDir(), "missing.json")); err == nil {
+		t.Fatal("LoadFile of a missing file succeeded")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	notExec := filepath.Join(t.TempDir(), "hook")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		mod  func(*rep.Config)
+		want string // substring of the error; "" means valid
+	}{
+		{"default", func(*rep.Config) {}, ""},
+		{"upper-case tags are fine", func(c *rep.Config) { c.Tags = []string{"Staging"} }, ""},
+		{"no cell id", func(c *rep.Config) { c.CellID = "" }, "cell_id"},
+		{"long tag", func(c *rep.Config) { c.Tags = []string{strings.Repeat("x", 64)} }, "placement_tags[0]"},
+		{"tag with comma", func(c *rep.Config) { c.Tags = []string{"a,b"} }, "placement_tags[0]"},
+		{"preloaded without path", func(c *rep.Config) { c.PreloadedRootfses = map[string]string{"x": ""} }, "preloaded_rootfses"},
+		{"bad provider", func(c *rep.Config) { c.SupportedRootfsProviders = []string{"1docker"} }, "rootfs_providers[0]"},
+		{"zero capacity", func(c *rep.Config) { c.Capacity.Containers = 0 }, "capacity"},
+		{"unknown backend", func(c *rep.Config) { c.Backend = "garden" }, "backend"},
+		{"bad advertise address", func(c *rep.Config) { c.AdvertiseAddress = "nohost" }, "advertise_address"},
+		{"no bbs", func(c *rep.Config) { c.BBSAddress = "" }, "bbs_address"},
+		{"tls files missing", func(c *rep.Config) { c.TLS.Insecure = false }, "tls"},
+		{"short lease", func(c *rep.Config) { c.LeaseTTL = rep.Duration(time.Millisecond) }, "lease_ttl"},
+		{"bad port range", func(c *rep.Config) { c.PortRange = "62000-61000" }, "port_range"},
+		{"missing hook", func(c *rep.Config) { c.Hooks.OnCreate = []string{"/does/not/exist"} }, "hooks.on_create[0]"},
+		{"hook not executable", func(c *rep.Config) { c.Hooks.OnDestroy = []string{notExec} }, "hooks.on_destroy[0]"},
+		{"crash rate", func(c *rep.Config) { c.Sim.CrashRate = 2 }, "sim.crash_rate"},
+		{"bulk interval", func(c *rep.Config) { c.BulkInterval = 0 }, "bulk_interval"},
+		{"log level", func(c *rep.Config) { c.Log.Level = "loud" }, "log"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.mod(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,89 @@
+package cell
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+)
+
+func TestParseRootfs(t *testing.T) {
+	cases := []struct{ uri, scheme, name string }{
+		{"preloaded:cflinuxfs4", "preloaded", "cflinuxfs4"},
+		{"preloaded://cflinuxfs4", "preloaded", "cflinuxfs4"},
+		{"PRELOADED:lucid64", "preloaded", "lucid64"},
+		{"docker:///library/redis#7", "docker", ""},
+	}
+	for _, tc := range cases {
+		scheme, name, err := ParseRootfs(tc.uri)
+		if err != nil || scheme != tc.scheme || name != tc.name {
+			t.Errorf("ParseRootfs(%q) = %q, %q, %v; want %q, %q", tc.uri, scheme, name, err, tc.scheme, tc.name)
+		}
+	}
+	for _, bad := range []string{"", "cflinuxfs4", "preloaded:", "preloaded://"} {
+		if _, _, err := ParseRootfs(bad); err == nil {
+			t.Errorf("ParseRootfs(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestStaticResolver(t *testing.T) {
+	r := NewStaticResolver(map[string]string{"cflinuxfs4": "/rootfs/cf4"}, []string{"docker"})
+	for uri, want := range map[string]bool{
+		"preloaded:cflinuxfs4":      true,
+		"preloaded://cflinuxfs4":    true,
+		"preloaded:lucid64":         false,
+		"docker:///library/redis#7": true,
+		"oci:///x":                  false,
+		"nonsense":                  false,
+	} {
+		if got := r.Supports(uri); got != want {
+			t.Errorf("Supports(%q) = %v, want %v", uri, got, want)
+		}
+	}
+	rfs, err := r.Resolve(context.Background(), "preloaded:cflinuxfs4", "g")
+	if err != nil || rfs.Path != "/rootfs/cf4" {
+		t.Fatalf("Resolve = %+v, %v", rfs, err)
+	}
+	if _, err := r.Resolve(context.Background(), "preloaded:lucid64", "g"); err == nil {
+		t.Fatal("Resolve of an unknown preloaded rootfs succeeded")
+	}
+}
+
+func TestHookPayload(t *testing.T) {
+	d := &modelsv1.DesiredLRP{
+		ProcessGuid: "web", Domain: "apps", Rootfs: "preloaded:cflinuxfs4", Ports: []uint32{8080},
+		Properties:      map[string]string{"network.app_guid": "a1"},
+		Env:             []*modelsv1.EnvironmentVariable{{Name: "A", Value: "b"}},
+		Action:          &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/app", Args: []string{"-x"}}}},
+		CheckDefinition: &modelsv1.CheckDefinition{LogSource: "HEALTH"},
+		StartTimeoutMs:  1500,
+	}
+	spec := lrpSpec(d, &modelsv1.ActualLRPKey{ProcessGuid: "web", Index: 3, Domain: "apps"}, "inst-1")
+	b, err := HookPayload(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	action, _ := got["action"].(map[string]any)
+	run, _ := action["run"].(map[string]any)
+	checks, _ := got["checks"].(map[string]any)
+	props, _ := got["properties"].(map[string]any)
+	env, _ := got["env"].([]any)
+	if got["kind"] != "lrp" || got["guid"] != "inst-1" || got["index"] != 3.0 || run["path"] != "/bin/app" ||
+		checks["logSource"] != "HEALTH" || props["network.app_guid"] != "a1" || len(env) != 5 || got["start_timeout"] != "1.5s" {
+		t.Fatalf("payload %s", b)
+	}
+	if _, ok := got["setup"]; ok {
+		t.Fatalf("payload has an empty setup: %s", b)
+	}
+	task := taskSpec(&modelsv1.Task{TaskGuid: "t1", Domain: "jobs", Definition: &modelsv1.TaskDefinition{Rootfs: "preloaded:x", ResultFile: "/r"}})
+	if task.Kind != executor.KindTask || task.Guid != "t1" || task.ResultFile != "/r" {
+		t.Fatalf("task spec %+v", task)
+	}
+}

@@ -1,0 +1,270 @@
+package cell
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+)
+
+// runLRP is an LRP instance's lifecycle: claim → fetch run info → create (rootfs, hooks,
+// backend) → report RUNNING once healthy and every routability change → report the crash
+// when it ends on its own → on_destroy hooks → release.
+func (c *Cell) runLRP(ctr *container) {
+	defer c.release(ctr)
+	guid, index := ctr.key.GetProcessGuid(), ctr.key.GetIndex()
+	log := c.log.With("process_guid", guid, "index", index, "instance_guid", ctr.guid)
+	ik := ctr.instanceKey(c.cfg.CellID)
+
+	err := c.call(ctr.ctx, "claim", func(ctx context.Context) error {
+		_, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik})
+		return err
+	})
+	if err != nil {
+		log.Info("claim failed, dropping the instance", "error", err)
+		return
+	}
+	c.mu.Lock()
+	ctr.claimed = true
+	c.mu.Unlock()
+	if c.isEvacuating() {
+		c.evacuateClaimed(ctr, log)
+		return
+	}
+
+	exec, cleanup, err := c.create(ctr, func(ctx context.Context) (executor.Spec, error) {
+		var resp *bbsv1.DesiredLRPByProcessGuidResponse
+		err := c.call(ctx, "fetch desired lrp", func(ctx context.Context) error {
+			var err error
+			resp, err = c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
+			return err
+		})
+		if err != nil {
+			return executor.Spec{}, err
+		}
+		return lrpSpec(resp.GetDesiredLrp(), ctr.key, ctr.guid), nil
+	})
+	if err != nil {
+		c.setPhase(ctr, phaseCompleted)
+		c.lrpEnded(ctr, log, fmt.Sprintf("failed to start: %v", err))
+		return
+	}
+	defer cleanup()
+	log.Debug("container started")
+
+	net := exec.NetInfo()
+	healthy, routableCh := exec.Healthy(), exec.Routable()
+	routable := false
+	for waiting := true; waiting; {
+		select {
+		case <-healthy:
+			healthy = nil
+			routable = latest(routableCh, routable)
+			c.reportRunning(ctr, log, net, routable, true)
+		case r, ok := <-routableCh:
+			if !ok {
+				routableCh = nil
+				continue
+			}
+			if r != routable {
+				routable = r
+				if healthy == nil {
+					c.reportRunning(ctr, log, net, routable, false)
+				}
+			}
+		case <-exec.Done():
+			waiting = false
+		}
+	}
+	c.setPhase(ctr, phaseCompleted)
+	res := exec.Result()
+	reason := res.Reason
+	if reason == "" {
+		reason = "exited"
+	}
+	c.lrpEnded(ctr, log, reason)
+}
+
+// latest drains the readiness changes already sent and returns the last one.
+func latest(ch <-chan bool, current bool) bool {
+	for {
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				return current
+			}
+			current = r
+		default:
+			return current
+		}
+	}
+}
+
+// create resolves the container's rootfs, runs the on_create hooks and starts it. cleanup,
+// called once the container is done, runs the on_destroy hooks and releases the rootfs.
+func (c *Cell) create(ctr *container, spec func(ctx context.Context) (executor.Spec, error)) (executor.Container, func(), error) {
+	s, err := spec(ctr.ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	rfs, err := c.resolver.Resolve(ctr.ctx, s.Rootfs, ctr.guid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolve rootfs %s: %w", s.Rootfs, err)
+	}
+	s.RootfsPath, s.Chroot = rfs.Path, rfs.Chroot
+	cleanup := func() {
+		if err := c.runHooks(c.base, hookOnDestroy, c.cfg.Hooks.OnDestroy, s); err != nil {
+			c.log.Warn("on_destroy hook failed", "guid", ctr.guid, "error", err)
+		}
+		if rfs.Release != nil {
+			rfs.Release()
+		}
+	}
+	if err := c.runHooks(ctr.ctx, hookOnCreate, c.cfg.Hooks.OnCreate, s); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if err := ctr.ctx.Err(); err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("stopped before start: %w", err)
+	}
+	// The backend container outlives the lifecycle's context: only Stop ends it.
+	exec, err := c.backend.Start(c.base, s)
+	if err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("create container: %w", err)
+	}
+	c.setExec(ctr, exec)
+	return exec, cleanup, nil
+}
+
+// reportRunning marks the instance healthy and tells the BBS it runs (first) or that its
+// routability changed. While the cell evacuates the evacuation reports instead. When the BBS
+// says the slot is no longer this container's, the container is stopped.
+func (c *Cell) reportRunning(ctr *container, log hclog.Logger, net *modelsv1.ActualLRPNetInfo, routable, first bool) {
+	ctr.report.Lock()
+	defer ctr.report.Unlock()
+	c.mu.Lock()
+	if first {
+		ctr.phase = phaseRunning
+		ctr.healthy = true
+		ctr.netInfo = net
+	}
+	skip := ctr.stopping || c.evacuating
+	c.mu.Unlock()
+	if skip {
+		return
+	}
+	key := ctr.key
+	err := c.call(c.base, "start actual lrp", func(ctx context.Context) error {
+		_, err := c.bbs.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{
+			ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ctr.instanceKey(c.cfg.CellID),
+			NetInfo: net, Routable: routable,
+		})
+		return err
+	})
+	switch {
+	case err == nil:
+		if first {
+			log.Info("instance running", "routable", routable)
+		}
+	case gone(err):
+		log.Info("instance slot is no longer this container's, stopping it", "error", err)
+		go c.stop(ctr)
+	default:
+		log.Warn("could not report the instance running", "error", err)
+	}
+}
+
+// lrpEnded reports an instance that ended without the rep stopping it: a crash, or during
+// evacuation an evacuated crash.
+func (c *Cell) lrpEnded(ctr *container, log hclog.Logger, reason string) {
+	ctr.report.Lock()
+	defer ctr.report.Unlock()
+	c.mu.Lock()
+	stopping, evacuating, claimed := ctr.stopping, c.evacuating, ctr.claimed
+	c.mu.Unlock()
+	if stopping || !claimed {
+		log.Debug("container stopped by the rep", "reason", reason)
+		return
+	}
+	key, ik := ctr.key, ctr.instanceKey(c.cfg.CellID)
+	var err error
+	if evacuating {
+		err = c.call(c.base, "evacuate crashed actual lrp", func(ctx context.Context) error {
+			_, err := c.bbs.EvacuateCrashedActualLRP(ctx, &bbsv1.EvacuateCrashedActualLRPRequest{
+				ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ik, ErrorMessage: reason})
+			return err
+		})
+	} else {
+		err = c.call(c.base, "crash actual lrp", func(ctx context.Context) error {
+			_, err := c.bbs.CrashActualLRP(ctx, &bbsv1.CrashActualLRPRequest{
+				ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ik, ErrorMessage: reason})
+			return err
+		})
+	}
+	switch {
+	case err == nil:
+		log.Info("instance crashed", "reason", reason, "evacuating", evacuating)
+	case gone(err):
+		log.Debug("crashed instance's slot is no longer this container's", "reason", reason, "error", err)
+	default:
+		log.Warn("could not report the crash", "reason", reason, "error", err)
+	}
+}
+
+// StopLRPInstance stops the container holding an instance (when this cell has it) and then
+// removes the instance's record, ordinary or evacuating, from the BBS if it still names that
+// container. It keeps going in the background when ctx ends first.
+func (c *Cell) StopLRPInstance(ctx context.Context, key *modelsv1.ActualLRPKey, ik *modelsv1.ActualLRPInstanceKey) error {
+	if ik.GetCellId() != c.cfg.CellID {
+		return c.errWrongCell(ik.GetCellId())
+	}
+	log := c.log.With("process_guid", key.GetProcessGuid(), "index", key.GetIndex(), "instance_guid", ik.GetInstanceGuid())
+	err := c.detached(ctx, c.stopBudget(), func(ctx context.Context) error {
+		if ctr := c.findLRP(key, ik.GetInstanceGuid()); ctr != nil {
+			c.stop(ctr)
+			select {
+			case <-ctr.done:
+			case <-ctx.Done():
+				return fmt.Errorf("container %s did not stop: %w", ctr.guid, ctx.Err())
+			}
+			log.Info("instance stopped")
+		}
+		return c.removeRecords(ctx, key, ik)
+	})
+	if err != nil {
+		return fmt.Errorf("stop lrp %s/%d instance %s: %w", key.GetProcessGuid(), key.GetIndex(), ik.GetInstanceGuid(), err)
+	}
+	return nil
+}
+
+// removeRecords removes the ordinary record of an instance slot if it names ik, else the
+// evacuating one if it does.
+func (c *Cell) removeRecords(ctx context.Context, key *modelsv1.ActualLRPKey, ik *modelsv1.ActualLRPInstanceKey) error {
+	err := c.call(ctx, "remove actual lrp", func(ctx context.Context) error {
+		_, err := c.bbs.RemoveActualLRP(ctx, &bbsv1.RemoveActualLRPRequest{ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ik})
+		return err
+	})
+	if err == nil || !gone(err) {
+		return err
+	}
+	err = c.call(ctx, "remove evacuating actual lrp", func(ctx context.Context) error {
+		_, err := c.bbs.RemoveEvacuatingActualLRP(ctx, &bbsv1.RemoveEvacuatingActualLRPRequest{ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ik})
+		return err
+	})
+	if err != nil && !gone(err) {
+		return err
+	}
+	return nil
+}
+
+// stopBudget bounds a stop: the grace period, the on_destroy hooks and the BBS calls.
+func (c *Cell) stopBudget() time.Duration {
+	return c.cfg.StopGrace + time.Duration(max(1, len(c.cfg.Hooks.OnDestroy)))*c.cfg.Hooks.Timeout + 4*callAttempts*c.cfg.CallTimeout
+}

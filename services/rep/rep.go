@@ -1,0 +1,496 @@
+// Package rep is Gavel's cell agent. Run registers the cell's presence in etcd under a lease,
+// serves gavel.rep.v1.RepService (State, Perform, StopLRPInstance, CancelTask, Evacuate) to the
+// auctioneer and the BBS, runs the work it accepts through an executor backend, reports every
+// lifecycle step to the BBS, and reconciles its containers with the BBS periodically.
+package rep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/rep/internal/api"
+	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/presence"
+	"github.com/gavel-sched/gavel/services/rep/internal/rootfs"
+)
+
+// Backends the rep can run containers with.
+const (
+	// BackendProcess runs the action tree as real processes on the host.
+	BackendProcess = "process"
+	// BackendSim simulates containers, for scale tests.
+	BackendSim = "sim"
+)
+
+// StopGrace is how long a stopped container's processes get before they are killed.
+const StopGrace = 10 * time.Second
+
+// Config is the rep's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// CellID identifies the cell (letters, digits, '-', '_' and '.').
+	CellID string `json:"cell_id"`
+	// Zone is the cell's availability zone.
+	Zone string `json:"zone"`
+	// Tags are the cell's placement tags; case-insensitive, stored lower-cased, each shorter
+	// than 64 characters.
+	Tags []string `json:"tags"`
+	// PreloadedRootfses maps a preloaded rootfs name to its directory on the cell, e.g.
+	// {"cflinuxfs4": "/var/gavel/rootfs/cflinuxfs4"}; work asks for it as preloaded:NAME.
+	PreloadedRootfses map[string]string `json:"preloaded_rootfses"`
+	// SupportedRootfsProviders are the rootfs URI schemes the cell fetches, e.g. ["docker"].
+	SupportedRootfsProviders []string `json:"supported_rootfs_providers"`
+	// Capacity is what the cell offers to work.
+	Capacity Capacity `json:"capacity"`
+	// Backend runs containers: "process" (real processes) or "sim" (simulated).
+	Backend string `json:"backend"`
+	// ListenAddress is where the rep's gRPC API listens.
+	ListenAddress string `json:"listen_address"`
+	// AdvertiseAddress is the host:port registered as the cell's rep_address; empty means the
+	// bound listen address (with cell_address as host when listening on all interfaces).
+	AdvertiseAddress string `json:"advertise_address"`
+	// CellAddress is the address instances are reached on (net_info.address).
+	CellAddress string `json:"cell_address"`
+	// BBSAddress is the BBS's gRPC address.
+	BBSAddress string `json:"bbs_address"`
+	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
+	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
+	TLS tlsx.Config `json:"tls"`
+	// EtcdEndpoints are the etcd client URLs (the presence is written there).
+	EtcdEndpoints []string `json:"etcd_endpoints"`
+	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
+	EtcdTLS tlsx.Config `json:"etcd_tls"`
+	// LeaseTTL is the TTL of the presence's lease: the cell disappears this long after the rep
+	// stops refreshing it (at least 1s; etcd may raise very small values).
+	LeaseTTL Duration `json:"lease_ttl"`
+	// PortRange is the inclusive range host ports are taken from, "61000-61999".
+	PortRange string `json:"port_range"`
+	// WorkDir holds per-container directories and the rootfs cache.
+	WorkDir string `json:"work_dir"`
+	// RunAsUser is the unprivileged user processes drop to; empty keeps the rep's user.
+	RunAsUser string `json:"run_as_user"`
+	// ChrootPreloaded runs processes of preloaded rootfses chrooted into their directory
+	// (needs root).
+	ChrootPreloaded bool `json:"chroot_preloaded"`
+	// InsecureRegistries lets the docker provider talk plain HTTP to registries.
+	InsecureRegistries bool `json:"insecure_registries"`
+	// Hooks are executables run around every container with its spec as JSON on stdin.
+	Hooks HooksConfig `json:"hooks"`
+	// Sim tunes the sim backend.
+	Sim SimConfig `json:"sim"`
+	// BulkInterval is how often the rep reconciles its containers with the BBS.
+	BulkInterval Duration `json:"bulk_interval"`
+	// EvacuationTimeout bounds an evacuation; instances still held then are stopped.
+	EvacuationTimeout Duration `json:"evacuation_timeout"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+}
+
+// Capacity is the cell's total capacity.
+type Capacity struct {
+	// MemoryMB is the memory in mebibytes.
+	MemoryMB int32 `json:"memory_mb"`
+	// DiskMB is the disk in mebibytes.
+	DiskMB int32 `json:"disk_mb"`
+	// Containers is how many containers the cell runs at once.
+	Containers int32 `json:"containers"`
+}
+
+// HooksConfig lists container hooks.
+type HooksConfig struct {
+	// OnCreate are run, in order, before a container starts; a failing hook fails the
+	// container.
+	OnCreate []string `json:"on_create"`
+	// OnDestroy are run, in order, after a container stopped; failures are logged.
+	OnDestroy []string `json:"on_destroy"`
+	// Timeout bounds each hook run.
+	Timeout Duration `json:"timeout"`
+}
+
+// SimConfig tunes the sim backend.
+type SimConfig struct {
+	// StartLatency is how long a simulated container takes to become healthy (or a task to
+	// complete).
+	StartLatency Duration `json:"start_latency"`
+	// CrashRate is the probability per second that a simulated LRP crashes (0 to 1).
+	CrashRate float64 `json:"crash_rate"`
+}
+
+// Duration is a time.Duration written as a string ("10s") in config files.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String implements flag.Value.
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Default is the configuration of a process-backend rep next to a local BBS and etcd.
+func Default() Config {
+	return Config{
+		Capacity:          Capacity{MemoryMB: 8192, DiskMB: 65536, Containers: 250},
+		Backend:           BackendProcess,
+		ListenAddress:     "127.0.0.1:1800",
+		CellAddress:       "127.0.0.1",
+		BBSAddress:        "127.0.0.1:8889",
+		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
+		LeaseTTL:          Duration(10 * time.Second),
+		PortRange:         "61000-61999",
+		WorkDir:           filepath.Join(os.TempDir(), "gavel-rep"),
+		Hooks:             HooksConfig{Timeout: Duration(30 * time.Second)},
+		Sim:               SimConfig{StartLatency: Duration(500 * time.Millisecond)},
+		BulkInterval:      Duration(30 * time.Second),
+		EvacuationTimeout: Duration(10 * time.Minute),
+		Log:               logging.Config{Level: "info", Format: "text"},
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// normalizedTags lower-cases, de-duplicates and sorts tags.
+func normalizedTags(tags []string) []string {
+	out := make([]string, 0, len(tags))
+	for _, t := range tags {
+		out = append(out, strings.ToLower(strings.TrimSpace(t)))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ParsePortRange parses "start-end" (inclusive).
+func ParsePortRange(s string) (start, end int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("port range %q: want start-end, e.g. 61000-61999", s)
+	}
+	start, err1 := strconv.Atoi(strings.TrimSpace(a))
+	end, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil || start < 1 || end > 65535 || start > end {
+		return 0, 0, fmt.Errorf("port range %q: want start-end with 1 <= start <= end <= 65535", s)
+	}
+	return start, end, nil
+}
+
+// presence is the CellPresence this configuration registers, with repAddress.
+func (c Config) presence(repAddress string) *modelsv1.CellPresence {
+	preloaded := map[string]string{}
+	for k, v := range c.PreloadedRootfses {
+		preloaded[k] = v
+	}
+	return &modelsv1.CellPresence{
+		CellId:            c.CellID,
+		RepAddress:        repAddress,
+		Zone:              c.Zone,
+		Capacity:          &modelsv1.CellCapacity{MemoryMb: c.Capacity.MemoryMB, DiskMb: c.Capacity.DiskMB, Containers: c.Capacity.Containers},
+		PlacementTags:     normalizedTags(c.Tags),
+		PreloadedRootfses: preloaded,
+		RootfsProviders:   append([]string(nil), c.SupportedRootfsProviders...),
+		Address:           c.CellAddress,
+	}
+}
+
+// Validate reports every problem that would stop the rep from starting.
+func (c Config) Validate() error {
+	var errs []error
+	// The presence check covers the cell id, tags (lower-cased), preloaded rootfses and
+	// providers; the rep address is checked below.
+	if err := models.ValidateCellPresence("cell", c.presence("127.0.0.1:1")); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Capacity.MemoryMB <= 0 || c.Capacity.DiskMB <= 0 || c.Capacity.Containers <= 0 {
+		errs = append(errs, fmt.Errorf("capacity: memory_mb, disk_mb and containers must be positive, got %+v", c.Capacity))
+	}
+	if c.Backend != BackendProcess && c.Backend != BackendSim {
+		errs = append(errs, fmt.Errorf("backend must be %q or %q, got %q", BackendProcess, BackendSim, c.Backend))
+	}
+	if c.ListenAddress == "" {
+		errs = append(errs, errors.New("listen_address is required"))
+	}
+	if c.AdvertiseAddress != "" {
+		if host, port, err := net.SplitHostPort(c.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" {
+			errs = append(errs, fmt.Errorf("advertise_address must be host:port, got %q", c.AdvertiseAddress))
+		}
+	}
+	if c.CellAddress == "" {
+		errs = append(errs, errors.New("cell_address is required"))
+	}
+	if c.BBSAddress == "" {
+		errs = append(errs, errors.New("bbs_address is required"))
+	}
+	if err := c.BBSTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tls: %w", err))
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
+	}
+	if err := c.EtcdTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
+	}
+	if time.Duration(c.LeaseTTL) < time.Second {
+		errs = append(errs, fmt.Errorf("lease_ttl must be at least 1s, got %s", time.Duration(c.LeaseTTL)))
+	}
+	if _, _, err := ParsePortRange(c.PortRange); err != nil {
+		errs = append(errs, fmt.Errorf("port_range: %w", err))
+	}
+	if c.WorkDir == "" {
+		errs = append(errs, errors.New("work_dir is required"))
+	}
+	for _, hooks := range []struct {
+		name  string
+		paths []string
+	}{{"hooks.on_create", c.Hooks.OnCreate}, {"hooks.on_destroy", c.Hooks.OnDestroy}} {
+		for i, p := range hooks.paths {
+			if err := checkExecutable(p); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %w", hooks.name, i, err))
+			}
+		}
+	}
+	if c.Hooks.Timeout <= 0 {
+		errs = append(errs, errors.New("hooks.timeout must be positive"))
+	}
+	if c.Sim.StartLatency < 0 {
+		errs = append(errs, errors.New("sim.start_latency must not be negative"))
+	}
+	if c.Sim.CrashRate < 0 || c.Sim.CrashRate > 1 {
+		errs = append(errs, fmt.Errorf("sim.crash_rate must be between 0 and 1, got %v", c.Sim.CrashRate))
+	}
+	if c.BulkInterval <= 0 {
+		errs = append(errs, errors.New("bulk_interval must be positive"))
+	}
+	if c.EvacuationTimeout <= 0 {
+		errs = append(errs, errors.New("evacuation_timeout must be positive"))
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// checkExecutable fails unless path is an executable regular file.
+func checkExecutable(path string) error {
+	if path == "" {
+		return errors.New("path is empty")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("hook: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("hook %s is not an executable file", path)
+	}
+	return nil
+}
+
+// BackendOptions are the executor options this configuration gives the backend.
+func BackendOptions(c Config) executor.Options {
+	start, end, _ := ParsePortRange(c.PortRange)
+	return executor.Options{
+		CellAddress:     c.CellAddress,
+		PortRangeStart:  start,
+		PortRangeEnd:    end,
+		WorkDir:         filepath.Join(c.WorkDir, "containers"),
+		User:            c.RunAsUser,
+		SimStartLatency: time.Duration(c.Sim.StartLatency),
+		SimCrashRate:    c.Sim.CrashRate,
+	}
+}
+
+// Resolver turns a work's rootfs URI into a directory for one container.
+type Resolver = cell.Resolver
+
+// Rootfs is a resolved root filesystem.
+type Rootfs = cell.Rootfs
+
+// NewResolver builds the rootfs resolver for c: for the sim backend one that only checks names
+// and schemes (nothing is fetched), otherwise the real one (preloaded directories, docker
+// images fetched into work_dir/rootfs).
+func NewResolver(c Config) (Resolver, error) {
+	if c.Backend == BackendSim {
+		return cell.NewStaticResolver(c.PreloadedRootfses, c.SupportedRootfsProviders), nil
+	}
+	r, err := rootfs.NewResolver(rootfs.Config{
+		Preloaded:          c.PreloadedRootfses,
+		Providers:          c.SupportedRootfsProviders,
+		CacheDir:           filepath.Join(c.WorkDir, "rootfs"),
+		ChrootPreloaded:    c.ChrootPreloaded,
+		InsecureRegistries: c.InsecureRegistries,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rootfs resolver: %w", err)
+	}
+	return rootfsAdapter{r}, nil
+}
+
+// rootfsAdapter makes a *rootfs.Resolver a Resolver.
+type rootfsAdapter struct{ r *rootfs.Resolver }
+
+// Supports reports whether the resolver can provide uri.
+func (a rootfsAdapter) Supports(uri string) bool { return a.r.Supports(uri) }
+
+// Resolve resolves uri for one container.
+func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string) (Rootfs, error) {
+	rfs, err := a.r.Resolve(ctx, uri, containerGuid)
+	if err != nil {
+		return Rootfs{}, err
+	}
+	return Rootfs{Path: rfs.Path, Chroot: rfs.Chroot, Release: rfs.Release}, nil
+}
+
+// Service is a running rep.
+type Service struct {
+	cfg      Config
+	log      hclog.Logger
+	cell     *cell.Cell
+	server   *grpcx.Server
+	presence *presence.Presence
+}
+
+// New builds a rep: its cell over the BBS client, the executor backend and the rootfs
+// resolver, its gRPC API, and its presence in etcd. Run starts it.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, backend executor.Backend, resolver Resolver) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("rep config: %w", err)
+	}
+	if etcd == nil || bbs == nil || backend == nil || resolver == nil {
+		return nil, errors.New("rep: etcd, bbs, backend and resolver are required")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	cfg.Tags = normalizedTags(cfg.Tags)
+	c := cell.New(cell.Config{
+		CellID:    cfg.CellID,
+		Zone:      cfg.Zone,
+		Capacity:  &modelsv1.CellCapacity{MemoryMb: cfg.Capacity.MemoryMB, DiskMb: cfg.Capacity.DiskMB, Containers: cfg.Capacity.Containers},
+		Tags:      cfg.Tags,
+		Preloaded: cfg.PreloadedRootfses,
+		Providers: cfg.SupportedRootfsProviders,
+		Hooks: cell.Hooks{
+			OnCreate:  cfg.Hooks.OnCreate,
+			OnDestroy: cfg.Hooks.OnDestroy,
+			Timeout:   time.Duration(cfg.Hooks.Timeout),
+		},
+		StopGrace:         StopGrace,
+		EvacuationTimeout: time.Duration(cfg.EvacuationTimeout),
+		Logger:            logger.Named("cell"),
+	}, bbs, backend, resolver)
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("rep: %w", err)
+	}
+	repv1.RegisterRepServiceServer(server.GRPC, api.New(c))
+	s := &Service{cfg: cfg, log: logger, cell: c, server: server}
+	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
+		return cfg.presence(s.AdvertiseAddress())
+	}, logger.Named("presence"))
+	return s, nil
+}
+
+// Run serves until ctx ends, as an ordered group: the cell, the gRPC API, the presence (once
+// the API listens, so the registered address answers) and the bulk loop; ready is called once
+// all run. On stop the bulk loop ends, the presence is revoked, the API stops and the
+// containers are stopped.
+func (s *Service) Run(ctx context.Context, ready func()) error {
+	return lifecycle.Run(ctx, s.log,
+		lifecycle.Member{Name: "cell", Runner: s.cell},
+		lifecycle.Member{Name: "grpc", Runner: s.server},
+		lifecycle.Member{Name: "presence", Runner: s.presence},
+		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			return s.cell.Bulk(time.Duration(s.cfg.BulkInterval))(ctx, func() {
+				r()
+				if ready != nil {
+					ready()
+				}
+			})
+		})},
+	)
+}
+
+// Addr is the API's bound address once Run has started the API (nil before).
+func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// AdvertiseAddress is the rep_address registered in the cell's presence: advertise_address
+// when set, else the bound listen address, with cell_address as host when bound to all
+// interfaces.
+func (s *Service) AdvertiseAddress() string {
+	if s.cfg.AdvertiseAddress != "" {
+		return s.cfg.AdvertiseAddress
+	}
+	addr := s.Addr()
+	if addr == nil {
+		return s.cfg.ListenAddress
+	}
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return addr.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = s.cfg.CellAddress
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// Evacuate drains the cell (see RepService.Evacuate) and returns when it is done or ctx ends.
+func (s *Service) Evacuate(ctx context.Context) error { return s.cell.Evacuate(ctx) }
