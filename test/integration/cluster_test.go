@@ -1,0 +1,113 @@
+// Package integration runs whole clusters in one process (pkg/devcluster): real embedded etcd,
+// real BBS, auctioneer and reps talking gRPC on loopback, with simulated containers.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/devcluster"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// simCell is a simulated cell with room for plenty of small work.
+func simCell(id, zone string, tags []string, preloaded map[string]string, providers []string) devcluster.Cell {
+	cfg := rep.Default()
+	cfg.CellID, cfg.Zone, cfg.Tags = id, zone, tags
+	cfg.PreloadedRootfses, cfg.SupportedRootfsProviders = preloaded, providers
+	cfg.Backend = rep.BackendSim
+	cfg.Capacity = rep.Capacity{MemoryMB: 64 * 1024, DiskMB: 64 * 1024, Containers: 200}
+	cfg.Sim.StartLatency = rep.Duration(20 * time.Millisecond)
+	return devcluster.Cell{Config: cfg}
+}
+
+// startCluster runs a cluster for the test and returns it once every component is ready.
+func startCluster(t testing.TB, cells []devcluster.Cell) *devcluster.Cluster {
+	t.Helper()
+	c := devcluster.New(devcluster.Config{
+		Dir:               t.TempDir(),
+		BBSAddress:        "127.0.0.1:0",
+		AuctioneerAddress: "127.0.0.1:0",
+		UnsafeNoFsync:     true,
+		Cells:             cells,
+		Logger:            logging.NewTest(t),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("cluster stopped before it was ready: %v", err)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatal("cluster not ready within 60s")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("cluster stopped with %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("cluster did not stop within 30s")
+		}
+	})
+	waitFor(t, 20*time.Second, "every cell registered", func() (bool, string) {
+		resp, err := c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.GetCells()) == len(cells), fmt.Sprintf("%d/%d cells", len(resp.GetCells()), len(cells))
+	})
+	return c
+}
+
+// waitFor polls cond every 20ms until it holds or timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func desiredLRP(guid, rootfs string, instances int32, c *modelsv1.PlacementConstraint) *modelsv1.DesiredLRP {
+	return &modelsv1.DesiredLRP{
+		ProcessGuid:         guid,
+		Domain:              "it",
+		Rootfs:              rootfs,
+		Instances:           instances,
+		MemoryMb:            64,
+		DiskMb:              64,
+		PlacementConstraint: c,
+		Ports:               []uint32{8080},
+		Properties:          map[string]string{"network.app_guid": guid},
+		Action:              &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/app"}}},
+	}
+}
+
+func actualLRPs(t testing.TB, c *devcluster.Cluster, guid string) []*modelsv1.ActualLRP {
+	t.Helper()
+	resp, err := c.BBS.ActualLRPs(context.Background(), &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{guid}}})
+	if err != nil {
+		t.Fatalf("ActualLRPs: %v", err)
+	}
+	return resp.GetActualLrps()
+}
