@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/devcluster"
 )
 
 // The cells of the placement pools proposal: cells 1-4 staging, 5-8 production, skynet on
