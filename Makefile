@@ -48,7 +48,8 @@ bench:
 
 ## run: a local cluster on the embedded default (embedded etcd and every service)
 run:
-	$(GO) run ./cmd/gavel dev
+	$(GO) build -o $(BIN)/ ./cmd/gavel ./examples/hello
+	$(BIN)/gavel dev -sample-app $(BIN)/hello
 
 clean:
 	rm -rf $(BIN)

@@ -2,75 +2,167 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
-	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/devcluster"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
-	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/rep"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
-// runDev runs a local cluster in this process on an embedded etcd: the embedded default.
+// sampleRoutes routes hello.gavel.local to port 8080 and 0.hello.gavel.local etc. to each index.
+const sampleRoutes = `[{"port": 8080, "routes": ["hello.gavel.local"], "route_to_instances": true}]`
+
+// runDev runs the embedded default: etcd, the BBS, the auctioneer and three process-backed
+// cells in one process, and desires the sample app.
 func runDev(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	dir := fs.String("dir", ".gavel/dev", "state directory (etcd data)")
-	listen := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
-	level := fs.String("log-level", "info", "trace|debug|info|warn|error")
+	dir := fs.String("dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
+	bbsAddr := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
+	auctioneerAddr := fs.String("auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
+	sample := fs.String("sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
+	level := fs.String("log-level", "warn", "trace|debug|info|warn|error")
+	keep := fs.Bool("keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	logger := logging.New("gavel-dev", logging.Config{Level: *level})
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
-
-	if err := os.MkdirAll(*dir, 0o700); err != nil {
-		return err
-	}
-	etcd, err := etcdx.NewEmbedded(etcdx.EmbeddedConfig{Dir: filepath.Join(*dir, "etcd"), Quiet: true})
+	abs, err := filepath.Abs(*dir)
 	if err != nil {
 		return err
 	}
-	var svc *bbs.Service
+	if !*keep {
+		// Containers die with this process, so a previous run's actual state is stale.
+		for _, sub := range []string{"etcd", "cells"} {
+			if err := os.RemoveAll(filepath.Join(abs, sub)); err != nil {
+				return err
+			}
+		}
+	}
+	rootfs := filepath.Join(abs, "rootfs", "cflinuxfs4")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return err
+	}
+	var samplePath string
+	if *sample != "" {
+		if samplePath, err = filepath.Abs(*sample); err != nil {
+			return err
+		}
+		if _, err := os.Stat(samplePath); err != nil {
+			return fmt.Errorf("sample app: %w (build it with `go build -o bin/ ./examples/hello`, or pass -sample-app \"\")", err)
+		}
+	}
+
+	cells := []struct {
+		id, zone, tags, providers string
+		ports                     string
+	}{
+		{"cell-1", "z1", "staging", "", "61000-61199"},
+		{"cell-2", "z2", "production,skynet", "", "61200-61399"},
+		{"cell-3", "z3", "production", "docker", "61400-61599"},
+	}
+	var specs []devcluster.Cell
+	for _, c := range cells {
+		cfg := rep.Default()
+		cfg.CellID, cfg.Zone = c.id, c.zone
+		cfg.Tags = strings.Split(c.tags, ",")
+		cfg.PreloadedRootfses = map[string]string{"cflinuxfs4": rootfs}
+		if c.providers != "" {
+			cfg.SupportedRootfsProviders = []string{c.providers}
+			cfg.InsecureRegistries = true
+		}
+		cfg.PortRange = c.ports
+		cfg.Capacity = rep.Capacity{MemoryMB: 4096, DiskMB: 16384, Containers: 50}
+		cfg.WorkDir = filepath.Join(abs, "cells", c.id)
+		specs = append(specs, devcluster.Cell{Config: cfg})
+	}
+
+	logger := logging.New("gavel-dev", logging.Config{Level: *level})
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	cluster := devcluster.New(devcluster.Config{
+		Dir:               abs,
+		BBSAddress:        *bbsAddr,
+		AuctioneerAddress: *auctioneerAddr,
+		Cells:             specs,
+		Logger:            logger,
+	})
 	return lifecycle.Run(ctx, logger,
-		lifecycle.Member{Name: "etcd", Runner: etcd},
-		lifecycle.Member{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-			cli, err := etcdx.NewClient(etcdx.Config{Endpoints: etcd.Endpoints()}, logger.Named("etcd-client"))
-			if err != nil {
-				return err
+		lifecycle.Member{Name: "cluster", Runner: cluster},
+		lifecycle.Member{Name: "sample", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			fmt.Fprintf(out, "\nGavel dev cluster is up (state in %s).\n", abs)
+			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
+			for _, c := range cells {
+				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded cflinuxfs4%s\n", c.id, c.zone, c.tags, map[bool]string{true: ", docker images", false: ""}[c.providers != ""])
 			}
-			defer cli.Close()
-			cfg := bbs.Default()
-			cfg.ListenAddress = *listen
-			cfg.TLS = tlsx.Config{Insecure: true}
-			cfg.EtcdTLS = tlsx.Config{Insecure: true}
-			cfg.EtcdEndpoints = etcd.Endpoints()
-			cfg.Log.Level = *level
-			if svc, err = bbs.New(cfg, logger.Named("bbs"), cli); err != nil {
-				return err
+			if samplePath != "" {
+				if err := desireSample(ctx, cluster.BBS, samplePath, out); err != nil {
+					return err
+				}
 			}
-			return svc.Run(ctx, ready)
-		})},
-		lifecycle.Member{Name: "banner", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-			fmt.Fprintf(out, `
-Gavel dev cluster is up.
-  etcd (embedded): %v   data in %s
-  BBS gRPC:        %s (plaintext; grpc reflection and health enabled)
-
-Try:
-  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json
-  go run ./cmd/gavel -insecure actual-lrps
-  go run ./cmd/gavel -insecure events
-
-Stop with Ctrl-C (state is kept in %s; delete it for a fresh cluster).
-`, etcd.Endpoints(), *dir, svc.Addr(), *dir)
+			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\nStop with Ctrl-C.\n")
 			ready()
 			<-ctx.Done()
 			return nil
 		})},
 	)
+}
+
+// desireSample desires the sample app (once) and prints where its instances answer.
+func desireSample(ctx context.Context, bbs bbsv1.BBSServiceClient, path string, out io.Writer) error {
+	d := &modelsv1.DesiredLRP{
+		ProcessGuid: "hello",
+		Domain:      "examples",
+		Rootfs:      "preloaded:cflinuxfs4",
+		Instances:   3,
+		MemoryMb:    64,
+		DiskMb:      64,
+		Ports:       []uint32{8080},
+		Labels:      map[string]string{"app": "hello"},
+		Properties:  map[string]string{"network.app_guid": "hello-app", "network.network_id": "dev"},
+		Routes:      map[string][]byte{"cf-router": []byte(sampleRoutes)},
+		Action:      &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: path}}},
+		CheckDefinition: &modelsv1.CheckDefinition{Checks: []*modelsv1.Check{
+			{Kind: &modelsv1.Check_Http{Http: &modelsv1.HTTPCheck{Port: 8080, Path: "/health"}}},
+		}},
+	}
+	_, err := bbs.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
+	if err != nil && status.Code(err) != codes.AlreadyExists {
+		return fmt.Errorf("desire the sample app: %w", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{"hello"}}})
+		if err != nil {
+			return err
+		}
+		var urls []string
+		for _, a := range resp.GetActualLrps() {
+			if a.GetState() == modelsv1.ActualLRP_STATE_RUNNING && len(a.GetNetInfo().GetPorts()) > 0 {
+				urls = append(urls, fmt.Sprintf("    index %d on %s: http://%s:%d/", a.GetKey().GetIndex(), a.GetInstanceKey().GetCellId(), a.GetNetInfo().GetAddress(), a.GetNetInfo().GetPorts()[0].GetHostPort()))
+			}
+		}
+		if len(urls) == int(d.GetInstances()) {
+			fmt.Fprintf(out, "\nSample app \"hello\" is RUNNING:\n%s\n", strings.Join(urls, "\n"))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the sample app did not reach 3 RUNNING instances within 30s (see `gavel -insecure actual-lrps`)")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
