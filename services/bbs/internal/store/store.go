@@ -57,18 +57,21 @@ type Store struct {
 	hub    *hub
 	synced chan struct{}
 	once   sync.Once
+
+	committer *committer
 }
 
 // New returns a store over client; call Run to fill the cache and follow changes.
 func New(client *clientv3.Client, opts Options) *Store {
 	opts.defaults()
 	return &Store{
-		client: client,
-		opts:   opts,
-		log:    opts.Logger,
-		cache:  newCache(),
-		hub:    newHub(opts.EventRing),
-		synced: make(chan struct{}),
+		client:    client,
+		opts:      opts,
+		log:       opts.Logger,
+		cache:     newCache(),
+		hub:       newHub(opts.EventRing),
+		synced:    make(chan struct{}),
+		committer: newCommitter(client),
 	}
 }
 
@@ -84,6 +87,9 @@ func (s *Store) Synced() <-chan struct{} { return s.synced }
 // Run lists every record, then follows the watch until ctx ends, re-listing whenever the
 // watch breaks. ready is called after the first full list.
 func (s *Store) Run(ctx context.Context, ready func()) error {
+	cctx, stopCommits := context.WithCancel(ctx)
+	defer stopCommits()
+	go s.committer.run(cctx)
 	backoff := 100 * time.Millisecond
 	for {
 		rev, err := s.resync(ctx)

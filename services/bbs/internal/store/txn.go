@@ -161,11 +161,19 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 		if len(t.ops) == 0 {
 			return s.cache.Revision(), nil
 		}
-		cmps := make([]clientv3.Cmp, 0, len(t.reads))
+		req := &commitReq{ops: t.ops, cmps: make([]clientv3.Cmp, 0, len(t.reads)), reads: make([]string, 0, len(t.reads))}
 		for key, rev := range t.reads {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev))
+			req.cmps = append(req.cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev))
+			req.reads = append(req.reads, key)
 		}
-		resp, err := s.client.Txn(ctx).If(cmps...).Then(t.ops...).Commit()
+		for _, op := range t.ops {
+			req.writes = append(req.writes, string(op.KeyBytes()))
+			req.bytes += len(op.KeyBytes()) + len(op.ValueBytes())
+		}
+		resp, err := s.committer.commit(ctx, req)
+		if err == nil {
+			err = resp.err
+		}
 		if err != nil {
 			if txnTooLarge(err) {
 				return 0, rpcerr.Invalid("request", "too large to store in one etcd transaction (%d writes): %v", len(t.ops), err)
@@ -175,8 +183,8 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			}
 			return 0, rpcerr.Unavailable("etcd transaction failed: %v", err)
 		}
-		if resp.Succeeded {
-			rev := resp.Header.Revision
+		if resp.ok {
+			rev := resp.rev
 			wctx, cancel := context.WithTimeout(ctx, s.opts.ReadYourWritesTimeout)
 			if err := s.cache.WaitFor(wctx, rev); err != nil && ctx.Err() == nil {
 				s.log.Warn("cache is lagging behind a committed write", "revision", rev)
