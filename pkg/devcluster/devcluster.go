@@ -42,6 +42,9 @@ type Config struct {
 	Cells []Cell
 	// Logger receives every component's logs.
 	Logger hclog.Logger
+	// RepBBSInterceptor, when set, intercepts every call the reps make to the BBS (benchmarks
+	// time them with it).
+	RepBBSInterceptor grpc.UnaryClientInterceptor
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
 	ConfigureBBS        func(*bbs.Config)
 	ConfigureAuctioneer func(*auctioneer.Config)
@@ -59,7 +62,9 @@ type Cluster struct {
 	BBS bbsv1.BBSServiceClient
 	// BBSAddress and AuctioneerAddress are where those services listen.
 	BBSAddress, AuctioneerAddress string
-	// Reps are the running reps, in Config.Cells order.
+	// Auctioneer is the running auctioneer.
+	Auctioneer *auctioneer.Service
+	// Reps are the running reps, in start order.
 	Reps []*rep.Service
 }
 
@@ -112,8 +117,8 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			conn.Close()
 		}
 	}()
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure})
+	dial := func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+		conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure}, opts...)
 		if err == nil {
 			conns = append(conns, conn)
 		}
@@ -163,8 +168,19 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
+			c.Auctioneer = svc
 			return svc.Run(ctx, func() { waitLeader(ctx, svc); ready() })
 		})},
+	}
+	repBBS := func() (bbsv1.BBSServiceClient, error) {
+		if c.cfg.RepBBSInterceptor == nil {
+			return c.BBS, nil
+		}
+		conn, err := dial(c.BBSAddress, grpc.WithChainUnaryInterceptor(c.cfg.RepBBSInterceptor))
+		if err != nil {
+			return nil, err
+		}
+		return bbsv1.NewBBSServiceClient(conn), nil
 	}
 	for i := range c.cfg.Cells {
 		cell := c.cfg.Cells[i].Config
@@ -185,7 +201,11 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), c.Etcd, c.BBS, backend, resolver)
+			bbsClient, err := repBBS()
+			if err != nil {
+				return err
+			}
+			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), c.Etcd, bbsClient, backend, resolver)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -197,6 +198,7 @@ type Service struct {
 	server  *grpcx.Server
 	leading atomic.Bool
 	rounds  atomic.Int64
+	stats   stats
 }
 
 // New builds an auctioneer that elects its leader over etcd and talks to the BBS through bbs;
@@ -276,6 +278,31 @@ func (s *Service) Addr() net.Addr { return s.server.Addr() }
 // IsLeader reports whether this auctioneer is the elected leader running auctions.
 func (s *Service) IsLeader() bool { return s.leading.Load() }
 
+// Stats is the cumulative wall time of every round's phases, for benchmarks and operators.
+func (s *Service) Stats() auction.Timings { return s.stats.get() }
+
+// stats accumulates round timings.
+type stats struct {
+	mu  sync.Mutex
+	sum auction.Timings
+}
+
+func (st *stats) add(t auction.Timings) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sum.ListCells += t.ListCells
+	st.sum.FetchStates += t.FetchStates
+	st.sum.Place += t.Place
+	st.sum.Perform += t.Perform
+	st.sum.Report += t.Report
+}
+
+func (st *stats) get() auction.Timings {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.sum
+}
+
 // Rounds is the number of auction rounds run so far.
 func (s *Service) Rounds() int64 { return s.rounds.Load() }
 
@@ -323,8 +350,9 @@ func (s *Service) round(ctx context.Context, entries []batch.Entry) bool {
 	for i, e := range entries {
 		works[i] = e.Work
 	}
-	_, err := s.runner.Run(ctx, works)
+	res, err := s.runner.Run(ctx, works)
 	if err == nil {
+		s.stats.add(res.Timings)
 		return true
 	}
 	if ctx.Err() != nil {

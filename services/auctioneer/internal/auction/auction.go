@@ -115,6 +115,22 @@ type Result struct {
 	Unreachable int
 	// ReportErrors counts placement failures the BBS did not accept.
 	ReportErrors int
+	// Timings split the round's wall time by phase.
+	Timings Timings
+}
+
+// Timings is the wall time of a round's phases.
+type Timings struct {
+	// ListCells is the BBS Cells call.
+	ListCells time.Duration
+	// FetchStates is the parallel State calls to every cell.
+	FetchStates time.Duration
+	// Place is filtering and scoring every work item.
+	Place time.Duration
+	// Perform is handing work to the cells, retries included.
+	Perform time.Duration
+	// Report is sending placement failures to the BBS.
+	Report time.Duration
 }
 
 // ErrListCells wraps a failure to list cells from the BBS: the round did not run and the work
@@ -141,7 +157,11 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 		r.retain(keep)
 	}
 
+	res.Timings.ListCells = time.Since(start)
+	mark := time.Now()
 	cells := r.fetchStates(ctx, presences)
+	res.Timings.FetchStates = time.Since(mark)
+	mark = time.Now()
 	inflight := placement.InFlight{Limit: r.cfg.MaxInFlight}
 	for _, c := range cells {
 		if c.Unreachable {
@@ -161,9 +181,13 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 			byCell[c] = append(byCell[c], w)
 		}
 	}
+	res.Timings.Place = time.Since(mark)
+	mark = time.Now()
 	r.performWithRetry(ctx, works, cells, byCell, &inflight, &res)
-
+	res.Timings.Perform = time.Since(mark)
+	mark = time.Now()
 	res.ReportErrors = r.report(ctx, works, res.Failed)
+	res.Timings.Report = time.Since(mark)
 	r.logger.Info("auction round",
 		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed),
 		"cells", res.Cells, "cells_unreachable", res.Unreachable, "duration", time.Since(start))

@@ -1,0 +1,145 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/devcluster"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// BenchmarkPlacement desires 10,000 instances (1,000 LRPs × 10) on 100 simulated cells and
+// measures desire → every instance RUNNING. Each iteration is one full run on the same cluster
+// (the previous run's LRPs are removed first); run it with -benchtime 3x or more and quote the
+// median placements/s it prints. It also splits the auctioneer's time (cell states, placement,
+// Perform) and the reps' lifecycle writes to the BBS.
+func BenchmarkPlacement(b *testing.B) {
+	const cells, lrps, perLRP = 100, 1000, 10
+	var bbsCalls, bbsNanos atomic.Int64
+	timeCalls := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		start := time.Now()
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if strings.HasSuffix(method, "/ClaimActualLRP") || strings.HasSuffix(method, "/StartActualLRP") {
+			bbsCalls.Add(1)
+			bbsNanos.Add(int64(time.Since(start)))
+		}
+		return err
+	}
+	var specs []devcluster.Cell
+	for i := 0; i < cells; i++ {
+		c := simCell(fmt.Sprintf("cell-%03d", i), fmt.Sprintf("z%d", i%3), nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
+		c.Config.Sim.StartLatency = rep.Duration(10 * time.Millisecond)
+		c.Config.BulkInterval = rep.Duration(time.Hour)
+		c.Config.Log.Level = "error"
+		specs = append(specs, c)
+	}
+	c := devcluster.New(devcluster.Config{
+		Dir: b.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
+		UnsafeNoFsync: false, Cells: specs, Logger: logging.NewTest(b), RepBBSInterceptor: timeCalls,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		b.Fatalf("cluster: %v", err)
+	}
+	defer func() { cancel(); <-done }()
+
+	var rates []float64
+	b.ResetTimer()
+	for iter := 0; iter < b.N; iter++ {
+		b.StopTimer()
+		for g := 0; g < lrps && iter > 0; g++ {
+			_, _ = c.BBS.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: fmt.Sprintf("scale-%d-%d", iter-1, g)})
+		}
+		waitRunning(b, c, "", 0, 2*time.Minute)
+		before := c.Auctioneer.Stats()
+		bbsCalls.Store(0)
+		bbsNanos.Store(0)
+		b.StartTimer()
+
+		start := time.Now()
+		var wg sync.WaitGroup
+		next := atomic.Int64{}
+		for w := 0; w < 32; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					g := next.Add(1) - 1
+					if g >= lrps {
+						return
+					}
+					d := desiredLRP(fmt.Sprintf("scale-%d-%d", iter, g), "preloaded:cflinuxfs4", perLRP, nil)
+					if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		desired := time.Since(start)
+		waitRunning(b, c, fmt.Sprintf("scale-%d-", iter), lrps*perLRP, 5*time.Minute)
+		elapsed := time.Since(start)
+		b.StopTimer()
+
+		after := c.Auctioneer.Stats()
+		rate := float64(lrps*perLRP) / elapsed.Seconds()
+		rates = append(rates, rate)
+		b.Logf("run %d: %d instances RUNNING in %s (%.0f placements/s); desires sent in %s; auctioneer: cell states %s, placement %s, perform %s, report %s; rep claim+start BBS calls %d, mean %.2fms",
+			iter, lrps*perLRP, elapsed.Round(time.Millisecond), rate, desired.Round(time.Millisecond),
+			(after.ListCells + after.FetchStates - before.ListCells - before.FetchStates).Round(time.Millisecond),
+			(after.Place - before.Place).Round(time.Millisecond),
+			(after.Perform - before.Perform).Round(time.Millisecond),
+			(after.Report - before.Report).Round(time.Millisecond),
+			bbsCalls.Load(), float64(bbsNanos.Load())/float64(max(bbsCalls.Load(), 1))/1e6)
+		b.ReportMetric((after.FetchStates+after.ListCells-before.FetchStates-before.ListCells).Seconds()*1000, "auction_states_ms")
+		b.ReportMetric((after.Place-before.Place).Seconds()*1000, "auction_place_ms")
+		b.ReportMetric((after.Perform-before.Perform).Seconds()*1000, "auction_perform_ms")
+		b.ReportMetric(float64(bbsNanos.Load())/1e6, "rep_bbs_write_busy_ms")
+		b.StartTimer()
+	}
+	sort.Float64s(rates)
+	b.ReportMetric(rates[len(rates)/2], "median_placements/s")
+}
+
+// waitRunning waits until exactly want instances whose guid starts with prefix are RUNNING
+// (want 0: no instances at all).
+func waitRunning(b *testing.B, c *devcluster.Cluster, prefix string, want int, timeout time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := c.BBS.ActualLRPs(context.Background(), &bbsv1.ActualLRPsRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		running, total := 0, len(resp.GetActualLrps())
+		for _, a := range resp.GetActualLrps() {
+			if strings.HasPrefix(a.GetKey().GetProcessGuid(), prefix) && a.GetState() == modelsv1.ActualLRP_STATE_RUNNING {
+				running++
+			}
+		}
+		if (want == 0 && total == 0) || (want > 0 && running == want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("timed out: %d/%d running, %d records", running, want, total)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
