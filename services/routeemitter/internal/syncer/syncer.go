@@ -1,0 +1,340 @@
+// Package syncer keeps the routing table in step with the BBS by list-then-watch: it lists the
+// desired LRP scheduling infos and the actual LRPs, subscribes to the BBS's events from the
+// listing's revision, applies each revision's events to the table and publishes the delta. A
+// broken stream is resumed from the last revision received; a resume the BBS can no longer
+// serve (OUT_OF_RANGE after compaction) and a timer (the sync interval) lead to a fresh listing,
+// which is diffed against the table so watchers see deltas, never a jump.
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
+)
+
+// BBS is the part of the BBS API the syncer reads.
+type BBS interface {
+	// DesiredLRPSchedulingInfos lists the desired LRPs' scheduling infos (with their routes).
+	DesiredLRPSchedulingInfos(ctx context.Context, in *bbsv1.DesiredLRPSchedulingInfosRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPSchedulingInfosResponse, error)
+	// ActualLRPs lists instance records.
+	ActualLRPs(ctx context.Context, in *bbsv1.ActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ActualLRPsResponse, error)
+	// SubscribeToEvents streams the store's events after a revision.
+	SubscribeToEvents(ctx context.Context, in *bbsv1.SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[bbsv1.SubscribeToEventsResponse], error)
+}
+
+// Publisher receives the table's deltas.
+type Publisher interface {
+	// Publish makes d the next version of the served table (an empty delta changes nothing).
+	Publish(d table.Delta)
+	// MarkSynced records that the table reflects a full listing.
+	MarkSynced()
+}
+
+// Defaults of Config.
+const (
+	// DefaultListTimeout bounds one listing call.
+	DefaultListTimeout = 30 * time.Second
+	// DefaultMinBackoff is the first wait after a failure.
+	DefaultMinBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff caps the wait between retries.
+	DefaultMaxBackoff = 5 * time.Second
+	// listAttempts bounds how often the two lists are repeated to read them at one revision.
+	listAttempts = 3
+)
+
+// Config configures a Syncer; zero durations take the defaults.
+type Config struct {
+	// BBS is the BBS client.
+	BBS BBS
+	// Table is the table to maintain; only the syncer may use it while Run runs.
+	Table *table.Table
+	// Publisher receives every delta.
+	Publisher Publisher
+	// Logger receives the syncer's logs.
+	Logger hclog.Logger
+	// SyncInterval is how often the BBS is listed again in full (required).
+	SyncInterval time.Duration
+	// ListTimeout bounds one listing call.
+	ListTimeout time.Duration
+	// MinBackoff is the first wait after a failure; it doubles per consecutive failure.
+	MinBackoff time.Duration
+	// MaxBackoff caps the wait between retries.
+	MaxBackoff time.Duration
+}
+
+// Stats counts what the syncer did, for tests and operators.
+type Stats struct {
+	// Lists is how many full listings were applied.
+	Lists uint64
+	// Subscriptions is how many event streams were opened.
+	Subscriptions uint64
+	// OutOfRange is how many resumes the BBS refused because the revision was compacted.
+	OutOfRange uint64
+	// Failures is how many listings or streams failed.
+	Failures uint64
+	// Revision is the BBS revision the table reflects.
+	Revision int64
+}
+
+// Syncer maintains a table from the BBS. Create it with New and call Run once.
+type Syncer struct {
+	cfg Config
+	log hclog.Logger
+
+	// Owned by Run's goroutine.
+	desiredRev int64 // revision of the last desired listing; earlier desired events are in it
+	actualRev  int64 // revision of the last actual listing; earlier instance events are in it
+	cursor     int64 // revision the table's inputs reflect; streams resume after it
+	published  int64 // revision of the last published table
+	holdUntil  int64 // no publishing before the cursor reaches this revision
+
+	lists, subscriptions, outOfRange, failures atomic.Uint64
+	revision                                   atomic.Int64
+}
+
+// errSyncDue ends a stream when the next full listing is due.
+var errSyncDue = errors.New("full sync due")
+
+// New returns a syncer for cfg.
+func New(cfg Config) (*Syncer, error) {
+	switch {
+	case cfg.BBS == nil:
+		return nil, errors.New("syncer: BBS client is required")
+	case cfg.Table == nil:
+		return nil, errors.New("syncer: table is required")
+	case cfg.Publisher == nil:
+		return nil, errors.New("syncer: publisher is required")
+	case cfg.SyncInterval <= 0:
+		return nil, errors.New("syncer: sync interval must be positive")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.ListTimeout <= 0 {
+		cfg.ListTimeout = DefaultListTimeout
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
+	}
+	return &Syncer{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Stats returns the syncer's counters.
+func (s *Syncer) Stats() Stats {
+	return Stats{
+		Lists:         s.lists.Load(),
+		Subscriptions: s.subscriptions.Load(),
+		OutOfRange:    s.outOfRange.Load(),
+		Failures:      s.failures.Load(),
+		Revision:      s.revision.Load(),
+	}
+}
+
+// Run lists and follows the BBS until ctx ends, retrying every failure with a capped,
+// jittered exponential backoff. It returns nil when ctx ends.
+func (s *Syncer) Run(ctx context.Context) error {
+	needList := true
+	failures := 0 // consecutive
+	var nextList time.Time
+	for ctx.Err() == nil {
+		if needList {
+			if err := s.list(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				failures++
+				s.failures.Add(1)
+				s.log.Warn("listing the BBS failed; will retry", "error", err, "attempt", failures)
+				if !sleep(ctx, s.backoff(failures)) {
+					return nil
+				}
+				continue
+			}
+			needList = false
+			nextList = time.Now().Add(s.cfg.SyncInterval)
+		}
+		progressed, err := s.watch(ctx, nextList)
+		if progressed {
+			failures = 0
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errSyncDue):
+			s.log.Debug("periodic full sync", "revision", s.cursor)
+			needList = true
+			continue
+		case status.Code(err) == codes.OutOfRange:
+			s.outOfRange.Add(1)
+			s.log.Info("the BBS can no longer replay events from our revision; listing again", "revision", s.cursor, "error", err)
+			needList = true
+		default:
+			s.log.Warn("BBS event stream failed; resuming", "revision", s.cursor, "error", err)
+		}
+		failures++
+		s.failures.Add(1)
+		if !sleep(ctx, s.backoff(failures)) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// list reads the desired scheduling infos and the actual LRPs, replaces the table's inputs with
+// them and publishes the difference (at once when both lists, and the published table, are at
+// one revision; else once the event stream has caught up with the newest of them).
+//
+// The two lists are two calls, possibly answered at different revisions D and A. Events are
+// then subscribed from min(D, A): desired events at or before D and instance events at or
+// before A are already in the lists and skipped; the others are applied. So each half of the
+// table is exact from its own revision on, and nothing between the two is lost.
+func (s *Syncer) list(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, s.cfg.ListTimeout)
+	defer cancel()
+	var desired *bbsv1.DesiredLRPSchedulingInfosResponse
+	var actual *bbsv1.ActualLRPsResponse
+	for attempt := 1; attempt <= listAttempts; attempt++ {
+		var err error
+		desired, err = s.cfg.BBS.DesiredLRPSchedulingInfos(lctx, &bbsv1.DesiredLRPSchedulingInfosRequest{})
+		if err != nil {
+			return fmt.Errorf("list desired LRP scheduling infos: %w", err)
+		}
+		actual, err = s.cfg.BBS.ActualLRPs(lctx, &bbsv1.ActualLRPsRequest{})
+		if err != nil {
+			return fmt.Errorf("list actual LRPs: %w", err)
+		}
+		if desired.GetRevision() == actual.GetRevision() {
+			break
+		}
+	}
+	d, a := desired.GetRevision(), actual.GetRevision()
+	s.cfg.Table.Replace(desired.GetSchedulingInfos(), actual.GetActualLrps())
+	s.desiredRev, s.actualRev = d, a
+	s.cursor = min(d, a)
+	// Never publish a table older than the one already published (a lagging BBS replica).
+	s.holdUntil = max(d, a, s.published)
+	s.lists.Add(1)
+	s.log.Debug("listed the BBS", "desired_lrps", len(desired.GetSchedulingInfos()), "actual_lrps", len(actual.GetActualLrps()),
+		"desired_revision", d, "actual_revision", a, "invalid_routes", s.cfg.Table.Invalid())
+	s.publish()
+	return nil
+}
+
+// watch follows the event stream from the cursor until it fails or until is reached. It
+// reports whether any message arrived.
+func (s *Syncer) watch(ctx context.Context, until time.Time) (bool, error) {
+	if !time.Now().Before(until) {
+		return false, errSyncDue
+	}
+	sctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	s.subscriptions.Add(1)
+	stream, err := s.cfg.BBS.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{SinceRevision: s.cursor})
+	if err != nil {
+		if ctx.Err() == nil && sctx.Err() != nil {
+			return false, errSyncDue
+		}
+		return false, fmt.Errorf("subscribe to BBS events after revision %d: %w", s.cursor, err)
+	}
+	progressed := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil && sctx.Err() != nil {
+				return progressed, errSyncDue
+			}
+			return progressed, fmt.Errorf("BBS events after revision %d: %w", s.cursor, err)
+		}
+		progressed = true
+		s.apply(resp)
+	}
+}
+
+// apply feeds one revision's events (or a bookmark) to the table and publishes the result.
+func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
+	for _, e := range resp.GetEvents() {
+		rev := e.GetRevision()
+		if rev == 0 {
+			rev = resp.GetRevision()
+		}
+		switch k := e.GetKind().(type) {
+		case *bbsv1.Event_DesiredLrpCreated:
+			if d := k.DesiredLrpCreated.GetDesiredLrp(); rev > s.desiredRev {
+				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+			}
+		case *bbsv1.Event_DesiredLrpChanged:
+			if d := k.DesiredLrpChanged.GetAfter(); rev > s.desiredRev {
+				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+			}
+		case *bbsv1.Event_DesiredLrpRemoved:
+			if rev > s.desiredRev {
+				s.cfg.Table.RemoveDesired(k.DesiredLrpRemoved.GetDesiredLrp().GetProcessGuid())
+			}
+		case *bbsv1.Event_ActualLrpCreated:
+			if rev > s.actualRev {
+				s.cfg.Table.SetActual(k.ActualLrpCreated.GetActualLrp())
+			}
+		case *bbsv1.Event_ActualLrpChanged:
+			if rev > s.actualRev {
+				s.cfg.Table.SetActual(k.ActualLrpChanged.GetAfter())
+			}
+		case *bbsv1.Event_ActualLrpRemoved:
+			if rev > s.actualRev {
+				s.cfg.Table.RemoveActual(k.ActualLrpRemoved.GetActualLrp())
+			}
+		}
+	}
+	if resp.GetRevision() > s.cursor {
+		s.cursor = resp.GetRevision()
+	}
+	s.publish()
+}
+
+// publish commits the table and hands the delta to the publisher, unless a listing is still
+// waiting for the stream to catch up.
+func (s *Syncer) publish() {
+	if s.cursor < s.holdUntil {
+		return
+	}
+	s.cfg.Publisher.Publish(s.cfg.Table.Commit())
+	s.published = s.cursor
+	s.revision.Store(s.cursor)
+	s.cfg.Publisher.MarkSynced()
+}
+
+// backoff is the wait after the n-th consecutive failure: MinBackoff doubling, capped at
+// MaxBackoff, ±20% jitter.
+func (s *Syncer) backoff(n int) time.Duration {
+	d := s.cfg.MinBackoff
+	for i := 1; i < n && d < s.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, s.cfg.MaxBackoff)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// sleep waits d or until ctx ends, reporting whether the wait completed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,231 @@
+package syncer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
+)
+
+// fakeBBS answers lists from scripted responses and serves each subscription from a script of
+// stream messages (then an error, or blocking until the call ends).
+type fakeBBS struct {
+	desired []*bbsv1.DesiredLRPSchedulingInfosResponse // one per list call; the last repeats
+	actual  []*bbsv1.ActualLRPsResponse
+	streams chan fakeStream
+	since   chan int64 // since_revision of each subscription
+	dCalls  int
+	aCalls  int
+}
+
+type fakeStream struct {
+	msgs []*bbsv1.SubscribeToEventsResponse
+	err  error // returned after msgs; nil blocks until the call's context ends
+}
+
+func (f *fakeBBS) DesiredLRPSchedulingInfos(context.Context, *bbsv1.DesiredLRPSchedulingInfosRequest, ...grpc.CallOption) (*bbsv1.DesiredLRPSchedulingInfosResponse, error) {
+	r := f.desired[min(f.dCalls, len(f.desired)-1)]
+	f.dCalls++
+	return r, nil
+}
+
+func (f *fakeBBS) ActualLRPs(context.Context, *bbsv1.ActualLRPsRequest, ...grpc.CallOption) (*bbsv1.ActualLRPsResponse, error) {
+	r := f.actual[min(f.aCalls, len(f.actual)-1)]
+	f.aCalls++
+	return r, nil
+}
+
+func (f *fakeBBS) SubscribeToEvents(ctx context.Context, in *bbsv1.SubscribeToEventsRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[bbsv1.SubscribeToEventsResponse], error) {
+	f.since <- in.GetSinceRevision()
+	select {
+	case s := <-f.streams:
+		return &fakeClientStream{ctx: ctx, s: s}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+type fakeClientStream struct {
+	grpc.ClientStream
+	ctx context.Context
+	s   fakeStream
+}
+
+func (c *fakeClientStream) Recv() (*bbsv1.SubscribeToEventsResponse, error) {
+	if len(c.s.msgs) > 0 {
+		m := c.s.msgs[0]
+		c.s.msgs = c.s.msgs[1:]
+		return m, nil
+	}
+	if c.s.err != nil {
+		return nil, c.s.err
+	}
+	<-c.ctx.Done()
+	return nil, status.FromContextError(c.ctx.Err()).Err()
+}
+
+// recorder is a Publisher that hands each non-empty delta to the test.
+type recorder struct {
+	deltas chan table.Delta
+	synced chan struct{}
+}
+
+func (r *recorder) Publish(d table.Delta) {
+	if !d.Empty() {
+		r.deltas <- d
+	}
+}
+
+func (r *recorder) MarkSynced() {
+	select {
+	case <-r.synced:
+	default:
+		close(r.synced)
+	}
+}
+
+func sched(guid, host string) *modelsv1.DesiredLRPSchedulingInfo {
+	return &modelsv1.DesiredLRPSchedulingInfo{ProcessGuid: guid, Routes: map[string][]byte{table.Provider: []byte(`[{"port": 8080, "routes": ["` + host + `"]}]`)}}
+}
+
+func running(guid string, hostPort uint32) *modelsv1.ActualLRP {
+	return &modelsv1.ActualLRP{
+		Key:         &modelsv1.ActualLRPKey{ProcessGuid: guid},
+		InstanceKey: &modelsv1.ActualLRPInstanceKey{InstanceGuid: guid + "-0"},
+		State:       modelsv1.ActualLRP_STATE_RUNNING, Presence: modelsv1.ActualLRP_PRESENCE_ORDINARY, Routable: true,
+		NetInfo: &modelsv1.ActualLRPNetInfo{Address: "127.0.0.1", Ports: []*modelsv1.PortMapping{{ContainerPort: 8080, HostPort: hostPort}}},
+	}
+}
+
+func changed(rev int64, a *modelsv1.ActualLRP) *bbsv1.SubscribeToEventsResponse {
+	return &bbsv1.SubscribeToEventsResponse{Revision: rev, Events: []*bbsv1.Event{{Revision: rev, Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{After: a}}}}}
+}
+
+func created(rev int64, guid, host string) *bbsv1.SubscribeToEventsResponse {
+	d := sched(guid, host)
+	return &bbsv1.SubscribeToEventsResponse{Revision: rev, Events: []*bbsv1.Event{{Revision: rev, Kind: &bbsv1.Event_DesiredLrpCreated{DesiredLrpCreated: &bbsv1.DesiredLRPCreated{
+		DesiredLrp: &modelsv1.DesiredLRP{ProcessGuid: d.ProcessGuid, Routes: d.Routes}}}}}}
+}
+
+func hostPorts(d table.Delta) map[string]uint32 {
+	out := map[string]uint32{}
+	for _, r := range d.Upserts {
+		out[r.GetHostname()] = r.GetEndpoints()[0].GetPort()
+	}
+	for _, r := range d.Removals {
+		out[r.GetHostname()] = 0
+	}
+	return out
+}
+
+func expectDelta(t *testing.T, rec *recorder, want map[string]uint32) {
+	t.Helper()
+	select {
+	case d := <-rec.deltas:
+		got := hostPorts(d)
+		if len(got) != len(want) {
+			t.Fatalf("delta %v, want %v", got, want)
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("delta %v, want %v", got, want)
+			}
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no delta, want %v", want)
+	}
+}
+
+func expectSince(t *testing.T, f *fakeBBS, want int64) {
+	t.Helper()
+	select {
+	case got := <-f.since:
+		if got != want {
+			t.Fatalf("subscribed after revision %d, want %d", got, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no subscription after revision %d", want)
+	}
+}
+
+// TestListsAtDifferentRevisions: the desired list is at revision 10 and the instance list at
+// 12. Events are subscribed from 10; instance events up to 12 are skipped (the list has them),
+// desired events after 10 are applied, and nothing is published before the stream reaches 12.
+// Then a stream error resumes from the cursor, and OUT_OF_RANGE lists again and diffs.
+func TestListsAtDifferentRevisions(t *testing.T) {
+	f := &fakeBBS{
+		desired: []*bbsv1.DesiredLRPSchedulingInfosResponse{
+			{Revision: 10, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com")}},
+			{Revision: 10, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com")}},
+			{Revision: 10, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com")}},
+			// The re-list after OUT_OF_RANGE: b is gone.
+			{Revision: 30, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com")}},
+		},
+		actual: []*bbsv1.ActualLRPsResponse{
+			{Revision: 12, ActualLrps: []*modelsv1.ActualLRP{running("a", 2222), running("b", 5555)}},
+			{Revision: 12, ActualLrps: []*modelsv1.ActualLRP{running("a", 2222), running("b", 5555)}},
+			{Revision: 12, ActualLrps: []*modelsv1.ActualLRP{running("a", 2222), running("b", 5555)}},
+			{Revision: 30, ActualLrps: []*modelsv1.ActualLRP{running("a", 4444)}},
+		},
+		streams: make(chan fakeStream),
+		since:   make(chan int64, 10),
+	}
+	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
+	s, err := New(Config{BBS: f, Table: table.New(logging.NewTest(t)), Publisher: rec, Logger: logging.NewTest(t),
+		SyncInterval: time.Hour, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	expectSince(t, f, 10)
+	if f.dCalls != listAttempts || f.aCalls != listAttempts {
+		t.Fatalf("listed %d/%d times, want %d attempts to meet at one revision", f.dCalls, f.aCalls, listAttempts)
+	}
+	select {
+	case d := <-rec.deltas:
+		t.Fatalf("published %v before the stream reached the instance list's revision", hostPorts(d))
+	case <-rec.synced:
+		t.Fatal("synced before the stream caught up")
+	default:
+	}
+	f.streams <- fakeStream{msgs: []*bbsv1.SubscribeToEventsResponse{
+		changed(11, running("a", 1111)), // older than the instance list: skipped
+		created(11, "b", "b.com"),       // newer than the desired list: applied
+		{Revision: 12, Bookmark: true},
+		changed(13, running("a", 3333)),
+	}, err: status.Error(codes.Unavailable, "connection reset")}
+	expectDelta(t, rec, map[string]uint32{"a.com": 2222, "b.com": 5555})
+	<-rec.synced
+	expectDelta(t, rec, map[string]uint32{"a.com": 3333})
+
+	// The broken stream resumes from the last revision, without listing.
+	expectSince(t, f, 13)
+	if f.dCalls != listAttempts {
+		t.Fatalf("a stream error re-listed (%d desired lists)", f.dCalls)
+	}
+	f.streams <- fakeStream{err: status.Error(codes.OutOfRange, "revision 13 has been compacted")}
+
+	// OUT_OF_RANGE: list again (both at 30) and publish only the difference.
+	expectSince(t, f, 30)
+	expectDelta(t, rec, map[string]uint32{"a.com": 4444, "b.com": 0})
+	if st := s.Stats(); st.Lists != 2 || st.OutOfRange != 1 || st.Revision != 30 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -1,0 +1,429 @@
+// Package table computes Gavel's routing table: it joins the cf-router routes of desired LRPs
+// with their RUNNING, routable instances into routes keyed by protocol and hostname or incoming
+// port, and reports what changed since the last commit. It is not safe for concurrent use; the
+// route-emitter's syncer owns it.
+package table
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+)
+
+// Key identifies a route: an HTTP hostname, or a TCP or UDP incoming port.
+type Key struct {
+	// Protocol is the route's protocol.
+	Protocol routeemitterv1.Route_Protocol
+	// Hostname is the lower-cased HTTP hostname (HTTP only).
+	Hostname string
+	// IncomingPort is the router port (TCP and UDP only).
+	IncomingPort uint32
+}
+
+// KeyOf returns the key of r.
+func KeyOf(r *routeemitterv1.Route) Key {
+	return Key{Protocol: r.GetProtocol(), Hostname: r.GetHostname(), IncomingPort: r.GetIncomingPort()}
+}
+
+// Compare orders keys by protocol, hostname and incoming port, as the table is sent.
+func (k Key) Compare(o Key) int {
+	if c := cmp.Compare(k.Protocol, o.Protocol); c != 0 {
+		return c
+	}
+	if c := strings.Compare(k.Hostname, o.Hostname); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.IncomingPort, o.IncomingPort)
+}
+
+// String describes the key for logs.
+func (k Key) String() string {
+	if k.Protocol == routeemitterv1.Route_PROTOCOL_HTTP {
+		return "http:" + k.Hostname
+	}
+	return fmt.Sprintf("%s:%d", strings.ToLower(strings.TrimPrefix(k.Protocol.String(), "PROTOCOL_")), k.IncomingPort)
+}
+
+// Removal is a route carrying only k, as a removal is sent.
+func (k Key) Removal() *routeemitterv1.Route {
+	return &routeemitterv1.Route{Protocol: k.Protocol, Hostname: k.Hostname, IncomingPort: k.IncomingPort}
+}
+
+// Delta is what changed in the table between two commits. Routes in it are never modified
+// afterwards, so they may be shared and sent concurrently.
+type Delta struct {
+	// Upserts are routes that appeared or changed, whole, ordered by key.
+	Upserts []*routeemitterv1.Route
+	// Removals are routes that disappeared (key fields only), ordered by key.
+	Removals []*routeemitterv1.Route
+}
+
+// Empty reports whether nothing changed.
+func (d Delta) Empty() bool { return len(d.Upserts) == 0 && len(d.Removals) == 0 }
+
+// slot names one instance record of a process: its index and presence.
+type slot struct {
+	index    int32
+	presence modelsv1.ActualLRP_Presence
+}
+
+// desired is what the table keeps of a desired LRP: its cf-router document and its entries.
+type desired struct {
+	doc     []byte
+	entries []Entry
+}
+
+// contribution is what one process adds to one route.
+type contribution struct {
+	tlsOnly   bool
+	endpoints []*routeemitterv1.Endpoint
+}
+
+// Table is the routing table and the inputs it is computed from. Mutations mark the affected
+// process guids dirty; Commit recomputes only those and returns the delta.
+type Table struct {
+	log     hclog.Logger
+	desired map[string]*desired
+	actual  map[string]map[slot]*modelsv1.ActualLRP
+	contrib map[string]map[Key]*contribution // process guid → its routes
+	owners  map[Key]map[string]struct{}      // route → process guids contributing
+	routes  map[Key]*routeemitterv1.Route
+	dirty   map[string]struct{}
+	invalid int
+}
+
+// New returns an empty table; bad routes documents are logged to logger.
+func New(logger hclog.Logger) *Table {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &Table{
+		log:     logger,
+		desired: map[string]*desired{},
+		actual:  map[string]map[slot]*modelsv1.ActualLRP{},
+		contrib: map[string]map[Key]*contribution{},
+		owners:  map[Key]map[string]struct{}{},
+		routes:  map[Key]*routeemitterv1.Route{},
+		dirty:   map[string]struct{}{},
+	}
+}
+
+// SetDesired records the routes of a desired LRP (created or changed). Only the cf-router
+// document matters; it is parsed again only when its bytes change, and a bad one is logged
+// once and gives the LRP no routes.
+func (t *Table) SetDesired(guid string, routes map[string][]byte) {
+	doc := routes[Provider]
+	if d, ok := t.desired[guid]; ok && bytes.Equal(d.doc, doc) {
+		return
+	}
+	d := &desired{doc: doc}
+	if len(bytes.TrimSpace(doc)) > 0 {
+		entries, err := Parse(doc)
+		if err != nil {
+			t.log.Warn("ignoring the routes of a desired LRP", "process_guid", guid, "provider", Provider, "error", err)
+		}
+		d.entries = entries
+	}
+	if old, ok := t.desired[guid]; ok && old.invalid() {
+		t.invalid--
+	}
+	if d.invalid() {
+		t.invalid++
+	}
+	t.desired[guid] = d
+	t.dirty[guid] = struct{}{}
+}
+
+// invalid reports whether d's document was refused.
+func (d *desired) invalid() bool { return len(bytes.TrimSpace(d.doc)) > 0 && d.entries == nil }
+
+// RemoveDesired forgets a desired LRP; its routes go at the next commit.
+func (t *Table) RemoveDesired(guid string) {
+	d, ok := t.desired[guid]
+	if !ok {
+		return
+	}
+	if d.invalid() {
+		t.invalid--
+	}
+	delete(t.desired, guid)
+	t.dirty[guid] = struct{}{}
+}
+
+// SetActual records an instance record (created or changed).
+func (t *Table) SetActual(a *modelsv1.ActualLRP) {
+	guid := a.GetKey().GetProcessGuid()
+	s := slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}
+	m := t.actual[guid]
+	if m == nil {
+		m = map[slot]*modelsv1.ActualLRP{}
+		t.actual[guid] = m
+	}
+	old := m[s]
+	m[s] = a
+	if routingChanged(old, a) {
+		t.dirty[guid] = struct{}{}
+	}
+}
+
+// RemoveActual forgets an instance record.
+func (t *Table) RemoveActual(a *modelsv1.ActualLRP) {
+	guid := a.GetKey().GetProcessGuid()
+	s := slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}
+	m := t.actual[guid]
+	old, ok := m[s]
+	if !ok {
+		return
+	}
+	delete(m, s)
+	if len(m) == 0 {
+		delete(t.actual, guid)
+	}
+	if routable(old) {
+		t.dirty[guid] = struct{}{}
+	}
+}
+
+// Replace swaps every input for a full listing, marking dirty only the processes whose routes
+// document or routable instances differ, so the next commit is the difference between the old
+// table and the listed one.
+func (t *Table) Replace(infos []*modelsv1.DesiredLRPSchedulingInfo, actuals []*modelsv1.ActualLRP) {
+	listed := make(map[string]struct{}, len(infos))
+	for _, d := range infos {
+		listed[d.GetProcessGuid()] = struct{}{}
+		t.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+	}
+	for guid := range t.desired {
+		if _, ok := listed[guid]; !ok {
+			t.RemoveDesired(guid)
+		}
+	}
+	next := make(map[string]map[slot]*modelsv1.ActualLRP, len(t.actual))
+	for _, a := range actuals {
+		guid := a.GetKey().GetProcessGuid()
+		m := next[guid]
+		if m == nil {
+			m = map[slot]*modelsv1.ActualLRP{}
+			next[guid] = m
+		}
+		m[slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}] = a
+	}
+	for guid, m := range next {
+		if instancesDiffer(t.actual[guid], m) {
+			t.dirty[guid] = struct{}{}
+		}
+	}
+	for guid, m := range t.actual {
+		if _, ok := next[guid]; !ok && instancesDiffer(m, nil) {
+			t.dirty[guid] = struct{}{}
+		}
+	}
+	t.actual = next
+}
+
+// instancesDiffer reports whether two sets of records of one process route differently.
+func instancesDiffer(a, b map[slot]*modelsv1.ActualLRP) bool {
+	for s, x := range a {
+		if routingChanged(x, b[s]) {
+			return true
+		}
+	}
+	for s, y := range b {
+		if _, ok := a[s]; !ok && routable(y) {
+			return true
+		}
+	}
+	return false
+}
+
+// routable reports whether an instance receives traffic: RUNNING (in any presence — evacuating
+// and suspect copies keep routing until removed), routable, with an address.
+func routable(a *modelsv1.ActualLRP) bool {
+	return a != nil && a.GetState() == modelsv1.ActualLRP_STATE_RUNNING && a.GetRoutable() && a.GetNetInfo().GetAddress() != ""
+}
+
+// routingChanged reports whether replacing old by new can change any route.
+func routingChanged(old, new *modelsv1.ActualLRP) bool {
+	ro, rn := routable(old), routable(new)
+	if !ro && !rn {
+		return false
+	}
+	if ro != rn {
+		return true
+	}
+	return old.GetInstanceKey().GetInstanceGuid() != new.GetInstanceKey().GetInstanceGuid() ||
+		!proto.Equal(old.GetNetInfo(), new.GetNetInfo())
+}
+
+// Dirty reports how many processes wait for the next commit.
+func (t *Table) Dirty() int { return len(t.dirty) }
+
+// Invalid reports how many desired LRPs have a refused cf-router document.
+func (t *Table) Invalid() int { return t.invalid }
+
+// Len is the number of routes.
+func (t *Table) Len() int { return len(t.routes) }
+
+// Commit recomputes the routes of every dirty process and returns what changed since the last
+// commit.
+func (t *Table) Commit() Delta {
+	if len(t.dirty) == 0 {
+		return Delta{}
+	}
+	changed := map[Key]struct{}{}
+	for guid := range t.dirty {
+		old := t.contrib[guid]
+		next := t.compute(guid)
+		for k := range old {
+			changed[k] = struct{}{}
+			if _, ok := next[k]; !ok {
+				delete(t.owners[k], guid)
+				if len(t.owners[k]) == 0 {
+					delete(t.owners, k)
+				}
+			}
+		}
+		for k := range next {
+			changed[k] = struct{}{}
+			o := t.owners[k]
+			if o == nil {
+				o = map[string]struct{}{}
+				t.owners[k] = o
+			}
+			o[guid] = struct{}{}
+		}
+		if len(next) == 0 {
+			delete(t.contrib, guid)
+		} else {
+			t.contrib[guid] = next
+		}
+	}
+	clear(t.dirty)
+	var d Delta
+	for k := range changed {
+		r, old := t.merge(k), t.routes[k]
+		switch {
+		case r == nil && old != nil:
+			delete(t.routes, k)
+			d.Removals = append(d.Removals, k.Removal())
+		case r != nil && (old == nil || !proto.Equal(old, r)):
+			t.routes[k] = r
+			d.Upserts = append(d.Upserts, r)
+		}
+	}
+	byKey := func(a, b *routeemitterv1.Route) int { return KeyOf(a).Compare(KeyOf(b)) }
+	slices.SortFunc(d.Upserts, byKey)
+	slices.SortFunc(d.Removals, byKey)
+	return d
+}
+
+// compute is what process guid contributes to each route now.
+func (t *Table) compute(guid string) map[Key]*contribution {
+	d := t.desired[guid]
+	instances := t.actual[guid]
+	if d == nil || len(d.entries) == 0 || len(instances) == 0 {
+		return nil
+	}
+	out := map[Key]*contribution{}
+	add := func(k Key, ep *routeemitterv1.Endpoint, tlsOnly bool) {
+		c := out[k]
+		if c == nil {
+			c = &contribution{}
+			out[k] = c
+		}
+		c.tlsOnly = c.tlsOnly || tlsOnly
+		c.endpoints = append(c.endpoints, ep)
+	}
+	for _, a := range instances {
+		if !routable(a) {
+			continue
+		}
+		for _, e := range d.entries {
+			hostPort, ok := hostPortOf(a, e.Port)
+			if !ok {
+				continue
+			}
+			ep := &routeemitterv1.Endpoint{
+				ProcessGuid:   guid,
+				Index:         a.GetKey().GetIndex(),
+				InstanceGuid:  a.GetInstanceKey().GetInstanceGuid(),
+				Address:       a.GetNetInfo().GetAddress(),
+				Port:          hostPort,
+				ContainerPort: e.Port,
+			}
+			switch e.Protocol {
+			case routeemitterv1.Route_PROTOCOL_HTTP:
+				for _, h := range e.Hostnames {
+					add(Key{Protocol: e.Protocol, Hostname: h}, ep, e.TLSOnly)
+					if e.RouteToInstances {
+						add(Key{Protocol: e.Protocol, Hostname: fmt.Sprintf("%d.%s", ep.Index, h)}, ep, e.TLSOnly)
+					}
+				}
+			default:
+				add(Key{Protocol: e.Protocol, IncomingPort: e.IncomingPort}, ep, false)
+			}
+		}
+	}
+	return out
+}
+
+// hostPortOf is the host port that reaches containerPort on a.
+func hostPortOf(a *modelsv1.ActualLRP, containerPort uint32) (uint32, bool) {
+	for _, p := range a.GetNetInfo().GetPorts() {
+		if p.GetContainerPort() == containerPort && p.GetHostPort() != 0 {
+			return p.GetHostPort(), true
+		}
+	}
+	return 0, false
+}
+
+// merge builds route k from every process contributing to it; nil when it has no endpoint.
+// The route is TLS-only when any contributor asks for it.
+func (t *Table) merge(k Key) *routeemitterv1.Route {
+	owners := t.owners[k]
+	if len(owners) == 0 {
+		return nil
+	}
+	r := k.Removal()
+	for guid := range owners {
+		c := t.contrib[guid][k]
+		r.TlsOnly = r.TlsOnly || c.tlsOnly
+		r.Endpoints = append(r.Endpoints, c.endpoints...)
+	}
+	slices.SortFunc(r.Endpoints, compareEndpoints)
+	r.Endpoints = slices.CompactFunc(r.Endpoints, func(a, b *routeemitterv1.Endpoint) bool { return compareEndpoints(a, b) == 0 })
+	if len(r.Endpoints) == 0 {
+		return nil
+	}
+	return r
+}
+
+// compareEndpoints orders endpoints by process, index, instance, address and ports.
+func compareEndpoints(a, b *routeemitterv1.Endpoint) int {
+	return cmp.Or(
+		strings.Compare(a.GetProcessGuid(), b.GetProcessGuid()),
+		cmp.Compare(a.GetIndex(), b.GetIndex()),
+		strings.Compare(a.GetInstanceGuid(), b.GetInstanceGuid()),
+		strings.Compare(a.GetAddress(), b.GetAddress()),
+		cmp.Compare(a.GetPort(), b.GetPort()),
+		cmp.Compare(a.GetContainerPort(), b.GetContainerPort()),
+	)
+}
+
+// Routes returns every route ordered by key.
+func (t *Table) Routes() []*routeemitterv1.Route {
+	out := make([]*routeemitterv1.Route, 0, len(t.routes))
+	for _, r := range t.routes {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *routeemitterv1.Route) int { return KeyOf(a).Compare(KeyOf(b)) })
+	return out
+}

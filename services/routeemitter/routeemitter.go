@@ -1,0 +1,238 @@
+// Package routeemitter is Gavel's route-emitter: it builds the routing table from the BBS (the
+// cf-router routes of desired LRPs joined with their running, routable instances) by
+// list-then-watch plus a periodic full sync, and serves it to routers over gRPC
+// (routeemitterv1.RouteEmitterService) as a snapshot followed by versioned deltas.
+package routeemitter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/routeemitter/internal/api"
+	"github.com/gavel-sched/gavel/services/routeemitter/internal/syncer"
+	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
+)
+
+// Config is the route-emitter's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// ListenAddress is where the gRPC API (RouteEmitterService) listens.
+	ListenAddress string `json:"listen_address"`
+	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
+	TLS tlsx.Config `json:"tls"`
+	// BBSAddress is the BBS's gRPC address.
+	BBSAddress string `json:"bbs_address"`
+	// BBSTLS is the client certificate, key and CA used to reach the BBS; or insecure.
+	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// SyncInterval is how often the whole BBS is listed again and diffed against the table, to
+	// repair anything the event stream missed.
+	SyncInterval Duration `json:"sync_interval"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+	// WatchHistory is how many versions of deltas are kept so a router that reconnects with
+	// its table_id and version gets only what it missed (older: a snapshot).
+	WatchHistory int `json:"watch_history"`
+	// WatchQueue is how many deltas may wait for one slow router; one that falls further
+	// behind is sent a fresh snapshot instead.
+	WatchQueue int `json:"watch_queue"`
+}
+
+// Duration is a time.Duration written as a string ("60s") in config files.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"60s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String implements flag.Value.
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Default is the configuration of a route-emitter next to a local BBS.
+func Default() Config {
+	return Config{
+		ListenAddress: "127.0.0.1:8893",
+		BBSAddress:    "127.0.0.1:8889",
+		SyncInterval:  Duration(60 * time.Second),
+		Log:           logging.Config{Level: "info", Format: "text"},
+		WatchHistory:  api.DefaultHistory,
+		WatchQueue:    api.DefaultQueue,
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate reports every problem that would stop the route-emitter from starting.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ListenAddress == "" {
+		errs = append(errs, errors.New("listen_address is required"))
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tls: %w", err))
+	}
+	if c.BBSAddress == "" {
+		errs = append(errs, errors.New("bbs_address is required"))
+	}
+	if err := c.BBSTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	}
+	if c.SyncInterval <= 0 {
+		errs = append(errs, errors.New("sync_interval must be positive"))
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if c.WatchHistory <= 0 {
+		errs = append(errs, fmt.Errorf("watch_history must be positive, got %d", c.WatchHistory))
+	}
+	if c.WatchQueue <= 0 {
+		errs = append(errs, fmt.Errorf("watch_queue must be positive, got %d", c.WatchQueue))
+	}
+	return errors.Join(errs...)
+}
+
+// bbsKeepalive pings an idle BBS connection so a vanished BBS breaks the event stream.
+const bbsKeepalive = 30 * time.Second
+
+// DialBBS connects to the BBS at cfg.BBSAddress with cfg.BBSTLS, keepalives and a reconnect
+// backoff capped at 5 s (gRPC's default grows to 2 minutes), so a restarted BBS is followed
+// quickly.
+func DialBBS(cfg Config) (*grpc.ClientConn, error) {
+	conn, err := grpcx.Dial(cfg.BBSAddress, grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: bbsKeepalive},
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("bbs client: %w", err)
+	}
+	return conn, nil
+}
+
+// Service is a running route-emitter.
+type Service struct {
+	cfg    Config
+	log    hclog.Logger
+	hub    *api.Hub
+	syncer *syncer.Syncer
+	server *grpcx.Server
+}
+
+// New builds a route-emitter reading the BBS through bbs; Run starts it.
+func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("route-emitter config: %w", err)
+	}
+	if bbs == nil {
+		return nil, errors.New("route-emitter: a BBS client is required")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	hub := api.NewHub(api.HubOptions{History: cfg.WatchHistory, Queue: cfg.WatchQueue})
+	sy, err := syncer.New(syncer.Config{
+		BBS:          bbs,
+		Table:        table.New(logger.Named("table")),
+		Publisher:    hub,
+		Logger:       logger.Named("syncer"),
+		SyncInterval: time.Duration(cfg.SyncInterval),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("route-emitter: %w", err)
+	}
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("route-emitter: %w", err)
+	}
+	routeemitterv1.RegisterRouteEmitterServiceServer(server.GRPC, api.New(hub))
+	logger.Info("route-emitter table", "table_id", hub.TableID())
+	return &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}, nil
+}
+
+// Run follows the BBS and serves the table until ctx ends; ready is called once the API is
+// serving. Until the first sync RoutingTable answers Unavailable and WatchRoutes waits.
+func (s *Service) Run(ctx context.Context, ready func()) error {
+	return lifecycle.Run(ctx, s.log,
+		lifecycle.Member{Name: "syncer", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			r()
+			return s.syncer.Run(ctx)
+		})},
+		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			// End the watch streams first so the graceful stop does not wait for them.
+			stop := context.AfterFunc(ctx, s.hub.Close)
+			defer stop()
+			return s.server.Run(ctx, func() {
+				r()
+				ready()
+			})
+		})},
+	)
+}
+
+// Addr is the API's bound address once Run has called ready.
+func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// Synced is closed once the table reflects a first full listing of the BBS; until then
+// RoutingTable answers Unavailable and WatchRoutes waits.
+func (s *Service) Synced() <-chan struct{} { return s.hub.Synced() }
+
+// TableID is this process's table id; it changes at every start.
+func (s *Service) TableID() string { return s.hub.TableID() }
+
+// Stats counts the syncer's listings, subscriptions, compaction re-lists and failures, and
+// the BBS revision the table reflects.
+type Stats = syncer.Stats
+
+// Stats reports the syncer's counters.
+func (s *Service) Stats() Stats { return s.syncer.Stats() }
