@@ -1,0 +1,70 @@
+// Command router runs Gavel's router: the HTTP(S)/TCP/UDP data plane fed by the route-emitter.
+//
+//	router -config router.json
+//	router -http :8080 -https :8443 -https-cert router.crt -https-key router.key \
+//	    -routeemitter-address route-emitter:8893 -routeemitter-cert router-client.crt \
+//	    -routeemitter-key router-client.key -routeemitter-ca ca.crt
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/router"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "router:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg := router.Default()
+	fs := flag.NewFlagSet("router", flag.ContinueOnError)
+	fs.String("config", "", "JSON config file (see services/router/README.md); flags override it")
+	fs.StringVar(&cfg.HTTPAddress, "http", cfg.HTTPAddress, "plain HTTP listen address")
+	fs.StringVar(&cfg.HTTPSAddress, "https", cfg.HTTPSAddress, "TLS listen address (empty: none; tls_only routes unreachable)")
+	fs.StringVar(&cfg.HTTPSCertFile, "https-cert", cfg.HTTPSCertFile, "TLS listener certificate (PEM)")
+	fs.StringVar(&cfg.HTTPSKeyFile, "https-key", cfg.HTTPSKeyFile, "TLS listener key (PEM)")
+	fs.IntVar(&cfg.HTTPSRedirectPort, "https-redirect-port", cfg.HTTPSRedirectPort, "port in https redirects (0: the TLS listener's)")
+	fs.StringVar(&cfg.AdminAddress, "admin", cfg.AdminAddress, "admin listen address for /healthz and /metrics (empty: none)")
+	fs.StringVar(&cfg.RouteEmitterAddress, "routeemitter-address", cfg.RouteEmitterAddress, "route-emitter gRPC address")
+	fs.StringVar(&cfg.RouteEmitterTLS.CertFile, "routeemitter-cert", "", "client certificate for the route-emitter (PEM)")
+	fs.StringVar(&cfg.RouteEmitterTLS.KeyFile, "routeemitter-key", "", "client key for the route-emitter (PEM)")
+	fs.StringVar(&cfg.RouteEmitterTLS.CAFile, "routeemitter-ca", "", "CA of the route-emitter's certificate (PEM)")
+	fs.BoolVar(&cfg.RouteEmitterTLS.Insecure, "routeemitter-insecure", false, "talk plaintext to the route-emitter (development only)")
+	fs.StringVar(&cfg.TCPBindAddress, "tcp-bind", cfg.TCPBindAddress, "IP that TCP/UDP incoming ports are opened on")
+	fs.Var(&cfg.BackendDialTimeout, "backend-dial-timeout", "backend connect timeout (e.g. 5s)")
+	fs.Var(&cfg.BackendResponseTimeout, "backend-response-timeout", "wait for backend response headers (e.g. 60s; 0: none)")
+	fs.Var(&cfg.UDPSessionIdleTimeout, "udp-session-idle-timeout", "idle time that ends a UDP session (e.g. 30s)")
+	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
+	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	logger := logging.New("router", cfg.Log)
+	conn, err := router.DialRouteEmitter(cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	r, err := router.New(cfg, logger, routeemitterv1.NewRouteEmitterServiceClient(conn))
+	if err != nil {
+		return err
+	}
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "router", Runner: lifecycle.RunFunc(r.Run)})
+}

@@ -1,0 +1,200 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+)
+
+// Config is the router's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// HTTPAddress is where plain HTTP requests are served (":8080"-style host:port).
+	HTTPAddress string `json:"http_address"`
+	// HTTPSAddress is where the TLS listener serves every HTTP route, including tls_only (ssl)
+	// routes. Empty disables it: tls_only routes are then unreachable, and plain requests to
+	// them still get the redirect to https. Requires https_cert_file and https_key_file.
+	HTTPSAddress string `json:"https_address"`
+	// HTTPSCertFile is the PEM certificate (chain) the TLS listener presents.
+	HTTPSCertFile string `json:"https_cert_file"`
+	// HTTPSKeyFile is the PEM private key of HTTPSCertFile.
+	HTTPSKeyFile string `json:"https_key_file"`
+	// HTTPSRedirectPort is the port written into redirects of tls_only routes requested over
+	// plain HTTP (e.g. a load balancer's 443 in front of the router). Zero means the TLS
+	// listener's bound port, or 443 without a TLS listener; 443 is left out of the URL.
+	HTTPSRedirectPort int `json:"https_redirect_port"`
+	// AdminAddress serves /healthz (200 once the first routing table is loaded, 503 before)
+	// and /metrics (Prometheus). Empty disables it.
+	AdminAddress string `json:"admin_address"`
+	// RouteEmitterAddress is the route-emitter's gRPC address (host:port).
+	RouteEmitterAddress string `json:"routeemitter_address"`
+	// RouteEmitterTLS is the client certificate, key and CA for the route-emitter; or insecure
+	// for plaintext.
+	RouteEmitterTLS tlsx.Config `json:"routeemitter_tls"`
+	// TCPBindAddress is the IP that TCP and UDP incoming ports are opened on.
+	TCPBindAddress string `json:"tcp_bind_address"`
+	// BackendDialTimeout bounds connecting to a backend (HTTP and TCP); a dial that fails or
+	// times out is retried once on the route's next endpoint.
+	BackendDialTimeout Duration `json:"backend_dial_timeout"`
+	// BackendResponseTimeout bounds the wait for a backend's response headers once the request
+	// is written; zero means no limit. A timeout is answered 502.
+	BackendResponseTimeout Duration `json:"backend_response_timeout"`
+	// BackendMaxIdleConnsPerHost is how many idle keep-alive connections are kept per backend.
+	BackendMaxIdleConnsPerHost int `json:"backend_max_idle_conns_per_host"`
+	// BackendIdleConnTimeout closes idle backend keep-alive connections after this long.
+	BackendIdleConnTimeout Duration `json:"backend_idle_conn_timeout"`
+	// ClientIdleTimeout closes idle client keep-alive connections after this long.
+	ClientIdleTimeout Duration `json:"client_idle_timeout"`
+	// ClientReadHeaderTimeout bounds reading a client request's headers.
+	ClientReadHeaderTimeout Duration `json:"client_read_header_timeout"`
+	// UDPSessionIdleTimeout ends a UDP client's session (and frees its backend socket) after
+	// this long without a datagram in either direction.
+	UDPSessionIdleTimeout Duration `json:"udp_session_idle_timeout"`
+	// UDPMaxSessions bounds the UDP sessions per incoming port; datagrams from further new
+	// clients are dropped until sessions expire. Each session holds a 64 KiB receive buffer.
+	UDPMaxSessions int `json:"udp_max_sessions"`
+	// ReconnectMinBackoff is the first wait before re-watching the route-emitter after the
+	// stream fails; it doubles per consecutive failure up to ReconnectMaxBackoff.
+	ReconnectMinBackoff Duration `json:"reconnect_min_backoff"`
+	// ReconnectMaxBackoff caps the wait between route-emitter reconnection attempts.
+	ReconnectMaxBackoff Duration `json:"reconnect_max_backoff"`
+	// ShutdownTimeout bounds the graceful drain of in-flight HTTP requests on stop.
+	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+}
+
+// Duration is a time.Duration written as a string ("10s") in config files.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String implements flag.Value.
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+// Set implements flag.Value: it parses a time.ParseDuration string.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Default is the router's configuration before the file and flags; routeemitter_address and a
+// routeemitter_tls choice must still be set.
+func Default() Config {
+	return Config{
+		HTTPAddress:                ":8080",
+		AdminAddress:               ":8081",
+		TCPBindAddress:             "0.0.0.0",
+		BackendDialTimeout:         Duration(5 * time.Second),
+		BackendResponseTimeout:     Duration(60 * time.Second),
+		BackendMaxIdleConnsPerHost: 100,
+		BackendIdleConnTimeout:     Duration(90 * time.Second),
+		ClientIdleTimeout:          Duration(90 * time.Second),
+		ClientReadHeaderTimeout:    Duration(30 * time.Second),
+		UDPSessionIdleTimeout:      Duration(30 * time.Second),
+		UDPMaxSessions:             1024,
+		ReconnectMinBackoff:        Duration(200 * time.Millisecond),
+		ReconnectMaxBackoff:        Duration(10 * time.Second),
+		ShutdownTimeout:            Duration(10 * time.Second),
+		Log:                        logging.Config{Level: "info", Format: "text"},
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate reports every problem that would stop the router from starting.
+func (c Config) Validate() error {
+	var errs []error
+	checkAddr := func(name, addr string, required bool) {
+		if addr == "" {
+			if required {
+				errs = append(errs, fmt.Errorf("%s is required", name))
+			}
+			return
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", name, addr, err))
+		}
+	}
+	checkAddr("http_address", c.HTTPAddress, true)
+	checkAddr("https_address", c.HTTPSAddress, false)
+	checkAddr("admin_address", c.AdminAddress, false)
+	checkAddr("routeemitter_address", c.RouteEmitterAddress, true)
+	if c.HTTPSAddress != "" || c.HTTPSCertFile != "" || c.HTTPSKeyFile != "" {
+		if c.HTTPSAddress == "" || c.HTTPSCertFile == "" || c.HTTPSKeyFile == "" {
+			errs = append(errs, errors.New("https_address, https_cert_file and https_key_file must be set together"))
+		}
+	}
+	if c.HTTPSRedirectPort < 0 || c.HTTPSRedirectPort > 65535 {
+		errs = append(errs, fmt.Errorf("https_redirect_port %d is out of range", c.HTTPSRedirectPort))
+	}
+	if err := c.RouteEmitterTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("routeemitter_tls: %w", err))
+	}
+	if net.ParseIP(c.TCPBindAddress) == nil {
+		errs = append(errs, fmt.Errorf("tcp_bind_address %q must be an IP address", c.TCPBindAddress))
+	}
+	positive := func(name string, d Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, time.Duration(d)))
+		}
+	}
+	positive("backend_dial_timeout", c.BackendDialTimeout)
+	positive("backend_idle_conn_timeout", c.BackendIdleConnTimeout)
+	positive("client_idle_timeout", c.ClientIdleTimeout)
+	positive("client_read_header_timeout", c.ClientReadHeaderTimeout)
+	positive("udp_session_idle_timeout", c.UDPSessionIdleTimeout)
+	positive("reconnect_min_backoff", c.ReconnectMinBackoff)
+	positive("reconnect_max_backoff", c.ReconnectMaxBackoff)
+	positive("shutdown_timeout", c.ShutdownTimeout)
+	if c.BackendResponseTimeout < 0 {
+		errs = append(errs, errors.New("backend_response_timeout must not be negative"))
+	}
+	if c.ReconnectMaxBackoff < c.ReconnectMinBackoff {
+		errs = append(errs, errors.New("reconnect_max_backoff must not be below reconnect_min_backoff"))
+	}
+	if c.BackendMaxIdleConnsPerHost <= 0 {
+		errs = append(errs, fmt.Errorf("backend_max_idle_conns_per_host must be positive, got %d", c.BackendMaxIdleConnsPerHost))
+	}
+	if c.UDPMaxSessions <= 0 {
+		errs = append(errs, fmt.Errorf("udp_max_sessions must be positive, got %d", c.UDPMaxSessions))
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	return errors.Join(errs...)
+}
