@@ -3,9 +3,11 @@
 package config
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Parse parses args into fs. When the flag named fileFlag is set, load is called with its
@@ -58,5 +60,33 @@ func (l List) Set(s string) error {
 		}
 	}
 	*l.Values = out
+	return nil
+}
+
+// Duration is a time.Duration written as a string ("10s") in config files and flags.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
+	}
+	return d.Set(s)
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String implements flag.Value.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
 	return nil
 }

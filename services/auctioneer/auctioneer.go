@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"os"
 	"sync"
@@ -87,38 +88,8 @@ type Config struct {
 	Log logging.Config `json:"log"`
 }
 
-// Duration is a time.Duration written as a string ("50ms") in config files.
-type Duration time.Duration
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string like \"50ms\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("parse duration: %w", err)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalJSON implements json.Marshaler.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-// String formats d like time.Duration.
-func (d Duration) String() string { return time.Duration(d).String() }
-
-// Set parses a flag value ("50ms"); with String it makes *Duration a flag.Value.
-func (d *Duration) Set(s string) error {
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("parse duration: %w", err)
-	}
-	*d = Duration(v)
-	return nil
-}
+// Duration is a time.Duration written as a string ("10s") in config files and flags.
+type Duration = config.Duration
 
 // Default is the configuration of an auctioneer next to a local BBS and etcd.
 func Default() Config {

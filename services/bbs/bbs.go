@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"os"
 	"time"
@@ -60,25 +61,8 @@ type Config struct {
 	CallbackWorkers int `json:"callback_workers"`
 }
 
-// Duration is a time.Duration written as a string ("10s") in config files.
-type Duration time.Duration
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalJSON implements json.Marshaler.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+// Duration is a time.Duration written as a string ("10s") in config files and flags.
+type Duration = config.Duration
 
 // Default is the configuration of a BBS next to a local etcd.
 func Default() Config {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"os"
 	"path/filepath"
@@ -138,38 +139,8 @@ type SimConfig struct {
 	CrashRate float64 `json:"crash_rate"`
 }
 
-// Duration is a time.Duration written as a string ("10s") in config files.
-type Duration time.Duration
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalJSON implements json.Marshaler.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-// String implements flag.Value.
-func (d *Duration) String() string { return time.Duration(*d).String() }
-
-// Set implements flag.Value.
-func (d *Duration) Set(s string) error {
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
+// Duration is a time.Duration written as a string ("10s") in config files and flags.
+type Duration = config.Duration
 
 // Default is the configuration of a process-backend rep next to a local BBS and etcd.
 func Default() Config {
