@@ -32,7 +32,16 @@ var (
 	buildErr  error
 )
 
-// binary builds the project's commands once per test run and returns the path of one.
+// TestMain removes the built binaries after the run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binary builds the project's binaries once per test run and returns the path of one.
 func binary(t *testing.T, name string) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -40,7 +49,18 @@ func binary(t *testing.T, name string) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "../../cmd/...", "../../services/bbs/cmd/...")
+		// Every binary: the CLI, each service's commands and the examples. The go tool does
+		// not expand wildcards in directory names, so the services are globbed here.
+		pkgs := []string{"../../cmd/...", "../../examples/..."}
+		services, err := filepath.Glob("../../services/*/cmd")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		for _, dir := range services {
+			pkgs = append(pkgs, dir+"/...")
+		}
+		cmd := exec.Command("go", append([]string{"build", "-o", binDir + "/"}, pkgs...)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)

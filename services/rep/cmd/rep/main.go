@@ -71,6 +71,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.PortRange, "port-range", cfg.PortRange, "host port range, start-end")
 	fs.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "directory for containers and the rootfs cache")
 	fs.StringVar(&cfg.RunAsUser, "run-as-user", cfg.RunAsUser, "unprivileged user processes drop to")
+	fs.BoolVar(&cfg.ChrootPreloaded, "chroot-preloaded", cfg.ChrootPreloaded, "run processes of preloaded rootfses chrooted into their directory")
+	fs.BoolVar(&cfg.InsecureRegistries, "insecure-registries", cfg.InsecureRegistries, "let the docker rootfs provider talk plain HTTP to registries (development only)")
 	fs.Var(config.List{Values: &cfg.Hooks.OnCreate}, "on-create-hooks", "comma-separated executables run before a container starts (spec JSON on stdin)")
 	fs.Var(config.List{Values: &cfg.Hooks.OnDestroy}, "on-destroy-hooks", "comma-separated executables run after a container stopped (spec JSON on stdin)")
 	fs.Var(&cfg.Sim.StartLatency, "sim-start-latency", "sim backend: time to become healthy")
