@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,13 +25,17 @@ import (
 // sampleRoutes routes hello.gavel.local to port 8080 and 0.hello.gavel.local etc. to each index.
 const sampleRoutes = `[{"port": 8080, "routes": ["hello.gavel.local"], "route_to_instances": true}]`
 
-// runDev runs the embedded default: etcd, the BBS, the auctioneer and three process-backed
-// cells in one process, and desires the sample app.
+// runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
+// the route-emitter and the router in one process, and desires the sample app.
 func runDev(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	dir := fs.String("dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
 	bbsAddr := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
 	auctioneerAddr := fs.String("auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
+	emitterAddr := fs.String("routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
+	routerHTTP := fs.String("router-http", "127.0.0.1:8080", "router HTTP address")
+	routerHTTPS := fs.String("router-https", "127.0.0.1:8443", "router HTTPS address")
+	routerAdmin := fs.String("router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
 	sample := fs.String("sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
 	level := fs.String("log-level", "warn", "trace|debug|info|warn|error")
 	keep := fs.Bool("keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
@@ -91,17 +96,24 @@ func runDev(args []string, out io.Writer) error {
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
 	cluster := devcluster.New(devcluster.Config{
-		Dir:               abs,
-		BBSAddress:        *bbsAddr,
-		AuctioneerAddress: *auctioneerAddr,
-		Cells:             specs,
-		Logger:            logger,
+		Dir:                 abs,
+		BBSAddress:          *bbsAddr,
+		AuctioneerAddress:   *auctioneerAddr,
+		Cells:               specs,
+		Routing:             true,
+		RouteEmitterAddress: *emitterAddr,
+		RouterHTTPAddress:   *routerHTTP,
+		RouterHTTPSAddress:  *routerHTTPS,
+		RouterAdminAddress:  *routerAdmin,
+		Logger:              logger,
 	})
 	return lifecycle.Run(ctx, logger,
 		lifecycle.Member{Name: "cluster", Runner: cluster},
 		lifecycle.Member{Name: "sample", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			fmt.Fprintf(out, "\nGavel dev cluster is up (state in %s).\n", abs)
 			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
+			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
+				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
 			for _, c := range cells {
 				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded cflinuxfs4%s\n", c.id, c.zone, c.tags, map[bool]string{true: ", docker images", false: ""}[c.providers != ""])
 			}
@@ -109,6 +121,11 @@ func runDev(args []string, out io.Writer) error {
 				if err := desireSample(ctx, cluster.BBS, samplePath, out); err != nil {
 					return err
 				}
+				if err := awaitRoute(ctx, cluster.Router.HTTPAddr().String(), "hello.gavel.local"); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "\nThrough the router:\n  curl -H 'Host: hello.gavel.local' http://%s/      (round-robin)\n  curl -H 'Host: 0.hello.gavel.local' http://%s/    (index 0 only)\n",
+					cluster.Router.HTTPAddr(), cluster.Router.HTTPAddr())
 			}
 			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\nStop with Ctrl-C.\n")
 			ready()
@@ -163,6 +180,32 @@ func desireSample(ctx context.Context, bbs bbsv1.BBSServiceClient, path string, 
 		case <-ctx.Done():
 			return nil
 		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// awaitRoute waits (bounded) until the router answers 200 for host.
+func awaitRoute(ctx context.Context, routerAddr, host string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+routerAddr+"/", nil)
+		if err != nil {
+			return err
+		}
+		req.Host = host
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the router did not route %s within 20s", host)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

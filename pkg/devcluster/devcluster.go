@@ -16,12 +16,15 @@ import (
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
+	"github.com/gavel-sched/gavel/services/routeemitter"
+	"github.com/gavel-sched/gavel/services/router"
 )
 
 // Cell describes one rep of the cluster.
@@ -42,6 +45,13 @@ type Config struct {
 	Cells []Cell
 	// Logger receives every component's logs.
 	Logger hclog.Logger
+	// Routing runs the route-emitter and the router too.
+	Routing bool
+	// RouteEmitterAddress is the route-emitter's listen address ("127.0.0.1:0" picks a port).
+	RouteEmitterAddress string
+	// RouterHTTPAddress, RouterHTTPSAddress and RouterAdminAddress are the router's listeners;
+	// the HTTPS listener uses a development certificate written under Dir.
+	RouterHTTPAddress, RouterHTTPSAddress, RouterAdminAddress string
 	// RepBBSInterceptor, when set, intercepts every call the reps make to the BBS (benchmarks
 	// time them with it).
 	RepBBSInterceptor grpc.UnaryClientInterceptor
@@ -62,6 +72,12 @@ type Cluster struct {
 	BBS bbsv1.BBSServiceClient
 	// BBSAddress and AuctioneerAddress are where those services listen.
 	BBSAddress, AuctioneerAddress string
+	// RouteEmitterAddress is where the route-emitter listens (with Config.Routing).
+	RouteEmitterAddress string
+	// Router is the running router (with Config.Routing).
+	Router *router.Router
+	// RouterCA is the CA file of the router's HTTPS certificate (with Config.Routing).
+	RouterCA string
 	// Auctioneer is the running auctioneer.
 	Auctioneer *auctioneer.Service
 	// Reps are the running reps, in start order.
@@ -213,6 +229,13 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			return svc.Run(ctx, ready)
 		})})
 	}
+	if c.cfg.Routing {
+		routing, err := c.routingMembers(log, dial)
+		if err != nil {
+			return err
+		}
+		members = append(members, routing...)
+	}
 	members = append(members, lifecycle.Member{Name: "ready", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 		r()
 		ready()
@@ -228,4 +251,46 @@ func waitLeader(ctx context.Context, svc *auctioneer.Service) {
 	for !svc.IsLeader() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// routingMembers runs the route-emitter over the BBS and the router over the route-emitter.
+func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)) ([]lifecycle.Member, error) {
+	var err error
+	if c.RouteEmitterAddress, err = freeAddr(c.cfg.RouteEmitterAddress); err != nil {
+		return nil, fmt.Errorf("route-emitter address: %w", err)
+	}
+	pki, err := tlsx.GenerateDevPKI(filepath.Join(c.cfg.Dir, "pki"), "router")
+	if err != nil {
+		return nil, fmt.Errorf("router certificate: %w", err)
+	}
+	c.RouterCA = pki["router"].CAFile
+	return []lifecycle.Member{
+		{Name: "route-emitter", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cfg := routeemitter.Default()
+			cfg.ListenAddress, cfg.BBSAddress = c.RouteEmitterAddress, c.BBSAddress
+			cfg.TLS, cfg.BBSTLS = insecure, insecure
+			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), c.BBS)
+			if err != nil {
+				return err
+			}
+			return svc.Run(ctx, ready)
+		})},
+		{Name: "router", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			cfg := router.Default()
+			cfg.HTTPAddress, cfg.AdminAddress = c.cfg.RouterHTTPAddress, c.cfg.RouterAdminAddress
+			cfg.HTTPSAddress, cfg.HTTPSCertFile, cfg.HTTPSKeyFile = c.cfg.RouterHTTPSAddress, pki["router"].CertFile, pki["router"].KeyFile
+			cfg.RouteEmitterAddress, cfg.RouteEmitterTLS = c.RouteEmitterAddress, insecure
+			cfg.TCPBindAddress = "127.0.0.1"
+			conn, err := dial(c.RouteEmitterAddress)
+			if err != nil {
+				return err
+			}
+			r, err := router.New(cfg, log.Named("router"), routeemitterv1.NewRouteEmitterServiceClient(conn))
+			if err != nil {
+				return err
+			}
+			c.Router = r
+			return r.Run(ctx, ready)
+		})},
+	}, nil
 }
