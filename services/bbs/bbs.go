@@ -8,24 +8,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/internal/api"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
+	"github.com/gavel-sched/gavel/services/bbs/internal/converge"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/peers"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -59,6 +64,19 @@ type Config struct {
 	EventRing int `json:"event_ring"`
 	// CallbackWorkers is how many task completion callbacks are delivered at once.
 	CallbackWorkers int `json:"callback_workers"`
+	// ConvergenceInterval is the time between convergence passes of the leader (which also
+	// converges at once when a cell's presence disappears).
+	ConvergenceInterval Duration `json:"convergence_interval"`
+	// UnclaimedTimeout is how long an instance may stay UNCLAIMED before convergence auctions
+	// it again; PENDING tasks and completed tasks' callbacks are retried after the same time.
+	UnclaimedTimeout Duration `json:"unclaimed_timeout"`
+	// PendingTaskTimeout fails a task that has not started this long after it was desired.
+	PendingTaskTimeout Duration `json:"pending_task_timeout"`
+	// CompletedTaskTimeout deletes a completed task that was not resolved this long after it
+	// completed (after its callback retries).
+	CompletedTaskTimeout Duration `json:"completed_task_timeout"`
+	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
+	MetricsAddress string `json:"metrics_address"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -75,6 +93,11 @@ func Default() Config {
 		BookmarkInterval:  Duration(10 * time.Second),
 		EventRing:         100_000,
 		CallbackWorkers:   8,
+
+		ConvergenceInterval:  Duration(converge.DefaultInterval),
+		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
+		PendingTaskTimeout:   Duration(converge.DefaultPendingTaskTimeout),
+		CompletedTaskTimeout: Duration(converge.DefaultCompletedTaskTimeout),
 	}
 }
 
@@ -123,6 +146,19 @@ func (c Config) Validate() error {
 	if c.CallbackWorkers <= 0 {
 		errs = append(errs, errors.New("callback_workers must be positive"))
 	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{
+		{"convergence_interval", c.ConvergenceInterval},
+		{"unclaimed_timeout", c.UnclaimedTimeout},
+		{"pending_task_timeout", c.PendingTaskTimeout},
+		{"completed_task_timeout", c.CompletedTaskTimeout},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -135,16 +171,44 @@ type Service struct {
 	callbacks *callback.Worker
 	server    *grpcx.Server
 
-	reps           *peers.Reps
-	auctioneer     *peers.Auctioneer // nil without an auctioneer address
-	auctioneerConn *grpc.ClientConn
+	reps       *peers.Reps
+	auctioneer *peers.Auctioneer // nil without an auctioneer address
+
+	converger      *converge.Converger
+	manualConverge bool
+	registry       *prometheus.Registry
+	metrics        *metrics.Server // nil without a metrics address
+	etcd           *clientv3.Client
+	election       atomic.Pointer[etcdx.Election]
 }
 
+// Option adjusts a BBS beyond its Config (tests and embedding).
+type Option func(*options)
+
+type options struct {
+	now    func() time.Time
+	manual bool
+}
+
+// WithClock makes the BBS read time from now (lifecycle timestamps, crash backoff and
+// convergence deadlines); tests use it to move time without sleeping.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithManualConvergence runs no convergence loop and campaigns for no leadership: the caller
+// drives convergence through Converger().Converge (tests).
+func WithManualConvergence() Option { return func(o *options) { o.manual = true } }
+
 // New builds a BBS over an etcd client; Run starts it.
-func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, error) {
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bbs config: %w", err)
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	registry := metrics.NewRegistry()
+	convergeMetrics := converge.NewMetrics(registry)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing})
@@ -158,16 +222,16 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, erro
 		Logger:            logger.Named("core"),
 		Callbacks:         callbacks,
 		Cells:             reps,
+		Now:               o.now,
+		Auctions:          convergeMetrics,
 	}
 	var auctioneer *peers.Auctioneer
-	var auctioneerConn *grpc.ClientConn
 	if cfg.AuctioneerAddress != "" {
-		conn, err := grpcx.Dial(cfg.AuctioneerAddress, clientCfg)
+		a, err := peers.DialAuctioneers([]string{cfg.AuctioneerAddress}, clientCfg, 10*time.Millisecond, logger.Named("auctioneer-client"))
 		if err != nil {
 			return nil, fmt.Errorf("auctioneer client: %w", err)
 		}
-		auctioneerConn = conn
-		auctioneer = peers.NewAuctioneer(conn, 10*time.Millisecond, logger.Named("auctioneer-client"))
+		auctioneer = a
 		coreCfg.Auctioneer = auctioneer
 	}
 	c := core.New(st, coreCfg)
@@ -182,8 +246,21 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client) (*Service, erro
 		return nil, err
 	}
 	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
-	return &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
-		reps: reps, auctioneer: auctioneer, auctioneerConn: auctioneerConn}, nil
+	conv := converge.New(c, converge.Config{
+		Interval:             time.Duration(cfg.ConvergenceInterval),
+		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),
+		PendingTaskTimeout:   time.Duration(cfg.PendingTaskTimeout),
+		CompletedTaskTimeout: time.Duration(cfg.CompletedTaskTimeout),
+		Logger:               logger.Named("converge"),
+		Metrics:              convergeMetrics,
+	})
+	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
+		reps: reps, auctioneer: auctioneer,
+		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
+	if cfg.MetricsAddress != "" {
+		svc.metrics = metrics.NewServer(cfg.MetricsAddress, registry)
+	}
+	return svc, nil
 }
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
@@ -195,8 +272,14 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
 	}
 	if s.auctioneer != nil {
-		defer s.auctioneerConn.Close()
+		defer s.auctioneer.Close()
 		members = append(members, lifecycle.Member{Name: "auctioneer-client", Runner: lifecycle.RunFunc(s.auctioneer.Run)})
+	}
+	if s.metrics != nil {
+		members = append(members, lifecycle.Member{Name: "metrics", Runner: s.metrics})
+	}
+	if !s.manualConverge {
+		members = append(members, lifecycle.Member{Name: "converger", Runner: lifecycle.RunFunc(s.runConvergence)})
 	}
 	members = append(members, lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 		return s.server.Run(ctx, func() {
@@ -205,6 +288,46 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		})
 	})})
 	return lifecycle.Run(ctx, s.log, members...)
+}
+
+// runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
+// converges on the timer and whenever a cell disappears. Every instance serves the API either
+// way.
+func (s *Service) runConvergence(ctx context.Context, ready func()) error {
+	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s/%s/%s", host, s.cfg.ListenAddress, uuid.NewString())
+	e, err := etcdx.NewElection(s.etcd, LeaderService, id, 0, s.log.Named("election"))
+	if err != nil {
+		return err
+	}
+	s.election.Store(e)
+	ready()
+	return e.Run(ctx, func(ctx context.Context) error {
+		return s.converger.Run(ctx, s.store.CellGone())
+	})
+}
+
+// LeaderService is the election the BBS instances campaign in (key /gavel/v1/lock/bbs); the
+// leader runs convergence.
+const LeaderService = "bbs"
+
+// IsLeader reports whether this instance leads (and so runs convergence).
+func (s *Service) IsLeader() bool {
+	e := s.election.Load()
+	return e != nil && e.IsLeader()
+}
+
+// Converger is the BBS's convergence, for tests and tools inside services/bbs to run a pass
+// directly (see WithManualConvergence).
+func (s *Service) Converger() *converge.Converger { return s.converger }
+
+// MetricsAddr is the metrics listener's bound address once Run has called ready (nil when
+// metrics are off).
+func (s *Service) MetricsAddr() net.Addr {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics.Addr()
 }
 
 // Addr is the API's bound address once Run has called ready.

@@ -46,6 +46,10 @@ func TestConfigValidate(t *testing.T) {
 		{"max instances", func(c *Config) { c.MaxInstances = 0 }, "max_instances"},
 		{"bad log level", func(c *Config) { c.Log.Level = "loud" }, "log:"},
 		{"bookmark", func(c *Config) { c.BookmarkInterval = 0 }, "bookmark_interval"},
+		{"convergence interval", func(c *Config) { c.ConvergenceInterval = 0 }, "convergence_interval"},
+		{"unclaimed timeout", func(c *Config) { c.UnclaimedTimeout = -1 }, "unclaimed_timeout"},
+		{"pending task timeout", func(c *Config) { c.PendingTaskTimeout = 0 }, "pending_task_timeout"},
+		{"completed task timeout", func(c *Config) { c.CompletedTaskTimeout = 0 }, "completed_task_timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

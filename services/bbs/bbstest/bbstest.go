@@ -32,15 +32,33 @@ type Env struct {
 }
 
 // Start runs a BBS over a fresh embedded etcd for the duration of the test. configure, when
-// given, adjusts the configuration first.
+// given, adjusts the configuration first. The BBS runs no convergence loop (instances claimed
+// on unregistered cells would otherwise be unclaimed by it); tests drive convergence through
+// Service.Converger, or use StartWith without bbs.WithManualConvergence for the leader loop.
 func Start(t testing.TB, configure ...func(*bbs.Config)) *Env {
 	t.Helper()
 	_, cli := etcdtest.Start(t)
 	return StartOn(t, cli, configure...)
 }
 
-// StartOn runs a BBS over an existing etcd client (several BBS instances may share one etcd).
+// StartWith runs a BBS over a fresh embedded etcd with exactly the given service options (e.g.
+// bbs.WithClock, bbs.WithManualConvergence); without WithManualConvergence it campaigns for
+// leadership and converges like a deployed BBS.
+func StartWith(t testing.TB, opts []bbs.Option, configure ...func(*bbs.Config)) *Env {
+	t.Helper()
+	_, cli := etcdtest.Start(t)
+	return StartOnWith(t, cli, opts, configure...)
+}
+
+// StartOn runs a BBS over an existing etcd client (several BBS instances may share one etcd),
+// without a convergence loop, as Start.
 func StartOn(t testing.TB, cli *clientv3.Client, configure ...func(*bbs.Config)) *Env {
+	t.Helper()
+	return StartOnWith(t, cli, []bbs.Option{bbs.WithManualConvergence()}, configure...)
+}
+
+// StartOnWith is StartOn with exactly the given service options (see StartWith).
+func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configure ...func(*bbs.Config)) *Env {
 	t.Helper()
 	cfg := bbs.Default()
 	cfg.ListenAddress = "127.0.0.1:0"
@@ -51,7 +69,7 @@ func StartOn(t testing.TB, cli *clientv3.Client, configure ...func(*bbs.Config))
 		f(&cfg)
 	}
 	logger := logging.NewTest(t)
-	svc, err := bbs.New(cfg, logger, cli)
+	svc, err := bbs.New(cfg, logger, cli, opts...)
 	if err != nil {
 		t.Fatalf("new bbs: %v", err)
 	}

@@ -39,7 +39,12 @@ func run(args []string) error {
 	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "etcd client key (PEM)")
 	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-ca", "", "etcd CA (PEM)")
 	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
-	fs.StringVar(&cfg.AuctioneerAddress, "auctioneer-address", "", "auctioneer gRPC address for placing new work")
+	fs.StringVar(&cfg.AuctioneerAddress, "auctioneer-address", "", "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
+	fs.Var(&cfg.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
+	fs.Var(&cfg.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
+	fs.Var(&cfg.PendingTaskTimeout, "pending-task-timeout", "fail tasks not started within this long")
+	fs.Var(&cfg.CompletedTaskTimeout, "completed-task-timeout", "delete completed tasks not resolved within this long")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {

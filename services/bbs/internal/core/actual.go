@@ -15,6 +15,7 @@ import (
 const (
 	ordinary   = modelsv1.ActualLRP_PRESENCE_ORDINARY
 	evacuating = modelsv1.ActualLRP_PRESENCE_EVACUATING
+	suspect    = modelsv1.ActualLRP_PRESENCE_SUSPECT
 	unclaimed  = modelsv1.ActualLRP_STATE_UNCLAIMED
 	claimed    = modelsv1.ActualLRP_STATE_CLAIMED
 	running    = modelsv1.ActualLRP_STATE_RUNNING
@@ -131,6 +132,14 @@ func (c *Core) StartActualLRP(ctx context.Context, guid string, index int32, ik 
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
 		out = next
+		// A running replacement ends the suspect copy of the slot (in the same transaction).
+		sus, err := t.ActualLRP(guid, index, suspect)
+		if err != nil {
+			return err
+		}
+		if sus != nil {
+			deleteActual(t, sus)
+		}
 		return putActual(t, next)
 	})
 	if err != nil {
@@ -238,6 +247,21 @@ func (c *Core) removeRecord(ctx context.Context, guid string, index int32, p mod
 	return nil
 }
 
+// retire stages the retirement of an ordinary record: deleted when it holds no container (or
+// its cell is gone), else its container is stopped by the cell's rep once t commits.
+func (c *Core) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) error {
+	guid, index := a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()
+	if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil {
+		if c.cfg.Cells == nil {
+			return rpcerr.FailedPrecondition("%s runs on live cell %s and this BBS has no rep client to stop it", describe(guid, index), a.GetInstanceKey().GetCellId())
+		}
+		*stops = append(*stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: ordinary})
+		return nil
+	}
+	deleteActual(t, a)
+	return nil
+}
+
 // RetireActualLRP stops an instance: a record without a container (or on a vanished cell) is
 // deleted; a container on a live cell is stopped by its rep, which then removes the record.
 func (c *Core) RetireActualLRP(ctx context.Context, guid string, index int32) error {
@@ -248,15 +272,7 @@ func (c *Core) RetireActualLRP(ctx context.Context, guid string, index int32) er
 		if err != nil {
 			return err
 		}
-		if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil {
-			if c.cfg.Cells == nil {
-				return rpcerr.FailedPrecondition("%s runs on live cell %s and this BBS has no rep client to stop it", describe(guid, index), a.GetInstanceKey().GetCellId())
-			}
-			stops = append(stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: ordinary})
-			return nil
-		}
-		deleteActual(t, a)
-		return nil
+		return c.retire(t, a, &stops)
 	})
 	if err != nil {
 		return fmt.Errorf("retire %s: %w", describe(guid, index), err)

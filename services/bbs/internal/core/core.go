@@ -44,6 +44,13 @@ type CallbackQueue interface {
 	Enqueue(task *modelsv1.Task)
 }
 
+// AuctionObserver counts auction requests (metrics); kind is "lrp" or "task" and n the number
+// of instances or tasks in the request.
+type AuctionObserver interface {
+	AuctionRequested(kind string, n int)
+	AuctionFailed(kind string, n int)
+}
+
 // Config wires the core; zero values take defaults.
 type Config struct {
 	// Limits bound request sizes.
@@ -60,6 +67,8 @@ type Config struct {
 	Cells CellClient
 	// Callbacks delivers task completion callbacks; nil disables them.
 	Callbacks CallbackQueue
+	// Auctions observes auction requests; nil observes nothing.
+	Auctions AuctionObserver
 }
 
 // Core implements the BBS operations over a store.
@@ -88,6 +97,9 @@ func New(st *store.Store, cfg Config) *Core {
 
 // Store is the store the core writes to.
 func (c *Core) Store() *store.Store { return c.st }
+
+// Now is the core's clock.
+func (c *Core) Now() time.Time { return c.cfg.Now() }
 
 func (c *Core) now() *timestamppb.Timestamp { return timestamppb.New(c.cfg.Now()) }
 
@@ -138,15 +150,50 @@ func (c *Core) detach(what string, fn func(ctx context.Context) error) {
 }
 
 func (c *Core) auctionLRPs(starts []LRPStart) {
-	if c.cfg.Auctioneer == nil || len(starts) == 0 {
+	n := 0
+	kept := starts[:0:0]
+	for _, s := range starts {
+		if len(s.Indices) > 0 {
+			kept = append(kept, s)
+			n += len(s.Indices)
+		}
+	}
+	if c.cfg.Auctioneer == nil || n == 0 {
 		return
 	}
-	c.detach("lrp auction", func(ctx context.Context) error { return c.cfg.Auctioneer.RequestLRPAuctions(ctx, starts) })
+	c.observeAuction("lrp", n)
+	c.detach("lrp auction", func(ctx context.Context) error {
+		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(ctx, kept))
+	})
 }
 
 func (c *Core) auctionTasks(tasks []*modelsv1.Task) {
 	if c.cfg.Auctioneer == nil || len(tasks) == 0 {
 		return
 	}
-	c.detach("task auction", func(ctx context.Context) error { return c.cfg.Auctioneer.RequestTaskAuctions(ctx, tasks) })
+	c.observeAuction("task", len(tasks))
+	c.detach("task auction", func(ctx context.Context) error {
+		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(ctx, tasks))
+	})
 }
+
+func (c *Core) observeAuction(kind string, n int) {
+	if c.cfg.Auctions != nil {
+		c.cfg.Auctions.AuctionRequested(kind, n)
+	}
+}
+
+func (c *Core) auctionResult(kind string, n int, err error) error {
+	if err != nil && c.cfg.Auctions != nil {
+		c.cfg.Auctions.AuctionFailed(kind, n)
+	}
+	return err
+}
+
+// RequestLRPAuctions asks the auctioneer (when configured) to place the given instances, in the
+// background; a failure leaves them for the next convergence.
+func (c *Core) RequestLRPAuctions(starts []LRPStart) { c.auctionLRPs(starts) }
+
+// RequestTaskAuctions asks the auctioneer (when configured) to place the given PENDING tasks, in
+// the background; a failure leaves them for the next convergence.
+func (c *Core) RequestTaskAuctions(tasks []*modelsv1.Task) { c.auctionTasks(tasks) }

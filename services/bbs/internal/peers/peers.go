@@ -4,12 +4,15 @@ package peers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -20,10 +23,21 @@ import (
 
 // Auctioneer sends start requests to the auctioneer, coalescing the requests of a short window
 // into one RPC. It implements core.Auctioneer.
+//
+// Several auctioneers may run, only the elected leader places work; a standby answers
+// FailedPrecondition "not the leader". The client knows every auctioneer address and follows
+// the leader: each flush starts with the address that last accepted work and, when that one
+// refuses or cannot be reached, tries the others in turn. Work that no address accepts is
+// dropped with a warning; its instances stay UNCLAIMED (tasks PENDING) for convergence to
+// re-auction.
 type Auctioneer struct {
-	client auctioneerv1.AuctioneerServiceClient
-	log    hclog.Logger
-	window time.Duration
+	targets []auctioneerTarget
+	conns   []*grpc.ClientConn // dialled by DialAuctioneers; closed by Close
+	log     hclog.Logger
+	window  time.Duration
+	attempt time.Duration // bound of one call to one address
+
+	last int // index in targets of the address that last accepted work; used by Run only
 
 	mu      sync.Mutex
 	lrps    []*auctioneerv1.LRPStartRequest
@@ -31,16 +45,67 @@ type Auctioneer struct {
 	pending chan struct{}
 }
 
+// auctioneerTarget is one auctioneer instance.
+type auctioneerTarget struct {
+	address string
+	client  auctioneerv1.AuctioneerServiceClient
+}
+
 var _ core.Auctioneer = (*Auctioneer)(nil)
 
-// NewAuctioneer returns a client over conn that flushes requests every window.
+// attemptTimeout bounds one call to one auctioneer, so a hung instance does not hold the
+// others' turn for long.
+const attemptTimeout = 3 * time.Second
+
+// NewAuctioneer returns a client over conn (one auctioneer, or a connection that balances
+// itself) that flushes requests every window.
 func NewAuctioneer(conn grpc.ClientConnInterface, window time.Duration, logger hclog.Logger) *Auctioneer {
+	return newAuctioneer([]auctioneerTarget{{address: "auctioneer", client: auctioneerv1.NewAuctioneerServiceClient(conn)}}, window, logger)
+}
+
+// DialAuctioneers returns a client of every auctioneer in addresses (each entry may hold
+// several comma-separated addresses), dialled with cfg, that flushes requests every window
+// to the leader among them. Close closes the connections.
+func DialAuctioneers(addresses []string, cfg grpcx.ClientConfig, window time.Duration, logger hclog.Logger) (*Auctioneer, error) {
+	addrs := grpcx.SplitTargets(addresses...)
+	if len(addrs) == 0 {
+		return nil, errors.New("no auctioneer address")
+	}
+	var targets []auctioneerTarget
+	var conns []*grpc.ClientConn
+	for _, addr := range addrs {
+		conn, err := grpcx.Dial(addr, cfg)
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("dial auctioneer %s: %w", addr, err)
+		}
+		conns = append(conns, conn)
+		targets = append(targets, auctioneerTarget{address: addr, client: auctioneerv1.NewAuctioneerServiceClient(conn)})
+	}
+	a := newAuctioneer(targets, window, logger)
+	a.conns = conns
+	return a, nil
+}
+
+func newAuctioneer(targets []auctioneerTarget, window time.Duration, logger hclog.Logger) *Auctioneer {
 	return &Auctioneer{
-		client:  auctioneerv1.NewAuctioneerServiceClient(conn),
+		targets: targets,
 		log:     logger,
 		window:  window,
+		attempt: attemptTimeout,
 		pending: make(chan struct{}, 1),
 	}
+}
+
+// Close closes the connections DialAuctioneers made (none for NewAuctioneer).
+func (a *Auctioneer) Close() error {
+	var errs []error
+	for _, c := range a.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // RequestLRPAuctions queues instances for placement; they are sent within one window.
@@ -114,18 +179,55 @@ func (a *Auctioneer) Run(ctx context.Context, ready func()) error {
 }
 
 func (a *Auctioneer) flush(ctx context.Context, lrps []*auctioneerv1.LRPStartRequest, tasks []*auctioneerv1.TaskStartRequest) {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	if len(lrps) > 0 {
-		if _, err := a.client.RequestLRPAuctions(cctx, &auctioneerv1.RequestLRPAuctionsRequest{Starts: lrps}); err != nil {
-			a.log.Warn("auctioneer refused lrp starts; convergence will re-auction them", "starts", len(lrps), "error", err)
+		err := a.send(ctx, func(ctx context.Context, c auctioneerv1.AuctioneerServiceClient) error {
+			_, err := c.RequestLRPAuctions(ctx, &auctioneerv1.RequestLRPAuctionsRequest{Starts: lrps})
+			return err
+		})
+		if err != nil {
+			a.log.Warn("no auctioneer took the lrp starts; convergence will re-auction them", "starts", len(lrps), "error", err)
 		}
 	}
 	if len(tasks) > 0 {
-		if _, err := a.client.RequestTaskAuctions(cctx, &auctioneerv1.RequestTaskAuctionsRequest{Tasks: tasks}); err != nil {
-			a.log.Warn("auctioneer refused task starts; convergence will re-auction them", "tasks", len(tasks), "error", err)
+		err := a.send(ctx, func(ctx context.Context, c auctioneerv1.AuctioneerServiceClient) error {
+			_, err := c.RequestTaskAuctions(ctx, &auctioneerv1.RequestTaskAuctionsRequest{Tasks: tasks})
+			return err
+		})
+		if err != nil {
+			a.log.Warn("no auctioneer took the task starts; convergence will re-auction them", "tasks", len(tasks), "error", err)
 		}
 	}
+}
+
+// send calls each auctioneer in turn, starting with the one that last accepted work, until one
+// accepts; it remembers that one. A request the auctioneer finds invalid is not offered to
+// the others. It returns the errors of every address when none accepted.
+func (a *Auctioneer) send(ctx context.Context, call func(context.Context, auctioneerv1.AuctioneerServiceClient) error) error {
+	var errs []error
+	for i := range a.targets {
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
+		}
+		n := (a.last + i) % len(a.targets)
+		t := a.targets[n]
+		cctx, cancel := context.WithTimeout(ctx, a.attempt)
+		err := call(cctx, t.client)
+		cancel()
+		if err == nil {
+			if n != a.last {
+				a.log.Info("following the auctioneer leader", "address", t.address)
+			}
+			a.last = n
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", t.address, err))
+		if status.Code(err) == codes.InvalidArgument {
+			break
+		}
+		a.log.Debug("auctioneer did not take the work, trying the next", "address", t.address, "error", err)
+	}
+	return errors.Join(errs...)
 }
 
 // Reps reaches the rep of a cell at the address it registered. It implements core.CellClient.

@@ -57,6 +57,8 @@ type Store struct {
 	hub    *hub
 	synced chan struct{}
 	once   sync.Once
+	// cellGone holds one pending signal that some cell's presence disappeared.
+	cellGone chan struct{}
 
 	committer *committer
 }
@@ -71,6 +73,7 @@ func New(client *clientv3.Client, opts Options) *Store {
 		cache:     newCache(),
 		hub:       newHub(opts.EventRing),
 		synced:    make(chan struct{}),
+		cellGone:  make(chan struct{}, 1),
 		committer: newCommitter(client),
 	}
 }
@@ -80,6 +83,10 @@ func (s *Store) Client() *clientv3.Client { return s.client }
 
 // Cache is the store's record cache.
 func (s *Store) Cache() *Cache { return s.cache }
+
+// CellGone receives a signal (coalesced: at most one pending) whenever the watch sees a cell's
+// presence disappear. Convergence listens to it to react to cell loss at once.
+func (s *Store) CellGone() <-chan struct{} { return s.cellGone }
 
 // Synced is closed once the cache holds a full copy of the store.
 func (s *Store) Synced() <-chan struct{} { return s.synced }
@@ -206,6 +213,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 	s.cache.mu.Lock()
 	st := s.cache.st
 	changes := make([]change, 0, len(evs))
+	cellGone := false
 	for _, ev := range evs {
 		k, err := parseKey(string(ev.Kv.Key))
 		if err != nil || k.kind == kindUnknown {
@@ -225,6 +233,9 @@ func (s *Store) apply(evs []*clientv3.Event) {
 			c.after = msg
 		} else {
 			st.del(k)
+			if k.kind == kindCell {
+				cellGone = true
+			}
 		}
 		changes = append(changes, c)
 	}
@@ -235,6 +246,12 @@ func (s *Store) apply(evs []*clientv3.Event) {
 	s.cache.advanceLocked(rev)
 	s.cache.mu.Unlock()
 	s.hub.publish(rev, events)
+	if cellGone {
+		select {
+		case s.cellGone <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // advance moves the cache and ring to rev after a progress notification.

@@ -127,6 +127,25 @@ func (t *Txn) Task(guid string) (*modelsv1.Task, error) {
 	return m.(*modelsv1.Task), nil
 }
 
+// Cell reads a cell's presence (nil when the cell is not registered). A transaction that read
+// an absent cell commits only if the cell is still absent.
+func (t *Txn) Cell(id string) (*modelsv1.CellPresence, error) {
+	m, err := t.get(CellKey(id))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.CellPresence), nil
+}
+
+// Domain reads a fresh domain (nil when absent or expired).
+func (t *Txn) Domain(name string) (*modelsv1.Domain, error) {
+	m, err := t.get(DomainKey(name))
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m.(*modelsv1.Domain), nil
+}
+
 // Put writes msg under key when the transaction commits.
 func (t *Txn) Put(key string, msg proto.Message, opts ...clientv3.OpOption) error {
 	b, err := proto.Marshal(msg)

@@ -1,0 +1,83 @@
+// Package metrics is the shared Prometheus plumbing of Gavel's services: a registry of the
+// service's own (with the Go and process collectors) and an HTTP server that exposes it at
+// /metrics.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NewRegistry returns a registry holding the Go runtime and process collectors. Each service
+// instance gets its own, so several can run in one process (tests, `gavel dev`).
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Handler serves reg in the Prometheus text format.
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// Server serves a registry at /metrics over plain HTTP.
+type Server struct {
+	address string
+	reg     *prometheus.Registry
+
+	mu   sync.Mutex
+	addr net.Addr
+}
+
+// NewServer returns a server for reg on address (e.g. "127.0.0.1:9090"); Run starts it.
+func NewServer(address string, reg *prometheus.Registry) *Server {
+	return &Server{address: address, reg: reg}
+}
+
+// Run listens, calls ready, and serves until ctx ends; it then shuts the server down.
+func (s *Server) Run(ctx context.Context, ready func()) error {
+	ln, err := net.Listen("tcp", s.address)
+	if err != nil {
+		return fmt.Errorf("metrics listen %s: %w", s.address, err)
+	}
+	s.mu.Lock()
+	s.addr = ln.Addr()
+	s.mu.Unlock()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", Handler(s.reg))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	ready()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("metrics server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("metrics server shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+// Addr is the bound address once Run has called ready (nil before).
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}

@@ -1,0 +1,336 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
+)
+
+// Convergence changes. Each is one compare-and-swap transaction that re-checks, on the data it
+// reads, the condition the converger saw in the cache; when the condition no longer holds it
+// changes nothing and reports false.
+
+// Task failure reasons written by convergence.
+const (
+	// ReasonNotStarted fails a task that stayed PENDING past the pending timeout.
+	ReasonNotStarted = "not started within time limit"
+	// ReasonCellDisappeared fails a task RUNNING on a cell whose presence vanished.
+	ReasonCellDisappeared = "cell disappeared before completion"
+)
+
+// ConvergeMissingLRP creates UNCLAIMED instances for every desired index of guid without an
+// ordinary record and asks for them to be placed. It returns the indices created.
+func (c *Core) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, error) {
+	var sched *modelsv1.DesiredLRPSchedulingInfo
+	var created []int32
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		created = nil
+		var err error
+		if sched, err = t.SchedulingInfo(guid); err != nil || sched == nil {
+			return err
+		}
+		actuals, err := t.ActualLRPs(guid)
+		if err != nil {
+			return err
+		}
+		created, err = c.createMissing(t, sched, actuals)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("converge missing instances of %s: %w", guid, err)
+	}
+	c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: created}})
+	return created, nil
+}
+
+// ConvergeExtraLRP retires the ordinary instance guid/index when it is no longer desired (its
+// desired LRP is gone or its index is past the instance count) and its domain is fresh: a
+// record without a container is deleted, a container on a live cell is stopped by its rep.
+// It reports whether the instance was retired (or its stop requested).
+func (c *Core) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
+	var stops []stopRequest
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		stops, done = nil, false
+		a, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil || a == nil {
+			return err
+		}
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		if sched != nil && index < sched.GetInstances() {
+			return nil // desired again
+		}
+		dom, err := t.Domain(a.GetKey().GetDomain())
+		if err != nil || dom == nil {
+			return err // a stale domain keeps its instances
+		}
+		done = true
+		return c.retire(t, a, &stops)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge extra %s: %w", describe(guid, index), err)
+	}
+	c.stopInstances(stops)
+	return done, nil
+}
+
+// ConvergeCrashedLRP restarts a CRASHED instance whose restart delay has passed (and that has
+// crashed fewer than models.MaxCrashes times): it becomes UNCLAIMED, keeping its crash count,
+// and is sent for placement. It reports whether it was restarted.
+func (c *Core) ConvergeCrashedLRP(ctx context.Context, guid string, index int32) (bool, error) {
+	var next *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		next = nil
+		a, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil || a == nil {
+			return err
+		}
+		if !models.ShouldRestartCrashed(a, c.cfg.Now()) {
+			return nil
+		}
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil || sched == nil || index >= sched.GetInstances() {
+			return err // extra: left to ConvergeExtraLRP
+		}
+		next = c.changed(a, unclaimed)
+		return putActual(t, next)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge crashed %s: %w", describe(guid, index), err)
+	}
+	if next == nil {
+		return false, nil
+	}
+	c.restartIfUnclaimed(next)
+	return true, nil
+}
+
+// ConvergeSuspectLRP handles an ordinary instance held by ik (CLAIMED or RUNNING) whose cell
+// has no presence: a RUNNING one is kept as a SUSPECT copy (still routed) and the slot is
+// unclaimed for a replacement, in one transaction; a CLAIMED one is only unclaimed. The
+// replacement is sent for placement. It reports whether the instance was handled.
+func (c *Core) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+	var next *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		next = nil
+		a, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil || a == nil {
+			return err
+		}
+		if s := a.GetState(); (s != claimed && s != running) || !sameInstance(a.GetInstanceKey(), ik) {
+			return nil
+		}
+		if cell, err := t.Cell(ik.GetCellId()); err != nil || cell != nil {
+			return err // the cell is back
+		}
+		if a.GetState() == running {
+			sus := clone(a)
+			sus.Presence = suspect
+			sus.ModificationTag = bump(a.GetModificationTag())
+			if err := putActual(t, sus); err != nil {
+				return err
+			}
+		}
+		next = c.unclaim(a)
+		next.PlacementError = nil
+		return putActual(t, next)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge suspect %s: %w", describe(guid, index), err)
+	}
+	if next == nil {
+		return false, nil
+	}
+	c.restartIfUnclaimed(next)
+	return true, nil
+}
+
+// ConvergePromoteSuspectLRP promotes the SUSPECT copy of guid/index back to the ordinary
+// record when its cell is present again and the replacement is not running yet: the
+// replacement's record (UNCLAIMED or CLAIMED) is dropped in the same transaction; a claimed
+// replacement's container is stopped by its rep, whose calls no longer match the slot. It
+// reports whether the suspect was promoted.
+func (c *Core) ConvergePromoteSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		done = false
+		sus, err := t.ActualLRP(guid, index, suspect)
+		if err != nil || sus == nil {
+			return err
+		}
+		if cell, err := t.Cell(sus.GetInstanceKey().GetCellId()); err != nil || cell == nil {
+			return err
+		}
+		ord, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil {
+			return err
+		}
+		if ord != nil && ord.GetState() != unclaimed && ord.GetState() != claimed {
+			return nil // the replacement runs (or crashed): the suspect is left for removal
+		}
+		promoted := clone(sus)
+		promoted.Presence = ordinary
+		promoted.ModificationTag = bump(sus.GetModificationTag())
+		if ord != nil {
+			// Keep the slot's epoch moving forward from the replacement's tag.
+			promoted.ModificationTag = bump(ord.GetModificationTag())
+		}
+		deleteActual(t, sus)
+		done = true
+		return putActual(t, promoted)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge promote suspect %s: %w", describe(guid, index), err)
+	}
+	return done, nil
+}
+
+// ConvergeRemoveSuspectLRP deletes the SUSPECT copy of guid/index once it has no reason to
+// stay: its replacement runs, or the slot is no longer desired. It reports whether it did.
+func (c *Core) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		done = false
+		sus, err := t.ActualLRP(guid, index, suspect)
+		if err != nil || sus == nil {
+			return err
+		}
+		ord, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil {
+			return err
+		}
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		desired := sched != nil && index < sched.GetInstances()
+		if desired && (ord == nil || ord.GetState() != running) {
+			return nil
+		}
+		deleteActual(t, sus)
+		done = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge remove suspect %s: %w", describe(guid, index), err)
+	}
+	return done, nil
+}
+
+// ConvergeExpirePendingTask fails a task that is still PENDING and was created at or before
+// deadline with ReasonNotStarted. It reports whether it did.
+func (c *Core) ConvergeExpirePendingTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
+	return c.convergeFailTask(ctx, guid, ReasonNotStarted, func(_ *store.Txn, task *modelsv1.Task) (bool, error) {
+		return task.GetState() == pending && !task.GetCreatedAt().AsTime().After(deadline), nil
+	})
+}
+
+// ConvergeTaskOnVanishedCell fails a task RUNNING on a cell that has no presence with
+// ReasonCellDisappeared. It reports whether it did.
+func (c *Core) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (bool, error) {
+	return c.convergeFailTask(ctx, guid, ReasonCellDisappeared, func(t *store.Txn, task *modelsv1.Task) (bool, error) {
+		if task.GetState() != taskRun {
+			return false, nil
+		}
+		cell, err := t.Cell(task.GetCellId())
+		return cell == nil, err
+	})
+}
+
+func (c *Core) convergeFailTask(ctx context.Context, guid, reason string, cond func(*store.Txn, *modelsv1.Task) (bool, error)) (bool, error) {
+	var after *modelsv1.Task
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		after = nil
+		task, err := t.Task(guid)
+		if err != nil || task == nil {
+			return err
+		}
+		ok, err := cond(t, task)
+		if err != nil || !ok {
+			return err
+		}
+		after = c.complete(task, true, reason, "")
+		return putTask(t, after)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge fail task %s: %w", guid, err)
+	}
+	if after == nil {
+		return false, nil
+	}
+	c.callback(after)
+	return true, nil
+}
+
+// ConvergeRetryTaskCallback retries the completion callback of a COMPLETED task, or of a
+// RESOLVING one whose resolution stalled (it is put back to COMPLETED first). It reports
+// whether a callback was queued.
+func (c *Core) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool, error) {
+	var after *modelsv1.Task
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		after = nil
+		task, err := t.Task(guid)
+		if err != nil || task == nil || task.GetDefinition().GetCompletionCallbackUrl() == "" {
+			return err
+		}
+		switch task.GetState() {
+		case completed:
+			after = task
+			return nil
+		case resolving:
+			after = c.changedTask(task, completed)
+			return putTask(t, after)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge retry callback of task %s: %w", guid, err)
+	}
+	if after == nil || c.cfg.Callbacks == nil {
+		return false, nil
+	}
+	c.callback(after)
+	return true, nil
+}
+
+// ConvergeDeleteTask deletes a COMPLETED or RESOLVING task that first completed at or before
+// deadline (its client never resolved it, or its callback never succeeded). It reports
+// whether it did.
+func (c *Core) ConvergeDeleteTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		done = false
+		task, err := t.Task(guid)
+		if err != nil || task == nil {
+			return err
+		}
+		if s := task.GetState(); s != completed && s != resolving {
+			return nil
+		}
+		if CompletedAt(task).After(deadline) {
+			return nil
+		}
+		t.Delete(store.TaskKey(guid))
+		done = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge delete task %s: %w", guid, err)
+	}
+	return done, nil
+}
+
+// CompletedAt is when a task first completed (its last update for records without the field).
+func CompletedAt(task *modelsv1.Task) time.Time {
+	if task.GetFirstCompletedAt() != nil {
+		return task.GetFirstCompletedAt().AsTime()
+	}
+	return task.GetUpdatedAt().AsTime()
+}
