@@ -28,7 +28,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
-const usage = `usage: gavel [-bbs ADDR] [-tls-cert F -tls-key F -tls-ca F | -insecure] COMMAND [ARGS]
+const usage = `usage: gavel [-bbs ADDR[,ADDR...]] [-tls-cert F -tls-key F -tls-ca F | -insecure] COMMAND [ARGS]
 
 commands:
   dev                              run a local cluster (embedded etcd, BBS) until Ctrl-C
@@ -59,7 +59,7 @@ func run(args []string, out io.Writer) error {
 	var g globals
 	fs := flag.NewFlagSet("gavel", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	fs.StringVar(&g.bbs, "bbs", "127.0.0.1:8889", "BBS gRPC address")
+	fs.StringVar(&g.bbs, "bbs", "127.0.0.1:8889", "BBS gRPC address, or several comma-separated BBS addresses")
 	fs.StringVar(&g.tls.CertFile, "tls-cert", "", "client certificate (PEM)")
 	fs.StringVar(&g.tls.KeyFile, "tls-key", "", "client key (PEM)")
 	fs.StringVar(&g.tls.CAFile, "tls-ca", "", "CA of the BBS certificate (PEM)")
@@ -90,7 +90,7 @@ func run(args []string, out io.Writer) error {
 	}
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
-	conn, err := grpcx.Dial(g.bbs, grpcx.ClientConfig{TLS: g.tls})
+	conn, err := grpcx.DialMulti([]string{g.bbs}, grpcx.ClientConfig{TLS: g.tls})
 	if err != nil {
 		return err
 	}

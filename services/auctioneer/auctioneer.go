@@ -27,6 +27,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/api"
@@ -55,9 +56,12 @@ type Config struct {
 	ListenAddress string `json:"listen_address"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
-	// BBSAddress is the BBS's gRPC address: cells are listed there and placement failures
-	// reported there.
+	// BBSAddress is the BBS's gRPC address (cells are listed there and placement failures
+	// reported there), or several comma-separated addresses of BBS instances (calls go
+	// round-robin to those that answer).
 	BBSAddress string `json:"bbs_address"`
+	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
+	BBSAddresses []string `json:"bbs_addresses,omitempty"`
 	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
 	BBSTLS tlsx.Config `json:"bbs_tls"`
 	// RepTLS is the client certificate, key and CA for calling reps (State, Perform); or
@@ -86,6 +90,9 @@ type Config struct {
 	LockTTL Duration `json:"lock_ttl"`
 	// Log sets the log level and format.
 	Log logging.Config `json:"log"`
+	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
+	// "127.0.0.1:9090"); empty serves none.
+	MetricsAddress string `json:"metrics_address,omitempty"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -117,14 +124,23 @@ func (c *Config) LoadFile(path string) error {
 	return nil
 }
 
+// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
+// comma-separated bbs_address.
+func (c Config) BBSTargets() []string {
+	if len(c.BBSAddresses) > 0 {
+		return grpcx.SplitTargets(c.BBSAddresses...)
+	}
+	return grpcx.SplitTargets(c.BBSAddress)
+}
+
 // Validate reports every problem that would stop the auctioneer from starting.
 func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddress == "" {
 		errs = append(errs, errors.New("listen_address is required"))
 	}
-	if c.BBSAddress == "" {
-		errs = append(errs, errors.New("bbs_address is required"))
+	if len(c.BBSTargets()) == 0 {
+		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
 	}
 	if len(c.EtcdEndpoints) == 0 {
 		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
@@ -160,16 +176,18 @@ func (c Config) Validate() error {
 
 // Service is a running auctioneer.
 type Service struct {
-	cfg     Config
-	log     hclog.Logger
-	etcd    *clientv3.Client
-	batch   *batch.Batch
-	pool    *auction.Pool
-	runner  *auction.Runner
-	server  *grpcx.Server
-	leading atomic.Bool
-	rounds  atomic.Int64
-	stats   stats
+	cfg           Config
+	log           hclog.Logger
+	etcd          *clientv3.Client
+	batch         *batch.Batch
+	pool          *auction.Pool
+	runner        *auction.Runner
+	server        *grpcx.Server
+	leading       atomic.Bool
+	rounds        atomic.Int64
+	stats         stats
+	metrics       *serviceMetrics
+	metricsServer *metrics.Server // nil without metrics_address
 }
 
 // New builds an auctioneer that elects its leader over etcd and talks to the BBS through bbs;
@@ -186,11 +204,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	pool := auction.NewPool(grpcx.ClientConfig{TLS: cfg.RepTLS})
 	s := &Service{
-		cfg:   cfg,
-		log:   logger,
-		etcd:  etcd,
-		batch: batch.New(),
-		pool:  pool,
+		metrics: newServiceMetrics(),
+		cfg:     cfg,
+		log:     logger,
+		etcd:    etcd,
+		batch:   batch.New(),
+		pool:    pool,
 		runner: auction.NewRunner(bbs, pool, auction.Config{
 			StateTimeout:   time.Duration(cfg.CellStateTimeout),
 			PerformTimeout: time.Duration(cfg.PerformTimeout),
@@ -207,6 +226,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	auctioneerv1.RegisterAuctioneerServiceServer(server.GRPC, api.New(queue{s}))
 	s.server = server
+	if cfg.MetricsAddress != "" {
+		s.metricsServer = metrics.NewServer(cfg.MetricsAddress, s.metrics.registry)
+	}
 	return s, nil
 }
 
@@ -218,7 +240,11 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 			s.log.Warn("close rep connections", "error", err)
 		}
 	}()
-	return lifecycle.Run(ctx, s.log,
+	var members []lifecycle.Member
+	if s.metricsServer != nil {
+		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
+	}
+	return lifecycle.Run(ctx, s.log, append(members,
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			return s.server.Run(ctx, func() {
 				// A standby until elected.
@@ -240,7 +266,16 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 			ready()
 			return el.Run(ctx, s.lead)
 		})},
-	)
+	)...)
+}
+
+// MetricsAddr is the bound address of the metrics server once Run has called ready; nil
+// without metrics_address.
+func (s *Service) MetricsAddr() net.Addr {
+	if s.metricsServer == nil {
+		return nil
+	}
+	return s.metricsServer.Addr()
 }
 
 // Addr is the API's bound address once Run has called ready.
@@ -282,10 +317,12 @@ func (s *Service) Rounds() int64 { return s.rounds.Load() }
 func (s *Service) lead(ctx context.Context) error {
 	s.batch.Reset()
 	s.leading.Store(true)
+	s.metrics.leader.Set(1)
 	s.server.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.log.Info("leading: running auctions", "batch_interval", s.cfg.BatchInterval)
 	defer func() {
 		s.leading.Store(false)
+		s.metrics.leader.Set(0)
 		s.server.Health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 		dropped := s.batch.Len()
 		s.batch.Reset()
@@ -317,6 +354,7 @@ func (s *Service) lead(ctx context.Context) error {
 // that have attempts left and reports false.
 func (s *Service) round(ctx context.Context, entries []batch.Entry) bool {
 	s.rounds.Add(1)
+	s.metrics.rounds.Inc()
 	works := make([]*placement.Work, len(entries))
 	for i, e := range entries {
 		works[i] = e.Work
@@ -324,11 +362,13 @@ func (s *Service) round(ctx context.Context, entries []batch.Entry) bool {
 	res, err := s.runner.Run(ctx, works)
 	if err == nil {
 		s.stats.add(res.Timings)
+		s.metrics.observeRound(entries, res)
 		return true
 	}
 	if ctx.Err() != nil {
 		return true
 	}
+	s.metrics.roundErrors.Inc()
 	var retry []batch.Entry
 	for _, e := range entries {
 		if e.Attempts+1 < maxRoundAttempts {

@@ -73,8 +73,11 @@ type Config struct {
 	AdvertiseAddress string `json:"advertise_address"`
 	// CellAddress is the address instances are reached on (net_info.address).
 	CellAddress string `json:"cell_address"`
-	// BBSAddress is the BBS's gRPC address.
+	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
+	// instances (any of them serves any request; calls go round-robin to those that answer).
 	BBSAddress string `json:"bbs_address"`
+	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
+	BBSAddresses []string `json:"bbs_addresses,omitempty"`
 	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
 	BBSTLS tlsx.Config `json:"bbs_tls"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
@@ -241,8 +244,8 @@ func (c Config) Validate() error {
 	if c.CellAddress == "" {
 		errs = append(errs, errors.New("cell_address is required"))
 	}
-	if c.BBSAddress == "" {
-		errs = append(errs, errors.New("bbs_address is required"))
+	if len(c.BBSTargets()) == 0 {
+		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
 	}
 	if err := c.BBSTLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
@@ -294,6 +297,15 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
+// comma-separated bbs_address.
+func (c Config) BBSTargets() []string {
+	if len(c.BBSAddresses) > 0 {
+		return grpcx.SplitTargets(c.BBSAddresses...)
+	}
+	return grpcx.SplitTargets(c.BBSAddress)
 }
 
 // checkExecutable fails unless path is an executable regular file.

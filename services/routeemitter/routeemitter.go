@@ -36,8 +36,11 @@ type Config struct {
 	ListenAddress string `json:"listen_address"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
-	// BBSAddress is the BBS's gRPC address.
+	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
+	// instances (any of them serves any request; calls go round-robin to those that answer).
 	BBSAddress string `json:"bbs_address"`
+	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
+	BBSAddresses []string `json:"bbs_addresses,omitempty"`
 	// BBSTLS is the client certificate, key and CA used to reach the BBS; or insecure.
 	BBSTLS tlsx.Config `json:"bbs_tls"`
 	// SyncInterval is how often the whole BBS is listed again and diffed against the table, to
@@ -89,8 +92,8 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("tls: %w", err))
 	}
-	if c.BBSAddress == "" {
-		errs = append(errs, errors.New("bbs_address is required"))
+	if len(c.BBSTargets()) == 0 {
+		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
 	}
 	if err := c.BBSTLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
@@ -113,11 +116,20 @@ func (c Config) Validate() error {
 // bbsKeepalive pings an idle BBS connection so a vanished BBS breaks the event stream.
 const bbsKeepalive = 30 * time.Second
 
-// DialBBS connects to the BBS at cfg.BBSAddress with cfg.BBSTLS, keepalives and a reconnect
+// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
+// comma-separated bbs_address.
+func (c Config) BBSTargets() []string {
+	if len(c.BBSAddresses) > 0 {
+		return grpcx.SplitTargets(c.BBSAddresses...)
+	}
+	return grpcx.SplitTargets(c.BBSAddress)
+}
+
+// DialBBS connects to the BBS instances of cfg.BBSTargets (round-robin over those that answer) with cfg.BBSTLS, keepalives and a reconnect
 // backoff capped at 5 s (gRPC's default grows to 2 minutes), so a restarted BBS is followed
 // quickly.
 func DialBBS(cfg Config) (*grpc.ClientConn, error) {
-	conn, err := grpcx.Dial(cfg.BBSAddress, grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: bbsKeepalive},
+	conn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: bbsKeepalive},
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
 			MinConnectTimeout: 5 * time.Second,

@@ -29,7 +29,8 @@ import (
 )
 
 // proc is a process started by a test: its output is kept for failure messages and it is
-// stopped when the test ends (SIGTERM, then SIGKILL after 10s).
+// stopped when the test ends (SIGINT — a rep would evacuate on SIGTERM —, then SIGKILL after
+// 10s).
 type proc struct {
 	name   string
 	out    *syncBuffer
@@ -50,11 +51,11 @@ func startProc(t *testing.T, name, bin string, args ...string) *proc {
 		close(p.exited)
 	}()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case <-p.exited:
 		case <-time.After(10 * time.Second):
-			t.Errorf("%s did not stop within 10s of SIGTERM", name)
+			t.Errorf("%s did not stop within 10s of SIGINT", name)
 			_ = cmd.Process.Kill()
 			<-p.exited
 		}

@@ -39,7 +39,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	tlsFlags(fs, &cfg.TLS, "tls", "server", "CA that client certificates must chain to")
 	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address")
+	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
 	tlsFlags(fs, &cfg.BBSTLS, "bbs", "BBS client", "BBS CA")
 	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
 	tlsFlags(fs, &cfg.RepTLS, "rep", "rep client", "rep CA")
@@ -52,6 +52,7 @@ func run(args []string) error {
 	fs.Var(&cfg.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
 	fs.IntVar(&cfg.MaxInflightStarts, "max-inflight-starts", cfg.MaxInflightStarts, "most containers starting at once (0: unlimited)")
 	fs.Var(&cfg.LockTTL, "lock-ttl", "leader election lease TTL")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
@@ -71,7 +72,7 @@ func run(args []string) error {
 		return err
 	}
 	defer etcd.Close()
-	bbsConn, err := grpcx.Dial(cfg.BBSAddress, grpcx.ClientConfig{TLS: cfg.BBSTLS})
+	bbsConn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS})
 	if err != nil {
 		return fmt.Errorf("bbs client: %w", err)
 	}

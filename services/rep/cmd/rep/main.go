@@ -7,7 +7,8 @@
 //	    --supported-root-fs-providers docker --memory-mb 8192 --disk-mb 65536 --containers 250 \
 //	    --backend process --listen :1800 --bbs-address bbs:8889 --etcd-endpoints https://etcd-0:2379 ...
 //
-// SIGUSR1 evacuates the cell and then exits; SIGINT and SIGTERM exit at once.
+// SIGTERM and SIGUSR1 evacuate the cell (its instances are started elsewhere before they stop)
+// and then exit; SIGINT, or a second SIGTERM, exits at once.
 package main
 
 import (
@@ -56,7 +57,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
 	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address")
+	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
 	fs.StringVar(&cfg.BBSTLS.CertFile, "bbs-cert", "", "BBS client certificate (PEM)")
 	fs.StringVar(&cfg.BBSTLS.KeyFile, "bbs-key", "", "BBS client key (PEM)")
 	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")
@@ -101,7 +102,7 @@ func run(args []string) error {
 		return err
 	}
 	defer etcd.Close()
-	bbsConn, err := grpcx.Dial(cfg.BBSAddress, grpcx.ClientConfig{TLS: cfg.BBSTLS})
+	bbsConn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS})
 	if err != nil {
 		return fmt.Errorf("bbs client: %w", err)
 	}
@@ -119,17 +120,30 @@ func run(args []string) error {
 		return err
 	}
 
-	ctx, stop := lifecycle.SignalContext(context.Background())
+	// SIGINT stops at once. SIGTERM (what process supervisors and container runtimes send) and
+	// SIGUSR1 drain the cell first: the presence stays registered while the instances are
+	// handed over, and is revoked when Run returns. A second SIGTERM stops at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	evacuate := make(chan os.Signal, 1)
-	signal.Notify(evacuate, syscall.SIGUSR1)
-	defer signal.Stop(evacuate)
+	drain := make(chan os.Signal, 2)
+	signal.Notify(drain, syscall.SIGTERM, syscall.SIGUSR1)
+	defer signal.Stop(drain)
 	go func() {
 		select {
-		case <-evacuate:
-			logger.Info("SIGUSR1: evacuating, then exiting")
-			if err := svc.Evacuate(ctx); err != nil {
-				logger.Error("evacuation failed", "error", err)
+		case sig := <-drain:
+			logger.Info("evacuating, then exiting", "signal", sig.String(), "timeout", cfg.EvacuationTimeout.String())
+			evacCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go func() {
+				select {
+				case sig := <-drain:
+					logger.Warn("stopping before the evacuation is over", "signal", sig.String())
+					stop()
+				case <-evacCtx.Done():
+				}
+			}()
+			if err := svc.Evacuate(evacCtx); err != nil {
+				logger.Error("evacuation did not finish", "error", err)
 			}
 			stop()
 		case <-ctx.Done():

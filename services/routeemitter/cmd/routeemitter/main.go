@@ -35,7 +35,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
 	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address")
+	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
 	fs.StringVar(&cfg.BBSTLS.CertFile, "bbs-cert", "", "client certificate for the BBS (PEM)")
 	fs.StringVar(&cfg.BBSTLS.KeyFile, "bbs-key", "", "client key for the BBS (PEM)")
 	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")

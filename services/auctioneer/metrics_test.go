@@ -1,0 +1,53 @@
+package auctioneer_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/gavel-sched/gavel/services/auctioneer"
+	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+)
+
+// TestMetrics scrapes /metrics after a round that placed two instances and failed two.
+func TestMetrics(t *testing.T) {
+	env := bbstest.Start(t)
+	startRep(t, env, cellSpec{id: "cell-1", zone: "z1", memoryMB: 512})
+	waitCells(t, env, 1)
+	a := startAuctioneer(t, env, func(c *auctioneer.Config) { c.MetricsAddress = "127.0.0.1:0" })
+	requestLRPs(t, a, desire(t, env, "fits", 2, 128, nil), desire(t, env, "huge", 2, 4096, nil))
+	eventually(t, "huge's placement errors", func() bool { return len(placementErrors(t, env, "huge")) == 2 })
+
+	var body string
+	want := []string{
+		`gavel_auctioneer_auctions_failed_total{code="INSUFFICIENT_RESOURCES",kind="lrp"} 2`,
+		`gavel_auctioneer_auctions_started_total{kind="lrp"} 2`,
+		`gavel_auctioneer_leader 1`,
+		`gavel_auctioneer_fetch_states_duration_seconds_count`,
+		`gavel_auctioneer_perform_duration_seconds_count`,
+		`gavel_auctioneer_rounds_total`,
+		`go_goroutines`,
+	}
+	eventually(t, "the metrics", func() bool {
+		resp, err := http.Get("http://" + a.svc.MetricsAddr().String() + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return false
+		}
+		body = string(b)
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false
+			}
+		}
+		return true
+	})
+	if t.Failed() {
+		t.Log(body)
+	}
+}
