@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 )
@@ -88,5 +89,17 @@ func (d *Duration) Set(s string) error {
 		return fmt.Errorf("duration %q: %w", s, err)
 	}
 	*d = Duration(v)
+	return nil
+}
+
+// LoadJSON overlays the JSON config file at path on v (a pointer to a config struct).
+func LoadJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
 	return nil
 }

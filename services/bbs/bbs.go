@@ -5,7 +5,6 @@ package bbs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -102,16 +101,7 @@ func Default() Config {
 }
 
 // LoadFile overlays the JSON config file at path on c.
-func (c *Config) LoadFile(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	if err := json.Unmarshal(b, c); err != nil {
-		return fmt.Errorf("parse config %s: %w", path, err)
-	}
-	return nil
-}
+func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
 // Validate reports the first problem that would stop the BBS from starting.
 func (c Config) Validate() error {

@@ -6,7 +6,6 @@ package rep
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/gavel-sched/gavel/pkg/config"
@@ -166,16 +165,7 @@ func Default() Config {
 }
 
 // LoadFile overlays the JSON config file at path on c.
-func (c *Config) LoadFile(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	if err := json.Unmarshal(b, c); err != nil {
-		return fmt.Errorf("parse config %s: %w", path, err)
-	}
-	return nil
-}
+func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
 // normalizedTags lower-cases, de-duplicates and sorts tags.
 func normalizedTags(tags []string) []string {

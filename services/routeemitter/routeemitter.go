@@ -6,12 +6,10 @@ package routeemitter
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
-	"os"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -72,16 +70,7 @@ func Default() Config {
 }
 
 // LoadFile overlays the JSON config file at path on c.
-func (c *Config) LoadFile(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	if err := json.Unmarshal(b, c); err != nil {
-		return fmt.Errorf("parse config %s: %w", path, err)
-	}
-	return nil
-}
+func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
 // Validate reports every problem that would stop the route-emitter from starting.
 func (c Config) Validate() error {

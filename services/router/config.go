@@ -1,12 +1,10 @@
 package router
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
-	"os"
 	"time"
 
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -96,16 +94,7 @@ func Default() Config {
 }
 
 // LoadFile overlays the JSON config file at path on c.
-func (c *Config) LoadFile(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	if err := json.Unmarshal(b, c); err != nil {
-		return fmt.Errorf("parse config %s: %w", path, err)
-	}
-	return nil
-}
+func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
 // Validate reports every problem that would stop the router from starting.
 func (c Config) Validate() error {
