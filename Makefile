@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet test bench run clean
+.PHONY: all generate build check lint fmt vet test test-cluster image bench run clean
 
 all: check build test
 
@@ -37,10 +37,20 @@ fmt:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags cluster ./test/cluster/
 
 ## test: the whole suite (unit, integration over embedded etcd and loopback gRPC, fuzz seed corpora)
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+## test-cluster: the multi-host test bed over Docker containers (test/cluster; needs a docker engine)
+test-cluster:
+	$(GO) test -tags cluster -count=1 -timeout 20m ./test/cluster/
+
+## image: the FROM-scratch image of every static binary (deployments/docker), tagged $(IMAGE)
+IMAGE ?= gavel:dev
+image:
+	deployments/docker/build.sh $(IMAGE)
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:

@@ -1,0 +1,108 @@
+// Command gavel-etcd runs an etcd server member built from the etcd Go module, so a deployment
+// or the multi-host test bed (test/cluster) gets a static etcd binary from this repository.
+// Flags describe a static cluster, as etcd's own:
+//
+//	gavel-etcd --name etcd-0 --data-dir /var/lib/etcd \
+//	    --listen-client-urls http://0.0.0.0:2379 --advertise-client-urls http://etcd-0:2379 \
+//	    --listen-peer-urls http://0.0.0.0:2380 --initial-advertise-peer-urls http://etcd-0:2380 \
+//	    --initial-cluster etcd-0=http://etcd-0:2380,etcd-1=http://etcd-1:2380,etcd-2=http://etcd-2:2380
+//
+// It logs at warn and stops on SIGINT/SIGTERM.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gavel-etcd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg := embed.NewConfig()
+	var listenClient, advertiseClient, listenPeer, advertisePeer string
+	fs := flag.NewFlagSet("gavel-etcd", flag.ContinueOnError)
+	fs.StringVar(&cfg.Name, "name", "default", "member name")
+	fs.StringVar(&cfg.Dir, "data-dir", "default.etcd", "data directory")
+	fs.StringVar(&listenClient, "listen-client-urls", "http://127.0.0.1:2379", "comma-separated client URLs to listen on")
+	fs.StringVar(&advertiseClient, "advertise-client-urls", "http://127.0.0.1:2379", "comma-separated client URLs advertised to the cluster")
+	fs.StringVar(&listenPeer, "listen-peer-urls", "http://127.0.0.1:2380", "comma-separated peer URLs to listen on")
+	fs.StringVar(&advertisePeer, "initial-advertise-peer-urls", "http://127.0.0.1:2380", "comma-separated peer URLs advertised to the cluster")
+	fs.StringVar(&cfg.InitialCluster, "initial-cluster", "", "name=peer-url,... of every member (default: this member alone)")
+	fs.StringVar(&cfg.ClusterState, "initial-cluster-state", embed.ClusterStateFlagNew, "new|existing")
+	fs.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "gavel-etcd", "cluster token")
+	fs.UintVar(&cfg.MaxTxnOps, "max-txn-ops", 2048, "most operations in one transaction (the BBS needs more than max_instances + 2)")
+	fs.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest client request in bytes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	for _, u := range []struct {
+		dst  *[]url.URL
+		flag string
+		val  string
+	}{
+		{&cfg.ListenClientUrls, "listen-client-urls", listenClient},
+		{&cfg.AdvertiseClientUrls, "advertise-client-urls", advertiseClient},
+		{&cfg.ListenPeerUrls, "listen-peer-urls", listenPeer},
+		{&cfg.AdvertisePeerUrls, "initial-advertise-peer-urls", advertisePeer},
+	} {
+		if *u.dst, err = parseURLs(u.val); err != nil {
+			return fmt.Errorf("--%s: %w", u.flag, err)
+		}
+	}
+	if cfg.InitialCluster == "" {
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	}
+	cfg.LogLevel = "warn"
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	select {
+	case <-e.Server.ReadyNotify():
+		fmt.Fprintf(os.Stderr, "gavel-etcd: member %s ready, serving clients on %s\n", cfg.Name, listenClient)
+	case err := <-e.Err():
+		return err
+	case <-ctx.Done():
+		return nil
+	}
+	select {
+	case err := <-e.Err():
+		return err
+	case <-ctx.Done():
+		return nil // the deferred Close stops the member gracefully
+	}
+}
+
+// parseURLs parses a comma-separated list of URLs.
+func parseURLs(s string) ([]url.URL, error) {
+	var out []url.URL
+	for _, raw := range strings.Split(s, ",") {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *u)
+	}
+	return out, nil
+}
