@@ -570,3 +570,46 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 		}
 	}
 }
+
+func TestConvergeRemovesEvacuatingCopyOfVanishedCell(t *testing.T) {
+	e := convStart(t)
+	lease1 := convRegister(t, e.Env, "cell-1")
+	convRegister(t, e.Env, "cell-2")
+	lrpDesire(t, e.Env, "evac", 2)
+	ik0, ik1 := lrpInstKey("ig-0", "cell-1"), lrpInstKey("ig-1", "cell-2")
+	for i, ik := range []*modelsv1.ActualLRPInstanceKey{ik0, ik1} {
+		lrpStart(t, e.Env, "evac", int32(i), ik, lrpNetInfo(uint32(61010+i)))
+		resp, err := e.Client.EvacuateRunningActualLRP(ctxT(t), &bbsv1.EvacuateRunningActualLRPRequest{
+			ProcessGuid: "evac", Index: int32(i), InstanceKey: ik, NetInfo: lrpNetInfo(uint32(61010 + i))})
+		if err != nil || !resp.GetKeepContainer() {
+			t.Fatalf("evacuate %d: %v %v", i, resp, err)
+		}
+	}
+	if r := e.converge(t); r.EvacuatingRemoved != 0 {
+		t.Fatalf("report %+v: evacuating copies on live cells must stay", r)
+	}
+
+	// cell-1 vanishes mid-evacuation: its copy goes, cell-2's stays.
+	convVanish(t, e.Env, "cell-1", lease1)
+	if r := e.converge(t); r.EvacuatingRemoved != 1 {
+		t.Fatalf("report %+v, want the evacuating copy of cell-1 removed", r)
+	}
+	if a := lrpStored(t, e.Env, "evac", 0, modelsv1.ActualLRP_PRESENCE_EVACUATING); a != nil {
+		t.Fatalf("evacuating copy of a vanished cell still stored: %v", a)
+	}
+	if a := lrpStored(t, e.Env, "evac", 1, modelsv1.ActualLRP_PRESENCE_EVACUATING); a == nil {
+		t.Fatal("evacuating copy of a live cell removed")
+	}
+
+	// Scaled down: the copy of the slot no longer desired goes too.
+	zero := int32(1)
+	if _, err := e.Client.UpdateDesiredLRP(ctxT(t), &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: "evac", Update: &modelsv1.DesiredLRPUpdate{Instances: &zero}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.converge(t); r.EvacuatingRemoved != 1 {
+		t.Fatalf("report %+v, want the evacuating copy of the undesired slot removed", r)
+	}
+	if a := lrpStored(t, e.Env, "evac", 1, modelsv1.ActualLRP_PRESENCE_EVACUATING); a != nil {
+		t.Fatalf("evacuating copy of an undesired slot still stored: %v", a)
+	}
+}

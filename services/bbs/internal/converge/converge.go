@@ -90,6 +90,9 @@ type Report struct {
 	Promoted int
 	// SuspectsRemoved counts suspects removed because their replacement runs.
 	SuspectsRemoved int
+	// EvacuatingRemoved counts EVACUATING copies removed because their cell vanished or their
+	// slot is no longer desired.
+	EvacuatingRemoved int
 
 	// TasksReauctioned counts PENDING tasks sent to the auctioneer again.
 	TasksReauctioned int
@@ -172,7 +175,7 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 
 // slot is the records of one instance index.
 type slot struct {
-	ord, sus *modelsv1.ActualLRP
+	ord, sus, evac *modelsv1.ActualLRP
 }
 
 // job is one change: fn reports whether it changed something, counted in *n.
@@ -225,6 +228,8 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 			slotOf(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()).ord = a
 		case modelsv1.ActualLRP_PRESENCE_SUSPECT:
 			slotOf(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()).sus = a
+		case modelsv1.ActualLRP_PRESENCE_EVACUATING:
+			slotOf(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()).evac = a
 		}
 	}
 	isDesired := func(guid string, index int32) bool {
@@ -295,8 +300,14 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 	}
 
 	// Suspects: removed once replaced (or no longer desired), promoted if their cell is back.
+	// Evacuating copies: removed once their cell is gone or the slot is no longer desired.
 	for guid, m := range slots {
 		for index, sl := range m {
+			if sl.evac != nil && (!cells[sl.evac.GetInstanceKey().GetCellId()] || !isDesired(guid, index)) {
+				add(&r.EvacuatingRemoved, func(ctx context.Context) (int, error) {
+					return one(c.core.ConvergeRemoveEvacuatingLRP(ctx, guid, index))
+				})
+			}
 			if sl.sus == nil {
 				continue
 			}

@@ -224,6 +224,38 @@ func (c *Core) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index 
 	return done, nil
 }
 
+// ConvergeRemoveEvacuatingLRP deletes the EVACUATING copy of an instance slot whose cell has
+// vanished (its container is gone with the cell; the slot was already handed to a replacement
+// when the evacuation started) or whose slot is no longer desired. It reports whether it did.
+func (c *Core) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		done = false
+		evac, err := t.ActualLRP(guid, index, evacuating)
+		if err != nil || evac == nil {
+			return err
+		}
+		cell, err := t.Cell(evac.GetInstanceKey().GetCellId())
+		if err != nil {
+			return err
+		}
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return err
+		}
+		if cell != nil && sched != nil && index < sched.GetInstances() {
+			return nil
+		}
+		deleteActual(t, evac)
+		done = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge remove evacuating %s: %w", describe(guid, index), err)
+	}
+	return done, nil
+}
+
 // ConvergeExpirePendingTask fails a task that is still PENDING and was created at or before
 // deadline with ReasonNotStarted. It reports whether it did.
 func (c *Core) ConvergeExpirePendingTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
