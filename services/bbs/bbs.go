@@ -228,7 +228,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	callbacks.SetResolver(c)
 	v := validate.Validator{Limits: limits}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(), api.RepScope()),
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 	)
