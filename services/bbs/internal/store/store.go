@@ -215,22 +215,16 @@ func (s *Store) apply(evs []*clientv3.Event) {
 	changes := make([]change, 0, len(evs))
 	cellGone := false
 	for _, ev := range evs {
-		k, err := parseKey(string(ev.Kv.Key))
-		if err != nil || k.kind == kindUnknown {
+		k, after, ok := s.decodeEvent(ev)
+		if !ok {
 			continue
 		}
-		c := change{key: k}
+		c := change{key: k, after: after}
 		if old, ok := st.get(k); ok {
 			c.before = old.msg
 		}
-		if ev.Type == clientv3.EventTypePut {
-			msg, err := decode(k, ev.Kv.Value)
-			if err != nil {
-				s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
-				continue
-			}
-			st.set(k, item{msg: msg, modRev: ev.Kv.ModRevision, lease: ev.Kv.Lease})
-			c.after = msg
+		if after != nil {
+			st.set(k, item{msg: after, modRev: ev.Kv.ModRevision, lease: ev.Kv.Lease})
 		} else {
 			st.del(k)
 			if k.kind == kindCell {
@@ -282,4 +276,22 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 // txnTooLarge reports whether err is etcd refusing a transaction for its size.
 func txnTooLarge(err error) bool {
 	return errors.Is(err, rpcerrTooManyOps) || errors.Is(err, rpcerrTooLarge)
+}
+
+// decodeEvent parses a watch event's key and, for a put, its new value (nil for a delete). ok is
+// false for keys outside the BBS's layout and for undecodable values, which are logged.
+func (s *Store) decodeEvent(ev *clientv3.Event) (k parsedKey, after proto.Message, ok bool) {
+	k, err := parseKey(string(ev.Kv.Key))
+	if err != nil || k.kind == kindUnknown {
+		return k, nil, false
+	}
+	if ev.Type != clientv3.EventTypePut {
+		return k, nil, true
+	}
+	after, err = decode(k, ev.Kv.Value)
+	if err != nil {
+		s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
+		return k, nil, false
+	}
+	return k, after, true
 }

@@ -135,23 +135,15 @@ func (s *Store) subscribeFromEtcd(ctx context.Context, cursor int64, f EventFilt
 func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) []*bbsv1.Event {
 	changes := make([]change, 0, len(evs))
 	for _, ev := range evs {
-		k, err := parseKey(string(ev.Kv.Key))
-		if err != nil || k.kind == kindUnknown {
+		k, after, ok := s.decodeEvent(ev)
+		if !ok {
 			continue
 		}
-		c := change{key: k}
+		c := change{key: k, after: after}
 		if ev.PrevKv != nil {
 			if m, err := decode(k, ev.PrevKv.Value); err == nil {
 				c.before = m
 			}
-		}
-		if ev.Type == clientv3.EventTypePut {
-			m, err := decode(k, ev.Kv.Value)
-			if err != nil {
-				s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
-				continue
-			}
-			c.after = m
 		}
 		changes = append(changes, c)
 	}
