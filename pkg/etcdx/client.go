@@ -14,6 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
 const (
@@ -147,4 +149,13 @@ func NewClient(cfg Config, logger hclog.Logger) (*clientv3.Client, error) {
 	}
 	logger.Debug("connected to etcd", "endpoints", eps)
 	return cli, nil
+}
+
+// Connect is NewClient for a service's configuration: endpoints and a tlsx client config.
+func Connect(endpoints []string, tlsCfg tlsx.Config, logger hclog.Logger) (*clientv3.Client, error) {
+	t, err := tlsCfg.ClientTLS()
+	if err != nil {
+		return nil, fmt.Errorf("etcd tls: %w", err)
+	}
+	return NewClient(Config{Endpoints: endpoints, TLS: t}, logger)
 }

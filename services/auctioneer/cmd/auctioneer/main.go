@@ -21,7 +21,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 )
 
@@ -37,24 +36,19 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("auctioneer", flag.ContinueOnError)
 	fs.String("config", "", "JSON config file (see services/auctioneer/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	tlsFlags(fs, &cfg.TLS, "tls", "server", "CA that client certificates must chain to")
-	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
 	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	tlsFlags(fs, &cfg.BBSTLS, "bbs", "BBS client", "BBS CA")
-	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
-	tlsFlags(fs, &cfg.RepTLS, "rep", "rep client", "rep CA")
-	fs.BoolVar(&cfg.RepTLS.Insecure, "rep-insecure", false, "talk plaintext to reps (development only)")
+	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
+	config.TLSFlags(fs, &cfg.RepTLS, "rep", "rep-insecure", "rep client")
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
-	tlsFlags(fs, &cfg.EtcdTLS, "etcd", "etcd client", "etcd CA")
-	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
+	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(&cfg.BatchInterval, "batch-interval", "batch window between auction rounds")
 	fs.Var(&cfg.CellStateTimeout, "cell-state-timeout", "timeout of each cell's State call")
 	fs.Var(&cfg.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
 	fs.IntVar(&cfg.MaxInflightStarts, "max-inflight-starts", cfg.MaxInflightStarts, "most containers starting at once (0: unlimited)")
 	fs.Var(&cfg.LockTTL, "lock-ttl", "leader election lease TTL")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
-	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
-	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	config.LogFlags(fs, &cfg.Log)
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
 		return err
 	}
@@ -63,11 +57,7 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("auctioneer", cfg.Log)
-	etcdTLS, err := cfg.EtcdTLS.ClientTLS()
-	if err != nil {
-		return fmt.Errorf("etcd tls: %w", err)
-	}
-	etcd, err := etcdx.NewClient(etcdx.Config{Endpoints: cfg.EtcdEndpoints, TLS: etcdTLS}, logger.Named("etcd"))
+	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
 	if err != nil {
 		return err
 	}
@@ -89,11 +79,4 @@ func run(args []string) error {
 			ready()
 		})
 	})})
-}
-
-// tlsFlags binds -<prefix>-cert, -<prefix>-key and -<prefix>-ca to t.
-func tlsFlags(fs *flag.FlagSet, t *tlsx.Config, prefix, who, ca string) {
-	fs.StringVar(&t.CertFile, prefix+"-cert", "", who+" certificate (PEM)")
-	fs.StringVar(&t.KeyFile, prefix+"-key", "", who+" key (PEM)")
-	fs.StringVar(&t.CAFile, prefix+"-ca", "", ca+" (PEM)")
 }

@@ -30,23 +30,16 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("bbs", flag.ContinueOnError)
 	fs.String("config", "", "JSON config file (see services/bbs/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "server certificate (PEM)")
-	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
-	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
-	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server (also presented to the auctioneer and reps)")
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
-	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-cert", "", "etcd client certificate (PEM)")
-	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "etcd client key (PEM)")
-	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-ca", "", "etcd CA (PEM)")
-	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
+	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.StringVar(&cfg.AuctioneerAddress, "auctioneer-address", "", "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
 	fs.Var(&cfg.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
 	fs.Var(&cfg.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
 	fs.Var(&cfg.PendingTaskTimeout, "pending-task-timeout", "fail tasks not started within this long")
 	fs.Var(&cfg.CompletedTaskTimeout, "completed-task-timeout", "delete completed tasks not resolved within this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
-	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
-	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	config.LogFlags(fs, &cfg.Log)
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
 		return err
 	}
@@ -55,11 +48,7 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("bbs", cfg.Log)
-	etcdTLS, err := cfg.EtcdTLS.ClientTLS()
-	if err != nil {
-		return fmt.Errorf("etcd tls: %w", err)
-	}
-	etcd, err := etcdx.NewClient(etcdx.Config{Endpoints: cfg.EtcdEndpoints, TLS: etcdTLS}, logger.Named("etcd"))
+	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
 	if err != nil {
 		return err
 	}

@@ -37,16 +37,12 @@ func run(args []string) error {
 	fs.IntVar(&cfg.HTTPSRedirectPort, "https-redirect-port", cfg.HTTPSRedirectPort, "port in https redirects (0: the TLS listener's)")
 	fs.StringVar(&cfg.AdminAddress, "admin", cfg.AdminAddress, "admin listen address for /healthz and /metrics (empty: none)")
 	fs.StringVar(&cfg.RouteEmitterAddress, "routeemitter-address", cfg.RouteEmitterAddress, "route-emitter gRPC address")
-	fs.StringVar(&cfg.RouteEmitterTLS.CertFile, "routeemitter-cert", "", "client certificate for the route-emitter (PEM)")
-	fs.StringVar(&cfg.RouteEmitterTLS.KeyFile, "routeemitter-key", "", "client key for the route-emitter (PEM)")
-	fs.StringVar(&cfg.RouteEmitterTLS.CAFile, "routeemitter-ca", "", "CA of the route-emitter's certificate (PEM)")
-	fs.BoolVar(&cfg.RouteEmitterTLS.Insecure, "routeemitter-insecure", false, "talk plaintext to the route-emitter (development only)")
+	config.TLSFlags(fs, &cfg.RouteEmitterTLS, "routeemitter", "routeemitter-insecure", "route-emitter client")
 	fs.StringVar(&cfg.TCPBindAddress, "tcp-bind", cfg.TCPBindAddress, "IP that TCP/UDP incoming ports are opened on")
 	fs.Var(&cfg.BackendDialTimeout, "backend-dial-timeout", "backend connect timeout (e.g. 5s)")
 	fs.Var(&cfg.BackendResponseTimeout, "backend-response-timeout", "wait for backend response headers (e.g. 60s; 0: none)")
 	fs.Var(&cfg.UDPSessionIdleTimeout, "udp-session-idle-timeout", "idle time that ends a UDP session (e.g. 30s)")
-	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
-	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	config.LogFlags(fs, &cfg.Log)
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
 		return err
 	}
