@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,12 +19,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
@@ -107,6 +108,9 @@ type Config struct {
 	BulkInterval Duration `json:"bulk_interval"`
 	// EvacuationTimeout bounds an evacuation; instances still held then are stopped.
 	EvacuationTimeout Duration `json:"evacuation_timeout"`
+	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
+	// "127.0.0.1:9101"); empty is off.
+	MetricsAddress string `json:"metrics_address,omitempty"`
 	// Log sets the log level and format.
 	Log logging.Config `json:"log"`
 }
@@ -370,11 +374,12 @@ func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string) (
 
 // Service is a running rep.
 type Service struct {
-	cfg      Config
-	log      hclog.Logger
-	cell     *cell.Cell
-	server   *grpcx.Server
-	presence *presence.Presence
+	cfg           Config
+	log           hclog.Logger
+	cell          *cell.Cell
+	server        *grpcx.Server
+	presence      *presence.Presence
+	metricsServer *metrics.Server // nil without metrics_address
 }
 
 // New builds a rep: its cell over the BBS client, the executor backend and the rootfs
@@ -390,7 +395,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		logger = hclog.NewNullLogger()
 	}
 	cfg.Tags = normalizedTags(cfg.Tags)
-	c := cell.New(cell.Config{
+	var c *cell.Cell
+	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
+	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
 		Zone:      cfg.Zone,
 		Capacity:  &modelsv1.CellCapacity{MemoryMb: cfg.Capacity.MemoryMB, DiskMb: cfg.Capacity.DiskMB, Containers: cfg.Capacity.Containers},
@@ -405,7 +412,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		StopGrace:         StopGrace,
 		EvacuationTimeout: time.Duration(cfg.EvacuationTimeout),
 		Logger:            logger.Named("cell"),
-	}, bbs, backend, resolver)
+		Observer:          m,
+	}, observedBBS{bbs: bbs, m: m}, backend, resolver)
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
@@ -418,15 +426,22 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
 		return cfg.presence(s.AdvertiseAddress())
 	}, logger.Named("presence"))
+	if cfg.MetricsAddress != "" {
+		s.metricsServer = metrics.NewServer(cfg.MetricsAddress, m.registry)
+	}
 	return s, nil
 }
 
-// Run serves until ctx ends, as an ordered group: the cell, the gRPC API, the presence (once
-// the API listens, so the registered address answers) and the bulk loop; ready is called once
-// all run. On stop the bulk loop ends, the presence is revoked, the API stops and the
-// containers are stopped.
+// Run serves until ctx ends, as an ordered group: the metrics server (with metrics_address),
+// the cell, the gRPC API, the presence (once the API listens, so the registered address
+// answers) and the bulk loop; ready is called once all run. On stop the bulk loop ends, the
+// presence is revoked, the API stops, the containers are stopped and the metrics server stops.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	return lifecycle.Run(ctx, s.log,
+	var members []lifecycle.Member
+	if s.metricsServer != nil {
+		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
+	}
+	return lifecycle.Run(ctx, s.log, append(members,
 		lifecycle.Member{Name: "cell", Runner: s.cell},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
@@ -438,7 +453,16 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 				}
 			})
 		})},
-	)
+	)...)
+}
+
+// MetricsAddr is the bound address of the metrics server once Run has called ready; nil
+// without metrics_address.
+func (s *Service) MetricsAddr() net.Addr {
+	if s.metricsServer == nil {
+		return nil
+	}
+	return s.metricsServer.Addr()
 }
 
 // Addr is the API's bound address once Run has started the API (nil before).

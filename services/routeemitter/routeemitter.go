@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"time"
 
@@ -16,11 +15,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/api"
@@ -52,6 +53,9 @@ type Config struct {
 	// WatchQueue is how many deltas may wait for one slow router; one that falls further
 	// behind is sent a fresh snapshot instead.
 	WatchQueue int `json:"watch_queue"`
+	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
+	// "127.0.0.1:9102"); empty is off.
+	MetricsAddress string `json:"metrics_address,omitempty"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -131,11 +135,12 @@ func DialBBS(cfg Config) (*grpc.ClientConn, error) {
 
 // Service is a running route-emitter.
 type Service struct {
-	cfg    Config
-	log    hclog.Logger
-	hub    *api.Hub
-	syncer *syncer.Syncer
-	server *grpcx.Server
+	cfg           Config
+	log           hclog.Logger
+	hub           *api.Hub
+	syncer        *syncer.Syncer
+	server        *grpcx.Server
+	metricsServer *metrics.Server // nil without metrics_address
 }
 
 // New builds a route-emitter reading the BBS through bbs; Run starts it.
@@ -150,12 +155,14 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service,
 		logger = hclog.NewNullLogger()
 	}
 	hub := api.NewHub(api.HubOptions{History: cfg.WatchHistory, Queue: cfg.WatchQueue})
+	m := newServiceMetrics(hub)
 	sy, err := syncer.New(syncer.Config{
 		BBS:          bbs,
 		Table:        table.New(logger.Named("table")),
 		Publisher:    hub,
 		Logger:       logger.Named("syncer"),
 		SyncInterval: time.Duration(cfg.SyncInterval),
+		Observer:     m,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("route-emitter: %w", err)
@@ -169,13 +176,22 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service,
 	}
 	routeemitterv1.RegisterRouteEmitterServiceServer(server.GRPC, api.New(hub))
 	logger.Info("route-emitter table", "table_id", hub.TableID())
-	return &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}, nil
+	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}
+	if cfg.MetricsAddress != "" {
+		svc.metricsServer = metrics.NewServer(cfg.MetricsAddress, m.registry)
+	}
+	return svc, nil
 }
 
 // Run follows the BBS and serves the table until ctx ends; ready is called once the API is
-// serving. Until the first sync RoutingTable answers Unavailable and WatchRoutes waits.
+// serving (and, with metrics_address, the metrics). Until the first sync RoutingTable answers
+// Unavailable and WatchRoutes waits.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	return lifecycle.Run(ctx, s.log,
+	var members []lifecycle.Member
+	if s.metricsServer != nil {
+		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
+	}
+	return lifecycle.Run(ctx, s.log, append(members,
 		lifecycle.Member{Name: "syncer", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			r()
 			return s.syncer.Run(ctx)
@@ -189,7 +205,16 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 				ready()
 			})
 		})},
-	)
+	)...)
+}
+
+// MetricsAddr is the bound address of the metrics server once Run has called ready; nil
+// without metrics_address.
+func (s *Service) MetricsAddr() net.Addr {
+	if s.metricsServer == nil {
+		return nil
+	}
+	return s.metricsServer.Addr()
 }
 
 // Addr is the API's bound address once Run has called ready.

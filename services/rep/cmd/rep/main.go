@@ -80,6 +80,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.Sim.CrashRate, "sim-crash-rate", cfg.Sim.CrashRate, "sim backend: crash probability per second")
 	fs.Var(&cfg.BulkInterval, "bulk-interval", "how often containers are reconciled with the BBS")
 	fs.Var(&cfg.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {

@@ -40,6 +40,16 @@ func (c *Cell) Bulk(interval time.Duration) func(ctx context.Context, ready func
 // removed, a RUNNING task without a container is completed as failed ("container vanished"),
 // and a started container whose record is gone or names another container is stopped.
 func (c *Cell) Reconcile(ctx context.Context) error {
+	start := time.Now()
+	err := c.reconcile(ctx)
+	if ctx.Err() == nil { // a reconcile cut short by shutdown is not observed
+		c.obs.Reconciled(time.Since(start), err)
+	}
+	return err
+}
+
+// reconcile is Reconcile, unobserved.
+func (c *Cell) reconcile(ctx context.Context) error {
 	// Snapshot the candidates for stopping before listing: a container claimed after the
 	// snapshot may be missing from the list without being an orphan.
 	c.mu.Lock()
@@ -103,6 +113,7 @@ func (c *Cell) Reconcile(ctx context.Context) error {
 			continue
 		}
 		c.log.Info("stopping a container the BBS does not know", "container", ctr.describe())
+		c.obs.ReconcileFixed(FixStopContainer)
 		go c.stop(ctr)
 	}
 	return errors.Join(errs...)
@@ -145,6 +156,9 @@ func (c *Cell) removeOrphanRecord(ctx context.Context, a *modelsv1.ActualLRP) er
 	if err != nil && !gone(err) {
 		return fmt.Errorf("orphaned %s/%d: %w", key.GetProcessGuid(), key.GetIndex(), err)
 	}
+	if err == nil {
+		c.obs.ReconcileFixed(FixRemoveRecord)
+	}
 	return nil
 }
 
@@ -157,6 +171,9 @@ func (c *Cell) completeVanished(ctx context.Context, guid string) error {
 	})
 	if err != nil && !gone(err) {
 		return fmt.Errorf("vanished task %s: %w", guid, err)
+	}
+	if err == nil {
+		c.obs.ReconcileFixed(FixFailTask)
 	}
 	return nil
 }

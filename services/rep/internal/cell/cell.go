@@ -125,6 +125,8 @@ type Config struct {
 	CallTimeout time.Duration
 	// Logger receives the cell's logs.
 	Logger hclog.Logger
+	// Observer is told what the cell does, for metrics; nil ignores it.
+	Observer Observer
 }
 
 // Cell runs work on one cell.
@@ -134,6 +136,7 @@ type Cell struct {
 	backend  executor.Backend
 	resolver Resolver
 	log      hclog.Logger
+	obs      Observer
 
 	// base is the context of every lifecycle's BBS reports; cancelled at the end of shutdown.
 	base       context.Context
@@ -221,6 +224,9 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 	if cfg.Hooks.Timeout <= 0 {
 		cfg.Hooks.Timeout = 30 * time.Second
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
 	base, cancel := context.WithCancel(context.Background())
 	return &Cell{
 		cfg:        cfg,
@@ -228,6 +234,7 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 		backend:    backend,
 		resolver:   resolver,
 		log:        cfg.Logger,
+		obs:        cfg.Observer,
 		base:       base,
 		cancelBase: cancel,
 		containers: map[string]*container{},
@@ -482,9 +489,13 @@ func (c *Cell) isEvacuating() bool {
 // yet is abandoned by its lifecycle.
 func (c *Cell) stop(ctr *container) {
 	c.mu.Lock()
+	first := !ctr.stopping
 	ctr.stopping = true
 	exec := ctr.exec
 	c.mu.Unlock()
+	if first {
+		c.obs.ContainerStopped(ctr.kind)
+	}
 	ctr.cancel()
 	if exec != nil {
 		exec.Stop(c.cfg.StopGrace)
@@ -498,6 +509,7 @@ func (c *Cell) setExec(ctr *container, exec executor.Container) {
 	ctr.phase = phaseStarting
 	stopping := ctr.stopping
 	c.mu.Unlock()
+	c.obs.ContainerStarted(ctr.kind)
 	if stopping {
 		exec.Stop(c.cfg.StopGrace)
 	}

@@ -32,6 +32,7 @@ func (c *Cell) runHooks(ctx context.Context, event string, paths []string, spec 
 	}
 	for _, path := range paths {
 		if err := c.runHook(ctx, event, path, spec.Guid, payload); err != nil {
+			c.obs.HookFailed(event)
 			return err
 		}
 	}

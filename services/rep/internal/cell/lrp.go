@@ -193,6 +193,7 @@ func (c *Cell) lrpEnded(ctr *container, log hclog.Logger, reason string) {
 		log.Debug("container stopped by the rep", "reason", reason)
 		return
 	}
+	c.obs.ContainerCrashed()
 	key, ik := ctr.key, ctr.instanceKey(c.cfg.CellID)
 	var err error
 	if evacuating {

@@ -41,6 +41,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")
 	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
 	fs.Var(&cfg.SyncInterval, "sync-interval", "how often the whole BBS is listed again")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
@@ -53,6 +54,51 @@ type Hub struct {
 	history       []*routeemitterv1.WatchRoutesResponse
 	historyRoutes int
 	watchers      map[*Watcher]struct{}
+	byProtocol    map[routeemitterv1.Route_Protocol]int // routes per protocol
+	endpoints     int                                   // endpoints over all routes
+
+	snapshots, resyncs atomic.Uint64
+}
+
+// HubStats is a point-in-time view of the hub, for metrics.
+type HubStats struct {
+	// Routes counts the table's routes by protocol.
+	Routes map[routeemitterv1.Route_Protocol]int
+	// Endpoints counts the endpoints of every route.
+	Endpoints int
+	// Version is the table's version.
+	Version uint64
+	// Watchers is the number of registered watchers.
+	Watchers int
+	// Snapshots is how many snapshots started a watch (a new or out-of-date watcher).
+	Snapshots uint64
+	// Resyncs is how many snapshots were sent to watchers that fell behind.
+	Resyncs uint64
+}
+
+// Stats returns the hub's counts.
+func (h *Hub) Stats() HubStats {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	byProtocol := make(map[routeemitterv1.Route_Protocol]int, len(h.byProtocol))
+	for p, n := range h.byProtocol {
+		byProtocol[p] = n
+	}
+	return HubStats{
+		Routes:    byProtocol,
+		Endpoints: h.endpoints,
+		Version:   h.version,
+		Watchers:  len(h.watchers),
+		Snapshots: h.snapshots.Load(),
+		Resyncs:   h.resyncs.Load(),
+	}
+}
+
+// countLocked adds (sign 1) or subtracts (sign -1) r from the per-protocol and endpoint counts;
+// h.mu must be held.
+func (h *Hub) countLocked(r *routeemitterv1.Route, sign int) {
+	h.byProtocol[r.GetProtocol()] += sign
+	h.endpoints += sign * len(r.GetEndpoints())
 }
 
 // NewHub returns an empty, not yet synced hub.
@@ -70,11 +116,12 @@ func NewHub(opts HubOptions) *Hub {
 		opts.Queue = DefaultQueue
 	}
 	return &Hub{
-		opts:     opts,
-		syncedCh: make(chan struct{}),
-		closed:   make(chan struct{}),
-		routes:   map[table.Key]*routeemitterv1.Route{},
-		watchers: map[*Watcher]struct{}{},
+		opts:       opts,
+		syncedCh:   make(chan struct{}),
+		closed:     make(chan struct{}),
+		routes:     map[table.Key]*routeemitterv1.Route{},
+		watchers:   map[*Watcher]struct{}{},
+		byProtocol: map[routeemitterv1.Route_Protocol]int{},
 	}
 }
 
@@ -118,10 +165,19 @@ func (h *Hub) Publish(d table.Delta) {
 	defer h.mu.Unlock()
 	h.version++
 	for _, r := range d.Removals {
-		delete(h.routes, table.KeyOf(r))
+		k := table.KeyOf(r)
+		if old, ok := h.routes[k]; ok {
+			h.countLocked(old, -1)
+			delete(h.routes, k)
+		}
 	}
 	for _, r := range d.Upserts {
-		h.routes[table.KeyOf(r)] = r
+		k := table.KeyOf(r)
+		if old, ok := h.routes[k]; ok {
+			h.countLocked(old, -1)
+		}
+		h.routes[k] = r
+		h.countLocked(r, 1)
 	}
 	h.sorted = nil
 	msg := &routeemitterv1.WatchRoutesResponse{TableId: h.opts.TableID, Version: h.version, Upserts: d.Upserts, Removals: d.Removals}
@@ -196,6 +252,7 @@ func (h *Hub) Watch(tableID string, sinceVersion uint64) (*Watcher, []*routeemit
 			return w, slices.Clone(h.history[i:])
 		}
 	}
+	h.snapshots.Add(1)
 	return w, []*routeemitterv1.WatchRoutesResponse{h.snapshotMessage()}
 }
 
@@ -268,6 +325,7 @@ func (w *Watcher) resync() *routeemitterv1.WatchRoutesResponse {
 	defer w.mu.Unlock()
 	w.queue, w.overflow = nil, false
 	w.resyncs++
+	w.hub.resyncs.Add(1)
 	return w.hub.snapshotMessage()
 }
 

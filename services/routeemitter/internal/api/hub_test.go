@@ -145,3 +145,27 @@ func TestWatcherDeltasAndOverflow(t *testing.T) {
 		t.Fatalf("%d watchers left", h.Watchers())
 	}
 }
+
+// TestHubStats: the route and endpoint counts follow upserts, changes and removals, and
+// snapshots are counted by reason.
+func TestHubStats(t *testing.T) {
+	h := NewHub(HubOptions{TableID: "t1", Queue: 1})
+	h.Publish(upsert("a.com", 1))
+	h.Publish(upsert("b.com", 2))
+	two := route("a.com", 3)
+	two.Endpoints = append(two.Endpoints, &routeemitterv1.Endpoint{ProcessGuid: "g", Address: "127.0.0.1", Port: 4})
+	tcp := &routeemitterv1.Route{Protocol: routeemitterv1.Route_PROTOCOL_TCP, IncomingPort: 62000, Endpoints: two.Endpoints}
+	h.Publish(table.Delta{Upserts: []*routeemitterv1.Route{two, tcp}, Removals: []*routeemitterv1.Route{table.KeyOf(route("b.com", 0)).Removal()}})
+	w, first := h.Watch("", 0)
+	defer w.Close()
+	h.Publish(upsert("c.com", 5))
+	h.Publish(upsert("d.com", 6)) // overflows the watcher's queue of 1
+	if _, err := w.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := h.Stats()
+	if len(first) != 1 || s.Routes[routeemitterv1.Route_PROTOCOL_HTTP] != 3 || s.Routes[routeemitterv1.Route_PROTOCOL_TCP] != 1 ||
+		s.Endpoints != 6 || s.Version != 5 || s.Watchers != 1 || s.Snapshots != 1 || s.Resyncs != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}

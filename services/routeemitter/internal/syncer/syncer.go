@@ -41,6 +41,27 @@ type Publisher interface {
 	MarkSynced()
 }
 
+// Observer is told what the syncer does, for metrics. Its methods are called from Run's
+// goroutine and must not block.
+type Observer interface {
+	// Listed is called after every full listing (a first sync, a periodic or a compaction
+	// re-list) was applied to the table, with its duration.
+	Listed(d time.Duration)
+	// EventApplied is called for every BBS event applied to the table, by kind
+	// (desired_lrp_created, desired_lrp_changed, desired_lrp_removed, actual_lrp_created,
+	// actual_lrp_changed, actual_lrp_removed); events the last listing already held are not.
+	EventApplied(kind string)
+	// SyncFailed is called when a listing ("list") or an event stream ("watch") failed.
+	SyncFailed(stage string)
+}
+
+// nopObserver ignores everything.
+type nopObserver struct{}
+
+func (nopObserver) Listed(time.Duration) {}
+func (nopObserver) EventApplied(string)  {}
+func (nopObserver) SyncFailed(string)    {}
+
 // Defaults of Config.
 const (
 	// DefaultListTimeout bounds one listing call.
@@ -71,6 +92,8 @@ type Config struct {
 	MinBackoff time.Duration
 	// MaxBackoff caps the wait between retries.
 	MaxBackoff time.Duration
+	// Observer is told what the syncer does; nil ignores it.
+	Observer Observer
 }
 
 // Stats counts what the syncer did, for tests and operators.
@@ -127,6 +150,9 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = DefaultMinBackoff
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
@@ -158,6 +184,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 				}
 				failures++
 				s.failures.Add(1)
+				s.cfg.Observer.SyncFailed("list")
 				s.log.Warn("listing the BBS failed; will retry", "error", err, "attempt", failures)
 				if !sleep(ctx, s.backoff(failures)) {
 					return nil
@@ -187,6 +214,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		failures++
 		s.failures.Add(1)
+		s.cfg.Observer.SyncFailed("watch")
 		if !sleep(ctx, s.backoff(failures)) {
 			return nil
 		}
@@ -203,6 +231,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 // before A are already in the lists and skipped; the others are applied. So each half of the
 // table is exact from its own revision on, and nothing between the two is lost.
 func (s *Syncer) list(ctx context.Context) error {
+	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, s.cfg.ListTimeout)
 	defer cancel()
 	var desired *bbsv1.DesiredLRPSchedulingInfosResponse
@@ -231,6 +260,7 @@ func (s *Syncer) list(ctx context.Context) error {
 	s.log.Debug("listed the BBS", "desired_lrps", len(desired.GetSchedulingInfos()), "actual_lrps", len(actual.GetActualLrps()),
 		"desired_revision", d, "actual_revision", a, "invalid_routes", s.cfg.Table.Invalid())
 	s.publish()
+	s.cfg.Observer.Listed(time.Since(start))
 	return nil
 }
 
@@ -275,26 +305,32 @@ func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
 		case *bbsv1.Event_DesiredLrpCreated:
 			if d := k.DesiredLrpCreated.GetDesiredLrp(); rev > s.desiredRev {
 				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+				s.cfg.Observer.EventApplied("desired_lrp_created")
 			}
 		case *bbsv1.Event_DesiredLrpChanged:
 			if d := k.DesiredLrpChanged.GetAfter(); rev > s.desiredRev {
 				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+				s.cfg.Observer.EventApplied("desired_lrp_changed")
 			}
 		case *bbsv1.Event_DesiredLrpRemoved:
 			if rev > s.desiredRev {
 				s.cfg.Table.RemoveDesired(k.DesiredLrpRemoved.GetDesiredLrp().GetProcessGuid())
+				s.cfg.Observer.EventApplied("desired_lrp_removed")
 			}
 		case *bbsv1.Event_ActualLrpCreated:
 			if rev > s.actualRev {
 				s.cfg.Table.SetActual(k.ActualLrpCreated.GetActualLrp())
+				s.cfg.Observer.EventApplied("actual_lrp_created")
 			}
 		case *bbsv1.Event_ActualLrpChanged:
 			if rev > s.actualRev {
 				s.cfg.Table.SetActual(k.ActualLrpChanged.GetAfter())
+				s.cfg.Observer.EventApplied("actual_lrp_changed")
 			}
 		case *bbsv1.Event_ActualLrpRemoved:
 			if rev > s.actualRev {
 				s.cfg.Table.RemoveActual(k.ActualLrpRemoved.GetActualLrp())
+				s.cfg.Observer.EventApplied("actual_lrp_removed")
 			}
 		}
 	}

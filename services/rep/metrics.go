@@ -1,0 +1,271 @@
+package rep
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/metrics"
+	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+)
+
+// reconcileBuckets are the histogram buckets of a bulk reconcile, in seconds: from 1 ms (two
+// list calls on loopback) to a minute (retries against a struggling BBS).
+var reconcileBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// serviceMetrics are the rep's Prometheus series, on a registry of the service's own. The
+// containers, capacity and evacuating gauges are read from the cell at scrape time; the
+// counters are fed by the cell (as its cell.Observer) and by the BBS client wrapper.
+type serviceMetrics struct {
+	registry *prometheus.Registry
+
+	starts         *prometheus.CounterVec
+	crashes        prometheus.Counter
+	stops          *prometheus.CounterVec
+	bbsErrors      *prometheus.CounterVec
+	hookFailures   *prometheus.CounterVec
+	reconcile      prometheus.Histogram
+	reconcileFails prometheus.Counter
+	fixes          *prometheus.CounterVec
+}
+
+// newServiceMetrics registers the rep's series, the cell's gauges (read through stats) and
+// the Go and process collectors.
+func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
+	opts := func(name, help string) prometheus.CounterOpts {
+		return prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: name, Help: help}
+	}
+	m := &serviceMetrics{
+		registry: metrics.NewRegistry(),
+		starts: prometheus.NewCounterVec(opts("container_starts_total",
+			"Containers the backend started, by kind (lrp, task)."), []string{"kind"}),
+		crashes: prometheus.NewCounter(opts("container_crashes_total",
+			"LRP containers that ended, or failed to start, without the rep stopping them.")),
+		stops: prometheus.NewCounterVec(opts("container_stops_total",
+			"Containers the rep stopped itself (stop requests, cancelled tasks, bulk, evacuation, shutdown), by kind."), []string{"kind"}),
+		bbsErrors: prometheus.NewCounterVec(opts("bbs_errors_total",
+			"BBS calls that failed, by gRPC method and status code; every attempt counts."), []string{"method", "code"}),
+		hookFailures: prometheus.NewCounterVec(opts("hook_failures_total",
+			"Container hooks that failed, by event (on_create, on_destroy)."), []string{"event"}),
+		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "gavel", Subsystem: "rep",
+			Name: "bulk_reconcile_duration_seconds", Help: "Wall time of a bulk reconcile of the cell's containers with the BBS.", Buckets: reconcileBuckets}),
+		reconcileFails: prometheus.NewCounter(opts("bulk_reconcile_errors_total",
+			"Bulk reconciles that failed (the BBS could not be listed or a repair failed).")),
+		fixes: prometheus.NewCounterVec(opts("bulk_reconcile_fixes_total",
+			"Repairs made by the bulk loop, by fix (remove_record, fail_task, stop_container)."), []string{"fix"}),
+	}
+	m.registry.MustRegister(m.starts, m.crashes, m.stops, m.bbsErrors, m.hookFailures, m.reconcile, m.reconcileFails, m.fixes,
+		cellCollector{stats: stats})
+	// Series that should read 0 rather than be absent until their first event.
+	for _, k := range []string{"lrp", "task"} {
+		m.starts.WithLabelValues(k)
+		m.stops.WithLabelValues(k)
+	}
+	for _, e := range []string{"on_create", "on_destroy"} {
+		m.hookFailures.WithLabelValues(e)
+	}
+	for _, f := range []string{cell.FixRemoveRecord, cell.FixFailTask, cell.FixStopContainer} {
+		m.fixes.WithLabelValues(f)
+	}
+	return m
+}
+
+// kindLabel names a container kind for the metrics.
+func kindLabel(k executor.Kind) string {
+	if k == executor.KindTask {
+		return "task"
+	}
+	return "lrp"
+}
+
+// ContainerStarted implements cell.Observer.
+func (m *serviceMetrics) ContainerStarted(k executor.Kind) {
+	m.starts.WithLabelValues(kindLabel(k)).Inc()
+}
+
+// ContainerCrashed implements cell.Observer.
+func (m *serviceMetrics) ContainerCrashed() { m.crashes.Inc() }
+
+// ContainerStopped implements cell.Observer.
+func (m *serviceMetrics) ContainerStopped(k executor.Kind) {
+	m.stops.WithLabelValues(kindLabel(k)).Inc()
+}
+
+// HookFailed implements cell.Observer.
+func (m *serviceMetrics) HookFailed(event string) { m.hookFailures.WithLabelValues(event).Inc() }
+
+// Reconciled implements cell.Observer.
+func (m *serviceMetrics) Reconciled(d time.Duration, err error) {
+	m.reconcile.Observe(d.Seconds())
+	if err != nil {
+		m.reconcileFails.Inc()
+	}
+}
+
+// ReconcileFixed implements cell.Observer.
+func (m *serviceMetrics) ReconcileFixed(fix string) { m.fixes.WithLabelValues(fix).Inc() }
+
+// bbsFailed counts a failed BBS call.
+func (m *serviceMetrics) bbsFailed(method string, err error) {
+	if err != nil {
+		m.bbsErrors.WithLabelValues(method, status.Code(err).String()).Inc()
+	}
+}
+
+// Descriptions of the cell's gauges.
+var (
+	containersDesc = prometheus.NewDesc("gavel_rep_containers", "Containers the cell holds, by state (reserved, starting, running, completing).", []string{"state"}, nil)
+	memoryDesc     = prometheus.NewDesc("gavel_rep_capacity_memory_mb", "Memory in MiB, by kind: total (the cell's capacity) or available (not held by a container).", []string{"kind"}, nil)
+	diskDesc       = prometheus.NewDesc("gavel_rep_capacity_disk_mb", "Disk in MiB, by kind: total or available.", []string{"kind"}, nil)
+	slotsDesc      = prometheus.NewDesc("gavel_rep_capacity_containers", "Container slots, by kind: total or available.", []string{"kind"}, nil)
+	evacuatingDesc = prometheus.NewDesc("gavel_rep_evacuating", "1 while the cell evacuates, else 0.", nil, nil)
+)
+
+// cellCollector reads the cell's gauges at scrape time.
+type cellCollector struct{ stats func() cell.Stats }
+
+// Describe implements prometheus.Collector.
+func (cellCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{containersDesc, memoryDesc, diskDesc, slotsDesc, evacuatingDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c cellCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(containersDesc, float64(s.Reserved), "reserved")
+	gauge(containersDesc, float64(s.Starting), "starting")
+	gauge(containersDesc, float64(s.Running), "running")
+	gauge(containersDesc, float64(s.Completing), "completing")
+	gauge(memoryDesc, float64(s.Total.GetMemoryMb()), "total")
+	gauge(memoryDesc, float64(s.Available.GetMemoryMb()), "available")
+	gauge(diskDesc, float64(s.Total.GetDiskMb()), "total")
+	gauge(diskDesc, float64(s.Available.GetDiskMb()), "available")
+	gauge(slotsDesc, float64(s.Total.GetContainers()), "total")
+	gauge(slotsDesc, float64(s.Available.GetContainers()), "available")
+	evac := 0.0
+	if s.Evacuating {
+		evac = 1
+	}
+	gauge(evacuatingDesc, evac)
+}
+
+// observedBBS is the cell's BBS client, counting failed calls by method.
+type observedBBS struct {
+	bbs cell.BBS
+	m   *serviceMetrics
+}
+
+// ClaimActualLRP implements cell.BBS.
+func (b observedBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPResponse, error) {
+	r, err := b.bbs.ClaimActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("ClaimActualLRP", err)
+	return r, err
+}
+
+// DesiredLRPByProcessGuid implements cell.BBS.
+func (b observedBBS) DesiredLRPByProcessGuid(ctx context.Context, in *bbsv1.DesiredLRPByProcessGuidRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
+	r, err := b.bbs.DesiredLRPByProcessGuid(ctx, in, opts...)
+	b.m.bbsFailed("DesiredLRPByProcessGuid", err)
+	return r, err
+}
+
+// StartActualLRP implements cell.BBS.
+func (b observedBBS) StartActualLRP(ctx context.Context, in *bbsv1.StartActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.StartActualLRPResponse, error) {
+	r, err := b.bbs.StartActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("StartActualLRP", err)
+	return r, err
+}
+
+// CrashActualLRP implements cell.BBS.
+func (b observedBBS) CrashActualLRP(ctx context.Context, in *bbsv1.CrashActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.CrashActualLRPResponse, error) {
+	r, err := b.bbs.CrashActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("CrashActualLRP", err)
+	return r, err
+}
+
+// RemoveActualLRP implements cell.BBS.
+func (b observedBBS) RemoveActualLRP(ctx context.Context, in *bbsv1.RemoveActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.RemoveActualLRPResponse, error) {
+	r, err := b.bbs.RemoveActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("RemoveActualLRP", err)
+	return r, err
+}
+
+// StartTask implements cell.BBS.
+func (b observedBBS) StartTask(ctx context.Context, in *bbsv1.StartTaskRequest, opts ...grpc.CallOption) (*bbsv1.StartTaskResponse, error) {
+	r, err := b.bbs.StartTask(ctx, in, opts...)
+	b.m.bbsFailed("StartTask", err)
+	return r, err
+}
+
+// TaskByGuid implements cell.BBS.
+func (b observedBBS) TaskByGuid(ctx context.Context, in *bbsv1.TaskByGuidRequest, opts ...grpc.CallOption) (*bbsv1.TaskByGuidResponse, error) {
+	r, err := b.bbs.TaskByGuid(ctx, in, opts...)
+	b.m.bbsFailed("TaskByGuid", err)
+	return r, err
+}
+
+// CompleteTask implements cell.BBS.
+func (b observedBBS) CompleteTask(ctx context.Context, in *bbsv1.CompleteTaskRequest, opts ...grpc.CallOption) (*bbsv1.CompleteTaskResponse, error) {
+	r, err := b.bbs.CompleteTask(ctx, in, opts...)
+	b.m.bbsFailed("CompleteTask", err)
+	return r, err
+}
+
+// EvacuateClaimedActualLRP implements cell.BBS.
+func (b observedBBS) EvacuateClaimedActualLRP(ctx context.Context, in *bbsv1.EvacuateClaimedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateClaimedActualLRPResponse, error) {
+	r, err := b.bbs.EvacuateClaimedActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("EvacuateClaimedActualLRP", err)
+	return r, err
+}
+
+// EvacuateRunningActualLRP implements cell.BBS.
+func (b observedBBS) EvacuateRunningActualLRP(ctx context.Context, in *bbsv1.EvacuateRunningActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateRunningActualLRPResponse, error) {
+	r, err := b.bbs.EvacuateRunningActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("EvacuateRunningActualLRP", err)
+	return r, err
+}
+
+// EvacuateStoppedActualLRP implements cell.BBS.
+func (b observedBBS) EvacuateStoppedActualLRP(ctx context.Context, in *bbsv1.EvacuateStoppedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateStoppedActualLRPResponse, error) {
+	r, err := b.bbs.EvacuateStoppedActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("EvacuateStoppedActualLRP", err)
+	return r, err
+}
+
+// EvacuateCrashedActualLRP implements cell.BBS.
+func (b observedBBS) EvacuateCrashedActualLRP(ctx context.Context, in *bbsv1.EvacuateCrashedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateCrashedActualLRPResponse, error) {
+	r, err := b.bbs.EvacuateCrashedActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("EvacuateCrashedActualLRP", err)
+	return r, err
+}
+
+// RemoveEvacuatingActualLRP implements cell.BBS.
+func (b observedBBS) RemoveEvacuatingActualLRP(ctx context.Context, in *bbsv1.RemoveEvacuatingActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.RemoveEvacuatingActualLRPResponse, error) {
+	r, err := b.bbs.RemoveEvacuatingActualLRP(ctx, in, opts...)
+	b.m.bbsFailed("RemoveEvacuatingActualLRP", err)
+	return r, err
+}
+
+// ActualLRPs implements cell.BBS.
+func (b observedBBS) ActualLRPs(ctx context.Context, in *bbsv1.ActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ActualLRPsResponse, error) {
+	r, err := b.bbs.ActualLRPs(ctx, in, opts...)
+	b.m.bbsFailed("ActualLRPs", err)
+	return r, err
+}
+
+// Tasks implements cell.BBS.
+func (b observedBBS) Tasks(ctx context.Context, in *bbsv1.TasksRequest, opts ...grpc.CallOption) (*bbsv1.TasksResponse, error) {
+	r, err := b.bbs.Tasks(ctx, in, opts...)
+	b.m.bbsFailed("Tasks", err)
+	return r, err
+}

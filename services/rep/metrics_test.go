@@ -1,0 +1,104 @@
+package rep_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// scrape fetches the rep's /metrics.
+func scrape(t *testing.T, r *repEnv) string {
+	t.Helper()
+	resp, err := http.Get("http://" + r.svc.MetricsAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+// TestMetrics scrapes /metrics after an LRP ran, one was stopped, one failed its on_create
+// hook (a crash), one could not be claimed, a task completed and the bulk loop removed an
+// orphaned record.
+func TestMetrics(t *testing.T) {
+	env := bbstest.Start(t)
+	hook := writeHook(t, `grep -q doomed && exit 3; exit 0`)
+	r := startRep(t, env, func(c *rep.Config) {
+		c.MetricsAddress = "127.0.0.1:0"
+		c.Hooks.OnCreate = []string{hook}
+		c.BulkInterval = rep.Duration(100 * time.Millisecond)
+	})
+	web, api, doomed := desiredLRP("web", 2), desiredLRP("api", 1), desiredLRP("doomed", 1)
+	for _, d := range []*modelsv1.DesiredLRP{web, api, doomed} {
+		desire(t, env, d)
+	}
+	work := desireTask(t, env, "migrate")
+	perform(t, r, []*repv1.LRPInstance{lrpWork(web, 0), lrpWork(api, 0), lrpWork(doomed, 0), lrpWork(desiredLRP("nobody", 1), 0)},
+		[]*repv1.TaskWork{work})
+	waitRunning(t, env, r, "web", 0)
+	a := waitRunning(t, env, r, "api", 0)
+	if _, err := r.client.StopLRPInstance(ctxT(t), &repv1.StopLRPInstanceRequest{Key: a.GetKey(), InstanceKey: a.GetInstanceKey()}); err != nil {
+		t.Fatalf("StopLRPInstance: %v", err)
+	}
+	eventually(t, 10*time.Second, "doomed crashed", func() (bool, string) {
+		a := actual(t, env, "doomed", 0, ordinary)
+		return a.GetCrashCount() == 1, fmt.Sprint(a)
+	})
+	eventually(t, 10*time.Second, "task completed", func() (bool, string) {
+		tk := task(t, env, "migrate")
+		return tk.GetState() == modelsv1.Task_STATE_COMPLETED, fmt.Sprint(tk)
+	})
+	ghost := &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ghost", CellId: r.cfg.CellID}
+	if _, err := env.Client.ClaimActualLRP(ctxT(t), &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 1, InstanceKey: ghost}); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	eventually(t, 10*time.Second, "orphaned record removed", func() (bool, string) {
+		a := actual(t, env, "web", 1, ordinary)
+		return a == nil, fmt.Sprint(a)
+	})
+
+	want := []string{
+		`gavel_rep_containers{state="running"} 1`,
+		`gavel_rep_containers{state="reserved"} 0`,
+		`gavel_rep_containers{state="starting"} 0`,
+		`gavel_rep_containers{state="completing"} 0`,
+		`gavel_rep_capacity_memory_mb{kind="total"} 1024`,
+		`gavel_rep_capacity_memory_mb{kind="available"} 896`,
+		`gavel_rep_capacity_disk_mb{kind="total"} 4096`,
+		`gavel_rep_capacity_disk_mb{kind="available"} 3840`,
+		`gavel_rep_capacity_containers{kind="total"} 10`,
+		`gavel_rep_capacity_containers{kind="available"} 9`,
+		`gavel_rep_container_starts_total{kind="lrp"} 2`,
+		`gavel_rep_container_starts_total{kind="task"} 1`,
+		`gavel_rep_container_stops_total{kind="lrp"} 1`,
+		`gavel_rep_container_crashes_total 1`,
+		`gavel_rep_hook_failures_total{event="on_create"} 1`,
+		`gavel_rep_bbs_errors_total{code="NotFound",method="ClaimActualLRP"} 1`,
+		`gavel_rep_bulk_reconcile_fixes_total{fix="remove_record"} 1`,
+		`gavel_rep_bulk_reconcile_duration_seconds_count`,
+		`gavel_rep_evacuating 0`,
+		`go_goroutines`,
+	}
+	eventually(t, 10*time.Second, "the metrics", func() (bool, string) {
+		body := scrape(t, r)
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false, "missing " + w + " in:\n" + body
+			}
+		}
+		return true, ""
+	})
+}
