@@ -53,21 +53,12 @@ func run(args []string) error {
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", cfg.AdvertiseAddress, "rep address registered in the cell presence (default: the bound listen address)")
 	fs.StringVar(&cfg.CellAddress, "cell-address", cfg.CellAddress, "address instances are reached on")
-	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "server certificate (PEM)")
-	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
-	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
-	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
 	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	fs.StringVar(&cfg.BBSTLS.CertFile, "bbs-cert", "", "BBS client certificate (PEM)")
-	fs.StringVar(&cfg.BBSTLS.KeyFile, "bbs-key", "", "BBS client key (PEM)")
-	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")
+	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
 	fs.StringVar(&cfg.BBSTLS.ServerName, "bbs-server-name", "", "name checked against the BBS's certificate (default: its host)")
-	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
-	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-cert", "", "etcd client certificate (PEM)")
-	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "etcd client key (PEM)")
-	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-ca", "", "etcd CA (PEM)")
-	fs.BoolVar(&cfg.EtcdTLS.Insecure, "etcd-insecure", false, "talk plaintext to etcd (development only)")
+	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(&cfg.LeaseTTL, "lease-ttl", "TTL of the cell presence's lease")
 	fs.StringVar(&cfg.PortRange, "port-range", cfg.PortRange, "host port range, start-end")
 	fs.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "directory for containers and the rootfs cache")
@@ -81,8 +72,7 @@ func run(args []string) error {
 	fs.Var(&cfg.BulkInterval, "bulk-interval", "how often containers are reconciled with the BBS")
 	fs.Var(&cfg.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
-	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
-	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	config.LogFlags(fs, &cfg.Log)
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
 		return err
 	}
@@ -94,11 +84,7 @@ func run(args []string) error {
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 		return fmt.Errorf("work dir: %w", err)
 	}
-	etcdTLS, err := cfg.EtcdTLS.ClientTLS()
-	if err != nil {
-		return fmt.Errorf("etcd tls: %w", err)
-	}
-	etcd, err := etcdx.NewClient(etcdx.Config{Endpoints: cfg.EtcdEndpoints, TLS: etcdTLS}, logger.Named("etcd"))
+	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
 	if err != nil {
 		return err
 	}

@@ -31,19 +31,12 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("routeemitter", flag.ContinueOnError)
 	fs.String("config", "", "JSON config file (see services/routeemitter/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "server certificate (PEM)")
-	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "server key (PEM)")
-	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA that client certificates must chain to (PEM)")
-	fs.BoolVar(&cfg.TLS.Insecure, "insecure", false, "serve plaintext gRPC (development only)")
+	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
 	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	fs.StringVar(&cfg.BBSTLS.CertFile, "bbs-cert", "", "client certificate for the BBS (PEM)")
-	fs.StringVar(&cfg.BBSTLS.KeyFile, "bbs-key", "", "client key for the BBS (PEM)")
-	fs.StringVar(&cfg.BBSTLS.CAFile, "bbs-ca", "", "CA the BBS's certificate must chain to (PEM)")
-	fs.BoolVar(&cfg.BBSTLS.Insecure, "bbs-insecure", false, "talk plaintext to the BBS (development only)")
+	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
 	fs.Var(&cfg.SyncInterval, "sync-interval", "how often the whole BBS is listed again")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
-	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "trace|debug|info|warn|error")
-	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text|json")
+	config.LogFlags(fs, &cfg.Log)
 	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
 		return err
 	}
