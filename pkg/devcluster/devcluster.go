@@ -278,7 +278,9 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.Dia
 		{Name: "router", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := router.Default()
 			cfg.HTTPAddress, cfg.AdminAddress = c.cfg.RouterHTTPAddress, c.cfg.RouterAdminAddress
-			cfg.HTTPSAddress, cfg.HTTPSCertFile, cfg.HTTPSKeyFile = c.cfg.RouterHTTPSAddress, pki["router"].CertFile, pki["router"].KeyFile
+			if c.cfg.RouterHTTPSAddress != "" {
+				cfg.HTTPSAddress, cfg.HTTPSCertFile, cfg.HTTPSKeyFile = c.cfg.RouterHTTPSAddress, pki["router"].CertFile, pki["router"].KeyFile
+			}
 			cfg.RouteEmitterAddress, cfg.RouteEmitterTLS = c.RouteEmitterAddress, insecure
 			cfg.TCPBindAddress = "127.0.0.1"
 			conn, err := dial(c.RouteEmitterAddress)

@@ -37,7 +37,8 @@ type Router struct {
 	relays  sync.WaitGroup // TCP relays and UDP sessions
 
 	tbl      atomic.Pointer[table]
-	synced   chan struct{} // closed when the first table is installed
+	changed  atomic.Pointer[chan struct{}] // closed and replaced whenever a table is installed
+	synced   chan struct{}                 // closed when the first table is installed
 	syncOnce sync.Once
 	draining atomic.Bool
 
@@ -246,6 +247,10 @@ func (r *Router) adminHandler() http.Handler {
 // publish installs t (called by the watcher only) and tells the port sets.
 func (r *Router) publish(t *table) {
 	prev := r.tbl.Swap(t)
+	next := make(chan struct{})
+	if old := r.changed.Swap(&next); old != nil {
+		close(*old)
+	}
 	r.metrics.observeTable(t)
 	r.syncOnce.Do(func() { close(r.synced) })
 	r.tcp.notify()
@@ -325,4 +330,36 @@ func (r *Router) TableVersion() (tableID string, version uint64) {
 		return t.id, t.version
 	}
 	return "", 0
+}
+
+// TableChanged is closed when the router next installs a routing table (a snapshot or a
+// delta). Take it before reading the table (Endpoints) so no change is missed in between.
+func (r *Router) TableChanged() <-chan struct{} {
+	for {
+		if ch := r.changed.Load(); ch != nil {
+			return *ch
+		}
+		ch := make(chan struct{})
+		if r.changed.CompareAndSwap(nil, &ch) {
+			return ch
+		}
+	}
+}
+
+// Endpoints lists the host:port addresses the router currently sends requests for host to
+// (nil when it has no route for host).
+func (r *Router) Endpoints(host string) []string {
+	t := r.tbl.Load()
+	if t == nil {
+		return nil
+	}
+	rt := t.http.get(normalizeHostname(host))
+	if rt == nil {
+		return nil
+	}
+	out := make([]string, len(rt.endpoints))
+	for i, e := range rt.endpoints {
+		out[i] = e.addr
+	}
+	return out
 }
