@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/devcluster"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/services/bbs"
 )
@@ -105,7 +105,9 @@ func BenchmarkEventToRouterTable(b *testing.B) {
 	}
 	b.StopTimer()
 	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
-	q := func(f float64) float64 { return float64(latencies[int(f*float64(len(latencies)-1))].Microseconds()) / 1000 }
+	q := func(f float64) float64 {
+		return float64(latencies[int(f*float64(len(latencies)-1))].Microseconds()) / 1000
+	}
 	b.ReportMetric(q(0.5), "p50_ms")
 	b.ReportMetric(q(0.99), "p99_ms")
 	b.ReportMetric(q(1), "max_ms")
