@@ -19,16 +19,19 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/bbs"
 )
 
 // haProc is a process a fault test signals or kills. When the test ends it gets SIGINT (a rep
@@ -109,6 +112,7 @@ type haCluster struct {
 	reps                      map[string]*haProc // by cell id
 	bbs                       bbsv1.BBSServiceClient
 	auctioneerHealth          []grpc_health_v1.HealthClient
+	etcd                      *clientv3.Client
 }
 
 func startHACluster(t *testing.T, o haOptions) *haCluster {
@@ -123,7 +127,7 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 		o.containers = 100
 	}
 	bbsBin, auctioneerBin, repBin := binary(t, "bbs"), binary(t, "auctioneer"), binary(t, "rep")
-	emb, _ := etcdtest.Start(t)
+	emb, etcdClient := etcdtest.Start(t)
 	etcd := strings.Join(emb.Endpoints(), ",")
 	dir := t.TempDir()
 	rootfs := filepath.Join(dir, "cflinuxfs4")
@@ -131,7 +135,7 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 		t.Fatal(err)
 	}
 
-	c := &haCluster{reps: map[string]*haProc{}}
+	c := &haCluster{reps: map[string]*haProc{}, etcd: etcdClient}
 	for range o.bbs {
 		c.bbsAddrs = append(c.bbsAddrs, freeAddr(t))
 	}
@@ -220,6 +224,23 @@ func (c *haCluster) leader() int {
 		resp, err := h.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "gavel.auctioneer.v1.AuctioneerService"})
 		cancel()
 		if err == nil && resp.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
+			return i
+		}
+	}
+	return -1
+}
+
+// bbsLeader is the index of the BBS that leads (converges), from the election's first key,
+// whose value names the leader's listen address; -1 when none leads.
+func (c *haCluster) bbsLeader() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := c.etcd.Get(ctx, etcdx.LockKey(bbs.LeaderService)+"/", append(clientv3.WithFirstCreate(), clientv3.WithLimit(1))...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return -1
+	}
+	for i, addr := range c.bbsAddrs {
+		if strings.Contains(string(resp.Kvs[0].Value), "/"+addr+"/") && !c.bbsProcs[i].done() {
 			return i
 		}
 	}
@@ -491,10 +512,19 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 	if leader < 0 {
 		t.Fatal("no auctioneer leads")
 	}
+	var bbsLeader int
+	c.poll(t, 15*time.Second, "a BBS to lead", func() (bool, string) {
+		bbsLeader = c.bbsLeader()
+		return bbsLeader >= 0, "no BBS leads"
+	})
 	killed := time.Now()
 	c.auctioneerProcs[leader].kill(t)
-	c.bbsProcs[0].kill(t)
-	t.Logf("killed auctioneer-%d (the leader) and bbs-0", leader)
+	c.bbsProcs[bbsLeader].kill(t)
+	t.Logf("killed auctioneer-%d and bbs-%d (the leaders)", leader, bbsLeader)
+	c.poll(t, 30*time.Second, "the other BBS to lead", func() (bool, string) {
+		return c.bbsLeader() >= 0, "no BBS leads"
+	})
+	t.Logf("bbs-%d leads %s after the kill", c.bbsLeader(), time.Since(killed).Round(time.Millisecond))
 	c.poll(t, 15*time.Second, "the other auctioneer to lead", func() (bool, string) {
 		return c.leader() >= 0, "no leader"
 	})
