@@ -71,10 +71,11 @@ func runDev(args []string, out io.Writer) error {
 	cells := []struct {
 		id, zone, tags, providers string
 		ports                     string
+		rootfses                  []string // preloaded, besides cflinuxfs4
 	}{
-		{"cell-1", "z1", "staging", "", "61000-61199"},
-		{"cell-2", "z2", "production,skynet", "", "61200-61399"},
-		{"cell-3", "z3", "production", "docker", "61400-61599"},
+		{"cell-1", "z1", "staging", "", "61000-61199", []string{"cflinuxfs3"}},
+		{"cell-2", "z2", "production,skynet", "", "61200-61399", []string{"lucid64"}},
+		{"cell-3", "z3", "production", "docker", "61400-61599", nil},
 	}
 	var specs []devcluster.Cell
 	for _, c := range cells {
@@ -82,6 +83,13 @@ func runDev(args []string, out io.Writer) error {
 		cfg.CellID, cfg.Zone = c.id, c.zone
 		cfg.Tags = strings.Split(c.tags, ",")
 		cfg.PreloadedRootfses = map[string]string{"cflinuxfs4": rootfs}
+		for _, name := range c.rootfses {
+			dir := filepath.Join(abs, "rootfs", name)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			cfg.PreloadedRootfses[name] = dir
+		}
 		if c.providers != "" {
 			cfg.SupportedRootfsProviders = []string{c.providers}
 			cfg.InsecureRegistries = true
@@ -115,7 +123,8 @@ func runDev(args []string, out io.Writer) error {
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
 			for _, c := range cells {
-				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded cflinuxfs4%s\n", c.id, c.zone, c.tags, map[bool]string{true: ", docker images", false: ""}[c.providers != ""])
+				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded %s%s\n", c.id, c.zone, c.tags,
+					strings.Join(append([]string{"cflinuxfs4"}, c.rootfses...), ", "), map[bool]string{true: ", docker images", false: ""}[c.providers != ""])
 			}
 			if samplePath != "" {
 				if err := desireSample(ctx, cluster.BBS, samplePath, out); err != nil {
