@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -75,9 +77,30 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	return nil
 }
 
-// Addr is the bound address once Run has called ready (nil before).
+// Addr is the bound address once Run has called ready (nil before, and nil for a nil server:
+// metrics off).
 func (s *Server) Addr() net.Addr {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addr
+}
+
+// Members is the run-group member that serves s, or none for a nil server (metrics off), so a
+// service starts its metrics first with append(s.metrics.Members(), ...).
+func (s *Server) Members() []lifecycle.Member {
+	if s == nil {
+		return nil
+	}
+	return []lifecycle.Member{{Name: "metrics", Runner: s}}
+}
+
+// NewServerIf is NewServer, or nil (metrics off) when address is empty.
+func NewServerIf(address string, reg *prometheus.Registry) *Server {
+	if address == "" {
+		return nil
+	}
+	return NewServer(address, reg)
 }

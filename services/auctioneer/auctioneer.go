@@ -216,9 +216,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	auctioneerv1.RegisterAuctioneerServiceServer(server.GRPC, api.New(queue{s}))
 	s.server = server
-	if cfg.MetricsAddress != "" {
-		s.metricsServer = metrics.NewServer(cfg.MetricsAddress, s.metrics.registry)
-	}
+	s.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, s.metrics.registry)
 	return s, nil
 }
 
@@ -230,11 +228,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 			s.log.Warn("close rep connections", "error", err)
 		}
 	}()
-	var members []lifecycle.Member
-	if s.metricsServer != nil {
-		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
-	}
-	return lifecycle.Run(ctx, s.log, append(members,
+	return lifecycle.Run(ctx, s.log, append(s.metricsServer.Members(),
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			return s.server.Run(ctx, func() {
 				// A standby until elected.
@@ -261,12 +255,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 
 // MetricsAddr is the bound address of the metrics server once Run has called ready; nil
 // without metrics_address.
-func (s *Service) MetricsAddr() net.Addr {
-	if s.metricsServer == nil {
-		return nil
-	}
-	return s.metricsServer.Addr()
-}
+func (s *Service) MetricsAddr() net.Addr { return s.metricsServer.Addr() }
 
 // Addr is the API's bound address once Run has called ready.
 func (s *Service) Addr() net.Addr { return s.server.Addr() }

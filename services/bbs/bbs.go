@@ -247,9 +247,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
 		reps: reps, auctioneer: auctioneer,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
-	if cfg.MetricsAddress != "" {
-		svc.metrics = metrics.NewServer(cfg.MetricsAddress, registry)
-	}
+	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
 	return svc, nil
 }
 
@@ -265,9 +263,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		defer s.auctioneer.Close()
 		members = append(members, lifecycle.Member{Name: "auctioneer-client", Runner: lifecycle.RunFunc(s.auctioneer.Run)})
 	}
-	if s.metrics != nil {
-		members = append(members, lifecycle.Member{Name: "metrics", Runner: s.metrics})
-	}
+	members = append(members, s.metrics.Members()...)
 	if !s.manualConverge {
 		members = append(members, lifecycle.Member{Name: "converger", Runner: lifecycle.RunFunc(s.runConvergence)})
 	}
@@ -313,12 +309,7 @@ func (s *Service) Converger() *converge.Converger { return s.converger }
 
 // MetricsAddr is the metrics listener's bound address once Run has called ready (nil when
 // metrics are off).
-func (s *Service) MetricsAddr() net.Addr {
-	if s.metrics == nil {
-		return nil
-	}
-	return s.metrics.Addr()
-}
+func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
 
 // Addr is the API's bound address once Run has called ready.
 func (s *Service) Addr() net.Addr { return s.server.Addr() }

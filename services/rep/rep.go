@@ -426,9 +426,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
 		return cfg.presence(s.AdvertiseAddress())
 	}, logger.Named("presence"))
-	if cfg.MetricsAddress != "" {
-		s.metricsServer = metrics.NewServer(cfg.MetricsAddress, m.registry)
-	}
+	s.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
 	return s, nil
 }
 
@@ -437,11 +435,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 // answers) and the bulk loop; ready is called once all run. On stop the bulk loop ends, the
 // presence is revoked, the API stops, the containers are stopped and the metrics server stops.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	var members []lifecycle.Member
-	if s.metricsServer != nil {
-		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
-	}
-	return lifecycle.Run(ctx, s.log, append(members,
+	return lifecycle.Run(ctx, s.log, append(s.metricsServer.Members(),
 		lifecycle.Member{Name: "cell", Runner: s.cell},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
@@ -458,12 +452,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 
 // MetricsAddr is the bound address of the metrics server once Run has called ready; nil
 // without metrics_address.
-func (s *Service) MetricsAddr() net.Addr {
-	if s.metricsServer == nil {
-		return nil
-	}
-	return s.metricsServer.Addr()
-}
+func (s *Service) MetricsAddr() net.Addr { return s.metricsServer.Addr() }
 
 // Addr is the API's bound address once Run has started the API (nil before).
 func (s *Service) Addr() net.Addr { return s.server.Addr() }

@@ -177,9 +177,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service,
 	routeemitterv1.RegisterRouteEmitterServiceServer(server.GRPC, api.New(hub))
 	logger.Info("route-emitter table", "table_id", hub.TableID())
 	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}
-	if cfg.MetricsAddress != "" {
-		svc.metricsServer = metrics.NewServer(cfg.MetricsAddress, m.registry)
-	}
+	svc.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
 	return svc, nil
 }
 
@@ -187,11 +185,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service,
 // serving (and, with metrics_address, the metrics). Until the first sync RoutingTable answers
 // Unavailable and WatchRoutes waits.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	var members []lifecycle.Member
-	if s.metricsServer != nil {
-		members = append(members, lifecycle.Member{Name: "metrics", Runner: lifecycle.RunFunc(s.metricsServer.Run)})
-	}
-	return lifecycle.Run(ctx, s.log, append(members,
+	return lifecycle.Run(ctx, s.log, append(s.metricsServer.Members(),
 		lifecycle.Member{Name: "syncer", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			r()
 			return s.syncer.Run(ctx)
@@ -210,12 +204,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 
 // MetricsAddr is the bound address of the metrics server once Run has called ready; nil
 // without metrics_address.
-func (s *Service) MetricsAddr() net.Addr {
-	if s.metricsServer == nil {
-		return nil
-	}
-	return s.metricsServer.Addr()
-}
+func (s *Service) MetricsAddr() net.Addr { return s.metricsServer.Addr() }
 
 // Addr is the API's bound address once Run has called ready.
 func (s *Service) Addr() net.Addr { return s.server.Addr() }
