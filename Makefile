@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet test test-cluster image bench run clean
+.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image bench run clean
 
 all: check build test
 
@@ -18,8 +18,8 @@ generate:
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/... ./services/*/cmd/...
 
-## check: buf lint and breaking, gofmt, go vet, generated code up to date
-check: lint fmt vet
+## check: buf lint and breaking, gofmt and goimports, go vet, the layers, generated code up to date
+check: lint fmt vet layers
 	@tmp=$$(mktemp -d); cp -r pkg/gen $$tmp/gen; \
 	$(BUF) generate && diff -r $$tmp/gen pkg/gen >/dev/null; st=$$?; rm -rf $$tmp; \
 	if [ $$st -ne 0 ]; then echo "pkg/gen is stale: run 'make generate' and commit"; exit 1; fi
@@ -31,9 +31,22 @@ lint:
 		$(BUF) breaking --against '.git#branch=main'; \
 	else echo "buf breaking: no main branch with protos yet, skipped"; fi
 
+GOFILES = $$(git ls-files '*.go'; git ls-files --others --exclude-standard '*.go')
+
 fmt:
-	@out=$$(gofmt -l $$(git ls-files '*.go'; git ls-files --others --exclude-standard '*.go')); \
+	@out=$$(gofmt -l $(GOFILES)); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$($(GO) tool goimports -l -local github.com/gavel-sched/gavel $$(echo $(GOFILES) | tr ' ' '\n' | grep -v '^pkg/gen/')); \
+	if [ -n "$$out" ]; then echo "goimports would change:"; echo "$$out"; exit 1; fi
+
+## layers: pkg/ never imports services/ or internal/; service binaries never link the etcd server
+layers:
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}}' ./pkg/... | \
+		grep -E ' github.com/gavel-sched/gavel/(services|internal)/' | cut -d: -f1); \
+	if [ -n "$$bad" ]; then echo "pkg/ imports services/ or internal/:"; echo "$$bad"; exit 1; fi
+	@for b in ./services/*/cmd/*; do \
+		if $(GO) list -deps $$b | grep -q '^go.etcd.io/etcd/server/'; then echo "$$b links go.etcd.io/etcd/server"; exit 1; fi; \
+	done
 
 vet:
 	$(GO) vet $(PKGS)
@@ -42,6 +55,10 @@ vet:
 ## test: the whole suite (unit, integration over embedded etcd and loopback gRPC, fuzz seed corpora)
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+## test-fast: the edit loop: unit and in-process integration tests (-short skips e2e over built binaries and long runs)
+test-fast:
+	$(GO) test -short -count=1 -timeout 5m $(PKGS)
 
 ## test-cluster: the multi-host test bed over Docker containers (test/cluster; needs a docker engine)
 test-cluster:

@@ -12,14 +12,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/devcluster"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gavel-sched/gavel/internal/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/services/rep"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // sampleRoutes routes hello.gavel.local to port 8080 and 0.hello.gavel.local etc. to each index.

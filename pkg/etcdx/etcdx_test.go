@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 )
 
@@ -61,15 +62,15 @@ func TestConfigValidate(t *testing.T) {
 func TestEmbeddedConfigValidate(t *testing.T) {
 	tests := []struct {
 		name    string
-		cfg     etcdx.EmbeddedConfig
+		cfg     etcdembed.Config
 		wantErr string
 	}{
-		{name: "minimal", cfg: etcdx.EmbeddedConfig{Dir: "/tmp/x"}},
-		{name: "fixed port", cfg: etcdx.EmbeddedConfig{Dir: "/tmp/x", ClientAddr: "127.0.0.1:2379"}},
-		{name: "no dir", cfg: etcdx.EmbeddedConfig{}, wantErr: "data dir"},
-		{name: "no port", cfg: etcdx.EmbeddedConfig{Dir: "/tmp/x", ClientAddr: "127.0.0.1"}, wantErr: "client addr"},
-		{name: "no host", cfg: etcdx.EmbeddedConfig{Dir: "/tmp/x", ClientAddr: ":2379"}, wantErr: "host is required"},
-		{name: "bad port", cfg: etcdx.EmbeddedConfig{Dir: "/tmp/x", ClientAddr: "127.0.0.1:http"}, wantErr: "invalid port"},
+		{name: "minimal", cfg: etcdembed.Config{Dir: "/tmp/x"}},
+		{name: "fixed port", cfg: etcdembed.Config{Dir: "/tmp/x", ClientAddr: "127.0.0.1:2379"}},
+		{name: "no dir", cfg: etcdembed.Config{}, wantErr: "data dir"},
+		{name: "no port", cfg: etcdembed.Config{Dir: "/tmp/x", ClientAddr: "127.0.0.1"}, wantErr: "client addr"},
+		{name: "no host", cfg: etcdembed.Config{Dir: "/tmp/x", ClientAddr: ":2379"}, wantErr: "host is required"},
+		{name: "bad port", cfg: etcdembed.Config{Dir: "/tmp/x", ClientAddr: "127.0.0.1:http"}, wantErr: "invalid port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,8 +115,8 @@ func TestEmbeddedTxnOpsLimit(t *testing.T) {
 	}{
 		{name: "100 keys", keys: 100},
 		{name: "beyond etcd default", keys: 129},
-		{name: "at limit", keys: etcdx.DefaultEmbeddedMaxTxnOps},
-		{name: "over limit", keys: etcdx.DefaultEmbeddedMaxTxnOps + 1, wantErr: rpctypes.ErrTooManyOps},
+		{name: "at limit", keys: etcdembed.DefaultMaxTxnOps},
+		{name: "over limit", keys: etcdembed.DefaultMaxTxnOps + 1, wantErr: rpctypes.ErrTooManyOps},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,7 +174,7 @@ func TestTwoEmbeddedAtOnce(t *testing.T) {
 }
 
 func TestEmbeddedCloseFreesPort(t *testing.T) {
-	e, err := etcdx.StartEmbedded(testContext(t), etcdx.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
+	e, err := etcdembed.Start(testContext(t), etcdembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -200,7 +201,7 @@ func TestEmbeddedTakenClientPort(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 
-	_, err = etcdx.StartEmbedded(testContext(t), etcdx.EmbeddedConfig{
+	_, err = etcdembed.Start(testContext(t), etcdembed.Config{
 		Dir:        t.TempDir(),
 		ClientAddr: l.Addr().String(),
 		Quiet:      true,
@@ -212,9 +213,9 @@ func TestEmbeddedTakenClientPort(t *testing.T) {
 
 func TestEmbeddedRestartKeepsData(t *testing.T) {
 	dir := t.TempDir()
-	cfg := etcdx.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true, Quiet: true}
+	cfg := etcdembed.Config{Dir: dir, UnsafeNoFsync: true, Quiet: true}
 
-	e, err := etcdx.StartEmbedded(testContext(t), cfg)
+	e, err := etcdembed.Start(testContext(t), cfg)
 	if err != nil {
 		t.Fatalf("first start: %v", err)
 	}
@@ -228,7 +229,7 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 	}
 
 	// The restart gets new ports; the member's data must survive.
-	e, err = etcdx.StartEmbedded(testContext(t), cfg)
+	e, err = etcdembed.Start(testContext(t), cfg)
 	if err != nil {
 		t.Fatalf("restart: %v", err)
 	}
@@ -245,7 +246,7 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 }
 
 func TestEmbeddedRun(t *testing.T) {
-	e, err := etcdx.NewEmbedded(etcdx.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
+	e, err := etcdembed.New(etcdembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
 	if err != nil {
 		t.Fatalf("new: %v", err)
 	}
@@ -290,7 +291,7 @@ func TestEmbeddedRun(t *testing.T) {
 }
 
 func TestEmbeddedRunStopsOnClose(t *testing.T) {
-	e, err := etcdx.StartEmbedded(testContext(t), etcdx.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
+	e, err := etcdembed.Start(testContext(t), etcdembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -317,7 +318,7 @@ func TestEmbeddedRunStopsOnClose(t *testing.T) {
 
 func TestNewClientUnreachable(t *testing.T) {
 	// Start and stop a server so the endpoint is a port nobody listens on.
-	e, err := etcdx.StartEmbedded(testContext(t), etcdx.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
+	e, err := etcdembed.Start(testContext(t), etcdembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true, Quiet: true})
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -357,7 +358,7 @@ func testContext(t testing.TB) context.Context {
 }
 
 // newClient connects to e; the caller closes the client.
-func newClient(t testing.TB, e *etcdx.Embedded) *clientv3.Client {
+func newClient(t testing.TB, e *etcdembed.Server) *clientv3.Client {
 	t.Helper()
 	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: e.Endpoints()}, nil)
 	if err != nil {

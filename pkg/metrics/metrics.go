@@ -14,9 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
 )
 
 // NewRegistry returns a registry holding the Go runtime and process collectors. Each service

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
 
 func TestRestartSchedule(t *testing.T) {

@@ -4,8 +4,9 @@ import (
 	"maps"
 	"slices"
 
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"google.golang.org/protobuf/proto"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
 
 // cloneMsg deep-copies a message, keeping nil as nil.

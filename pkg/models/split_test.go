@@ -3,9 +3,10 @@ package models
 import (
 	"testing"
 
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
 
 // populate sets every field of m to a non-zero value (the first member of each oneof, one entry

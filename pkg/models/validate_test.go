@@ -6,9 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"google.golang.org/protobuf/proto"
 )
 
 // violationFields returns the field of every violation of err, failing when err is not nil and

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -49,7 +50,7 @@ func startFsyncEtcd(b *testing.B) *clientv3.Client {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e, err := etcdx.StartEmbedded(ctx, etcdx.EmbeddedConfig{
+	e, err := etcdembed.Start(ctx, etcdembed.Config{
 		Dir:           b.TempDir(),
 		ClientAddr:    "127.0.0.1:0",
 		UnsafeNoFsync: false,

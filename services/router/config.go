@@ -3,9 +3,10 @@ package router
 import (
 	"errors"
 	"fmt"
-	"github.com/gavel-sched/gavel/pkg/config"
 	"net"
 	"time"
+
+	"github.com/gavel-sched/gavel/pkg/config"
 
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"

@@ -42,8 +42,12 @@ func TestMain(m *testing.M) {
 }
 
 // binary builds the project's binaries once per test run and returns the path of one.
+// Under -short (make test-fast) every e2e test is skipped here, before anything is built.
 func binary(t *testing.T, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("e2e over built binaries: skipped under -short")
+	}
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "gavel-e2e-bin")
 		if buildErr != nil {

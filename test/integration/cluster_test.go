@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/devcluster"
+	"github.com/gavel-sched/gavel/internal/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"

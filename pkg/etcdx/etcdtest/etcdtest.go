@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	"github.com/gavel-sched/gavel/pkg/logging"
 )
 
@@ -19,11 +20,11 @@ const startTimeout = 60 * time.Second
 // Start runs a single-node etcd with fsync disabled in a fresh temporary
 // directory and returns it with a client connected to it. Both are closed
 // when the test ends; etcd client errors are logged to t.
-func Start(t testing.TB) (*etcdx.Embedded, *clientv3.Client) {
+func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	e, err := etcdx.StartEmbedded(ctx, etcdx.EmbeddedConfig{
+	e, err := etcdembed.Start(ctx, etcdembed.Config{
 		Dir:           t.TempDir(),
 		UnsafeNoFsync: true,
 		Quiet:         true,

@@ -3,9 +3,10 @@ package validate
 import (
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"google.golang.org/protobuf/proto"
 )
 
 // fuzzSeeds are marshalled valid and invalid requests of the fuzzed types.

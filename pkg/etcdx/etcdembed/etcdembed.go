@@ -1,4 +1,7 @@
-package etcdx
+// Package etcdembed runs a single-node etcd server inside this process, for `gavel dev` and tests.
+// It is the only package that links the etcd server; production binaries connect to an etcd
+// cluster through etcdx and never import it.
+package etcdembed
 
 import (
 	"context"
@@ -19,16 +22,16 @@ import (
 )
 
 const (
-	// DefaultEmbeddedClientAddr makes the embedded etcd pick a free loopback port.
-	DefaultEmbeddedClientAddr = "127.0.0.1:0"
-	// DefaultEmbeddedMaxTxnOps is the default operation limit per transaction;
+	// DefaultClientAddr makes the embedded etcd pick a free loopback port.
+	DefaultClientAddr = "127.0.0.1:0"
+	// DefaultMaxTxnOps is the default operation limit per transaction;
 	// etcd's own default of 128 is too small for batched writes.
-	DefaultEmbeddedMaxTxnOps = 2048
-	// DefaultEmbeddedMaxRequestBytes is the default request size limit.
-	DefaultEmbeddedMaxRequestBytes = 8 << 20
-	// EmbeddedReadyTimeout bounds how long StartEmbedded waits for the server
+	DefaultMaxTxnOps = 2048
+	// DefaultMaxRequestBytes is the default request size limit.
+	DefaultMaxRequestBytes = 8 << 20
+	// ReadyTimeout bounds how long Start waits for the server
 	// to become ready when the context has no earlier deadline.
-	EmbeddedReadyTimeout = 60 * time.Second
+	ReadyTimeout = 60 * time.Second
 
 	// embeddedName is the member name of the single-node cluster.
 	embeddedName = "default"
@@ -37,22 +40,22 @@ const (
 	startAttempts = 5
 )
 
-// EmbeddedConfig describes a single-node etcd running inside this process.
-type EmbeddedConfig struct {
+// Config describes a single-node etcd running inside this process.
+type Config struct {
 	// Dir is the data directory; required. Reusing a directory restarts the
 	// same member with its data.
 	Dir string
 	// ClientAddr is the host:port clients connect to; port 0 picks a free
-	// port. Empty means DefaultEmbeddedClientAddr.
+	// port. Empty means DefaultClientAddr.
 	ClientAddr string
 	// UnsafeNoFsync disables fsync: much faster, loses data on a crash.
 	// Only for tests.
 	UnsafeNoFsync bool
 	// MaxTxnOps limits operations per transaction; zero means
-	// DefaultEmbeddedMaxTxnOps.
+	// DefaultMaxTxnOps.
 	MaxTxnOps uint
 	// MaxRequestBytes limits the size of a client request; zero means
-	// DefaultEmbeddedMaxRequestBytes.
+	// DefaultMaxRequestBytes.
 	MaxRequestBytes uint
 	// SnapshotCount is the number of applied entries between raft
 	// snapshots; zero keeps etcd's default.
@@ -62,7 +65,7 @@ type EmbeddedConfig struct {
 }
 
 // Validate reports the first problem with the configuration, if any.
-func (c EmbeddedConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Dir == "" {
 		return errors.New("embedded etcd config: data dir is required")
 	}
@@ -75,15 +78,15 @@ func (c EmbeddedConfig) Validate() error {
 }
 
 // withDefaults returns c with zero fields replaced by their defaults.
-func (c EmbeddedConfig) withDefaults() EmbeddedConfig {
+func (c Config) withDefaults() Config {
 	if c.ClientAddr == "" {
-		c.ClientAddr = DefaultEmbeddedClientAddr
+		c.ClientAddr = DefaultClientAddr
 	}
 	if c.MaxTxnOps == 0 {
-		c.MaxTxnOps = DefaultEmbeddedMaxTxnOps
+		c.MaxTxnOps = DefaultMaxTxnOps
 	}
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultEmbeddedMaxRequestBytes
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	return c
 }
@@ -104,10 +107,10 @@ func splitClientAddr(addr string) (host string, port int, err error) {
 	return host, port, nil
 }
 
-// Embedded is a single-node etcd server running in this process. Create it
-// with StartEmbedded, or with NewEmbedded and then Start or Run.
-type Embedded struct {
-	cfg EmbeddedConfig
+// Server is a single-node etcd server running in this process. Create it
+// with Start, or with New and then Start or Run.
+type Server struct {
+	cfg Config
 
 	mu        sync.Mutex
 	etcd      *embed.Etcd
@@ -117,18 +120,18 @@ type Embedded struct {
 	closing atomic.Bool
 }
 
-// NewEmbedded validates cfg and returns an Embedded that is not started yet.
-func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+// New validates cfg and returns a Server that is not started yet.
+func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Embedded{cfg: cfg.withDefaults()}, nil
+	return &Server{cfg: cfg.withDefaults()}, nil
 }
 
-// StartEmbedded starts a single-node etcd and waits until it serves clients,
-// for at most EmbeddedReadyTimeout or until ctx is done.
-func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
-	e, err := NewEmbedded(cfg)
+// Start starts a single-node etcd and waits until it serves clients,
+// for at most ReadyTimeout or until ctx is done.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	e, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -139,9 +142,9 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 }
 
 // Start starts the server and waits until it is ready, for at most
-// EmbeddedReadyTimeout or until ctx is done. Starting a started server is a
+// ReadyTimeout or until ctx is done. Starting a started server is a
 // no-op; starting a closed one is an error.
-func (e *Embedded) Start(ctx context.Context) error {
+func (e *Server) Start(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -172,7 +175,7 @@ func (e *Embedded) Start(ctx context.Context) error {
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, EmbeddedReadyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 	select {
 	case <-etcd.Server.ReadyNotify():
@@ -195,7 +198,7 @@ func (e *Embedded) Start(ctx context.Context) error {
 }
 
 // etcdConfig builds etcd's configuration, picking free ports where needed.
-func (e *Embedded) etcdConfig() (*embed.Config, error) {
+func (e *Server) etcdConfig() (*embed.Config, error) {
 	host, port, err := splitClientAddr(e.cfg.ClientAddr)
 	if err != nil {
 		return nil, err
@@ -274,7 +277,7 @@ func serveErr(err error) error {
 
 // Endpoints returns the client URLs, e.g. "http://127.0.0.1:41235"; nil
 // before the server is started.
-func (e *Embedded) Endpoints() []string {
+func (e *Server) Endpoints() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.endpoints)
@@ -282,9 +285,9 @@ func (e *Embedded) Endpoints() []string {
 
 // Close stops the server, releasing its ports and its lock on the data
 // directory; the data stay. It is safe to call more than once and on a server
-// that was never started. The error result, always nil, lets Embedded satisfy
+// that was never started. The error result, always nil, lets Server satisfy
 // io.Closer: etcd reports no shutdown errors.
-func (e *Embedded) Close() error {
+func (e *Server) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -301,7 +304,7 @@ func (e *Embedded) Close() error {
 // Run starts the server if needed, calls ready (if not nil) once it serves
 // clients, and blocks until ctx is done or the server fails; then it closes
 // the server. It returns nil after ctx is done, otherwise the failure.
-func (e *Embedded) Run(ctx context.Context, ready func()) error {
+func (e *Server) Run(ctx context.Context, ready func()) error {
 	defer e.Close()
 	if err := e.Start(ctx); err != nil {
 		return err
@@ -329,7 +332,7 @@ func (e *Embedded) Run(ctx context.Context, ready func()) error {
 }
 
 // isClosed reports whether Close has been called.
-func (e *Embedded) isClosed() bool {
+func (e *Server) isClosed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.closed

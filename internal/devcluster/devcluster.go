@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -123,7 +124,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 	if c.AuctioneerAddress, err = freeAddr(c.cfg.AuctioneerAddress); err != nil {
 		return fmt.Errorf("auctioneer address: %w", err)
 	}
-	etcd, err := etcdx.NewEmbedded(etcdx.EmbeddedConfig{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true})
+	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true})
 	if err != nil {
 		return err
 	}
