@@ -225,7 +225,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		coreCfg.Auctioneer = auctioneer
 	}
 	c := core.New(st, coreCfg)
-	callbacks.SetResolver(c)
+	callbacks.SetResolver(c.Tasks)
 	v := validate.Validator{Limits: limits}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(), api.RepScope()),

@@ -15,7 +15,11 @@ import (
 // Server implements bbsv1.BBSServiceServer over the core.
 type Server struct {
 	bbsv1.UnimplementedBBSServiceServer
-	core          *core.Core
+	desired       *core.DesiredLRPs
+	actual        *core.ActualLRPs
+	tasks         *core.Tasks
+	domains       *core.Domains
+	cells         *core.Cells
 	st            *store.Store
 	bookmarkEvery time.Duration
 }
@@ -24,12 +28,20 @@ var _ bbsv1.BBSServiceServer = (*Server)(nil)
 
 // New returns the API over c; idle event subscribers get a bookmark every bookmarkEvery.
 func New(c *core.Core, bookmarkEvery time.Duration) *Server {
-	return &Server{core: c, st: c.Store(), bookmarkEvery: bookmarkEvery}
+	return &Server{
+		desired:       c.DesiredLRPs,
+		actual:        c.ActualLRPs,
+		tasks:         c.Tasks,
+		domains:       c.Domains,
+		cells:         c.Cells,
+		st:            c.Store(),
+		bookmarkEvery: bookmarkEvery,
+	}
 }
 
 // UpsertDomain implements bbsv1.BBSServiceServer.
 func (s *Server) UpsertDomain(ctx context.Context, r *bbsv1.UpsertDomainRequest) (*bbsv1.UpsertDomainResponse, error) {
-	return &bbsv1.UpsertDomainResponse{}, s.core.UpsertDomain(ctx, r.GetDomain(), r.GetTtlSeconds())
+	return &bbsv1.UpsertDomainResponse{}, s.domains.UpsertDomain(ctx, r.GetDomain(), r.GetTtlSeconds())
 }
 
 // Domains implements bbsv1.BBSServiceServer.
@@ -40,7 +52,7 @@ func (s *Server) Domains(context.Context, *bbsv1.DomainsRequest) (*bbsv1.Domains
 
 // DesireLRP implements bbsv1.BBSServiceServer.
 func (s *Server) DesireLRP(ctx context.Context, r *bbsv1.DesireLRPRequest) (*bbsv1.DesireLRPResponse, error) {
-	rev, err := s.core.DesireLRP(ctx, r.GetDesiredLrp())
+	rev, err := s.desired.DesireLRP(ctx, r.GetDesiredLrp())
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +61,7 @@ func (s *Server) DesireLRP(ctx context.Context, r *bbsv1.DesireLRPRequest) (*bbs
 
 // UpdateDesiredLRP implements bbsv1.BBSServiceServer.
 func (s *Server) UpdateDesiredLRP(ctx context.Context, r *bbsv1.UpdateDesiredLRPRequest) (*bbsv1.UpdateDesiredLRPResponse, error) {
-	d, rev, err := s.core.UpdateDesiredLRP(ctx, r.GetProcessGuid(), r.GetUpdate(), r.GetExpectedModificationTag())
+	d, rev, err := s.desired.UpdateDesiredLRP(ctx, r.GetProcessGuid(), r.GetUpdate(), r.GetExpectedModificationTag())
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +70,7 @@ func (s *Server) UpdateDesiredLRP(ctx context.Context, r *bbsv1.UpdateDesiredLRP
 
 // RemoveDesiredLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RemoveDesiredLRP(ctx context.Context, r *bbsv1.RemoveDesiredLRPRequest) (*bbsv1.RemoveDesiredLRPResponse, error) {
-	rev, err := s.core.RemoveDesiredLRP(ctx, r.GetProcessGuid())
+	rev, err := s.desired.RemoveDesiredLRP(ctx, r.GetProcessGuid())
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +89,7 @@ func (s *Server) DesiredLRPs(_ context.Context, r *bbsv1.DesiredLRPsRequest) (*b
 
 // DesiredLRPByProcessGuid implements bbsv1.BBSServiceServer.
 func (s *Server) DesiredLRPByProcessGuid(_ context.Context, r *bbsv1.DesiredLRPByProcessGuidRequest) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
-	d, rev, err := s.core.DesiredLRP(r.GetProcessGuid())
+	d, rev, err := s.desired.DesiredLRP(r.GetProcessGuid())
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +122,7 @@ func (s *Server) ActualLRPs(_ context.Context, r *bbsv1.ActualLRPsRequest) (*bbs
 
 // ClaimActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequest) (*bbsv1.ClaimActualLRPResponse, error) {
-	a, err := s.core.ClaimActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	a, err := s.actual.ClaimActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +131,7 @@ func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequ
 
 // StartActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) StartActualLRP(ctx context.Context, r *bbsv1.StartActualLRPRequest) (*bbsv1.StartActualLRPResponse, error) {
-	a, err := s.core.StartActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo(), r.GetRoutable())
+	a, err := s.actual.StartActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo(), r.GetRoutable())
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +140,7 @@ func (s *Server) StartActualLRP(ctx context.Context, r *bbsv1.StartActualLRPRequ
 
 // CrashActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) CrashActualLRP(ctx context.Context, r *bbsv1.CrashActualLRPRequest) (*bbsv1.CrashActualLRPResponse, error) {
-	a, err := s.core.CrashActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
+	a, err := s.actual.CrashActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
 	if err != nil {
 		return nil, err
 	}
@@ -137,22 +149,22 @@ func (s *Server) CrashActualLRP(ctx context.Context, r *bbsv1.CrashActualLRPRequ
 
 // FailActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) FailActualLRP(ctx context.Context, r *bbsv1.FailActualLRPRequest) (*bbsv1.FailActualLRPResponse, error) {
-	return &bbsv1.FailActualLRPResponse{}, s.core.FailActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetPlacementError())
+	return &bbsv1.FailActualLRPResponse{}, s.actual.FailActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetPlacementError())
 }
 
 // RemoveActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RemoveActualLRP(ctx context.Context, r *bbsv1.RemoveActualLRPRequest) (*bbsv1.RemoveActualLRPResponse, error) {
-	return &bbsv1.RemoveActualLRPResponse{}, s.core.RemoveActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	return &bbsv1.RemoveActualLRPResponse{}, s.actual.RemoveActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
 }
 
 // RetireActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RetireActualLRP(ctx context.Context, r *bbsv1.RetireActualLRPRequest) (*bbsv1.RetireActualLRPResponse, error) {
-	return &bbsv1.RetireActualLRPResponse{}, s.core.RetireActualLRP(ctx, r.GetProcessGuid(), r.GetIndex())
+	return &bbsv1.RetireActualLRPResponse{}, s.actual.RetireActualLRP(ctx, r.GetProcessGuid(), r.GetIndex())
 }
 
 // EvacuateClaimedActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) EvacuateClaimedActualLRP(ctx context.Context, r *bbsv1.EvacuateClaimedActualLRPRequest) (*bbsv1.EvacuateClaimedActualLRPResponse, error) {
-	keep, err := s.core.EvacuateClaimedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	keep, err := s.actual.EvacuateClaimedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +173,7 @@ func (s *Server) EvacuateClaimedActualLRP(ctx context.Context, r *bbsv1.Evacuate
 
 // EvacuateRunningActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) EvacuateRunningActualLRP(ctx context.Context, r *bbsv1.EvacuateRunningActualLRPRequest) (*bbsv1.EvacuateRunningActualLRPResponse, error) {
-	keep, err := s.core.EvacuateRunningActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo())
+	keep, err := s.actual.EvacuateRunningActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +182,7 @@ func (s *Server) EvacuateRunningActualLRP(ctx context.Context, r *bbsv1.Evacuate
 
 // EvacuateStoppedActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) EvacuateStoppedActualLRP(ctx context.Context, r *bbsv1.EvacuateStoppedActualLRPRequest) (*bbsv1.EvacuateStoppedActualLRPResponse, error) {
-	keep, err := s.core.EvacuateStoppedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	keep, err := s.actual.EvacuateStoppedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +191,7 @@ func (s *Server) EvacuateStoppedActualLRP(ctx context.Context, r *bbsv1.Evacuate
 
 // EvacuateCrashedActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) EvacuateCrashedActualLRP(ctx context.Context, r *bbsv1.EvacuateCrashedActualLRPRequest) (*bbsv1.EvacuateCrashedActualLRPResponse, error) {
-	keep, err := s.core.EvacuateCrashedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
+	keep, err := s.actual.EvacuateCrashedActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetErrorMessage())
 	if err != nil {
 		return nil, err
 	}
@@ -188,12 +200,12 @@ func (s *Server) EvacuateCrashedActualLRP(ctx context.Context, r *bbsv1.Evacuate
 
 // RemoveEvacuatingActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RemoveEvacuatingActualLRP(ctx context.Context, r *bbsv1.RemoveEvacuatingActualLRPRequest) (*bbsv1.RemoveEvacuatingActualLRPResponse, error) {
-	return &bbsv1.RemoveEvacuatingActualLRPResponse{}, s.core.RemoveEvacuatingActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
+	return &bbsv1.RemoveEvacuatingActualLRPResponse{}, s.actual.RemoveEvacuatingActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey())
 }
 
 // DesireTask implements bbsv1.BBSServiceServer.
 func (s *Server) DesireTask(ctx context.Context, r *bbsv1.DesireTaskRequest) (*bbsv1.DesireTaskResponse, error) {
-	rev, err := s.core.DesireTask(ctx, r.GetTaskGuid(), r.GetDomain(), r.GetDefinition())
+	rev, err := s.tasks.DesireTask(ctx, r.GetTaskGuid(), r.GetDomain(), r.GetDefinition())
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +224,7 @@ func (s *Server) Tasks(_ context.Context, r *bbsv1.TasksRequest) (*bbsv1.TasksRe
 
 // TaskByGuid implements bbsv1.BBSServiceServer.
 func (s *Server) TaskByGuid(_ context.Context, r *bbsv1.TaskByGuidRequest) (*bbsv1.TaskByGuidResponse, error) {
-	t, rev, err := s.core.Task(r.GetTaskGuid())
+	t, rev, err := s.tasks.Task(r.GetTaskGuid())
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +233,7 @@ func (s *Server) TaskByGuid(_ context.Context, r *bbsv1.TaskByGuidRequest) (*bbs
 
 // StartTask implements bbsv1.BBSServiceServer.
 func (s *Server) StartTask(ctx context.Context, r *bbsv1.StartTaskRequest) (*bbsv1.StartTaskResponse, error) {
-	start, err := s.core.StartTask(ctx, r.GetTaskGuid(), r.GetCellId())
+	start, err := s.tasks.StartTask(ctx, r.GetTaskGuid(), r.GetCellId())
 	if err != nil {
 		return nil, err
 	}
@@ -230,27 +242,27 @@ func (s *Server) StartTask(ctx context.Context, r *bbsv1.StartTaskRequest) (*bbs
 
 // CancelTask implements bbsv1.BBSServiceServer.
 func (s *Server) CancelTask(ctx context.Context, r *bbsv1.CancelTaskRequest) (*bbsv1.CancelTaskResponse, error) {
-	return &bbsv1.CancelTaskResponse{}, s.core.CancelTask(ctx, r.GetTaskGuid())
+	return &bbsv1.CancelTaskResponse{}, s.tasks.CancelTask(ctx, r.GetTaskGuid())
 }
 
 // RejectTask implements bbsv1.BBSServiceServer.
 func (s *Server) RejectTask(ctx context.Context, r *bbsv1.RejectTaskRequest) (*bbsv1.RejectTaskResponse, error) {
-	return &bbsv1.RejectTaskResponse{}, s.core.RejectTask(ctx, r.GetTaskGuid(), r.GetRejectionReason(), r.GetPlacementError())
+	return &bbsv1.RejectTaskResponse{}, s.tasks.RejectTask(ctx, r.GetTaskGuid(), r.GetRejectionReason(), r.GetPlacementError())
 }
 
 // CompleteTask implements bbsv1.BBSServiceServer.
 func (s *Server) CompleteTask(ctx context.Context, r *bbsv1.CompleteTaskRequest) (*bbsv1.CompleteTaskResponse, error) {
-	return &bbsv1.CompleteTaskResponse{}, s.core.CompleteTask(ctx, r.GetTaskGuid(), r.GetCellId(), r.GetFailed(), r.GetFailureReason(), r.GetResult())
+	return &bbsv1.CompleteTaskResponse{}, s.tasks.CompleteTask(ctx, r.GetTaskGuid(), r.GetCellId(), r.GetFailed(), r.GetFailureReason(), r.GetResult())
 }
 
 // ResolvingTask implements bbsv1.BBSServiceServer.
 func (s *Server) ResolvingTask(ctx context.Context, r *bbsv1.ResolvingTaskRequest) (*bbsv1.ResolvingTaskResponse, error) {
-	return &bbsv1.ResolvingTaskResponse{}, s.core.ResolvingTask(ctx, r.GetTaskGuid())
+	return &bbsv1.ResolvingTaskResponse{}, s.tasks.ResolvingTask(ctx, r.GetTaskGuid())
 }
 
 // DeleteTask implements bbsv1.BBSServiceServer.
 func (s *Server) DeleteTask(ctx context.Context, r *bbsv1.DeleteTaskRequest) (*bbsv1.DeleteTaskResponse, error) {
-	return &bbsv1.DeleteTaskResponse{}, s.core.DeleteTask(ctx, r.GetTaskGuid())
+	return &bbsv1.DeleteTaskResponse{}, s.tasks.DeleteTask(ctx, r.GetTaskGuid())
 }
 
 // Cells implements bbsv1.BBSServiceServer.
@@ -261,12 +273,12 @@ func (s *Server) Cells(context.Context, *bbsv1.CellsRequest) (*bbsv1.CellsRespon
 
 // Tags implements bbsv1.BBSServiceServer.
 func (s *Server) Tags(context.Context, *bbsv1.TagsRequest) (*bbsv1.TagsResponse, error) {
-	return &bbsv1.TagsResponse{Tags: s.core.Tags()}, nil
+	return &bbsv1.TagsResponse{Tags: s.cells.Tags()}, nil
 }
 
 // ResolveLinks implements bbsv1.BBSServiceServer.
 func (s *Server) ResolveLinks(_ context.Context, r *bbsv1.ResolveLinksRequest) (*bbsv1.ResolveLinksResponse, error) {
-	links, err := s.core.ResolveLinks(r.GetProcessGuid())
+	links, err := s.desired.ResolveLinks(r.GetProcessGuid())
 	if err != nil {
 		return nil, err
 	}

@@ -257,7 +257,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		if missing > 0 {
 			r.LRPsMissing += missing
 			add(&r.Created, func(ctx context.Context) (int, error) {
-				created, err := c.core.ConvergeMissingLRP(ctx, guid)
+				created, err := c.core.DesiredLRPs.ConvergeMissingLRP(ctx, guid)
 				return len(created), err
 			})
 		}
@@ -273,7 +273,9 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		if !isDesired(guid, index) {
 			r.LRPsExtra++
 			if domains[a.GetKey().GetDomain()] {
-				add(&r.Retired, func(ctx context.Context) (int, error) { return one(c.core.ConvergeExtraLRP(ctx, guid, index)) })
+				add(&r.Retired, func(ctx context.Context) (int, error) {
+					return one(c.core.ActualLRPs.ConvergeExtraLRP(ctx, guid, index))
+				})
 			}
 			continue
 		}
@@ -289,12 +291,16 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 			}
 		case modelsv1.ActualLRP_STATE_CLAIMED, modelsv1.ActualLRP_STATE_RUNNING:
 			if ik := a.GetInstanceKey(); !cells[ik.GetCellId()] {
-				add(&r.Suspected, func(ctx context.Context) (int, error) { return one(c.core.ConvergeSuspectLRP(ctx, guid, index, ik)) })
+				add(&r.Suspected, func(ctx context.Context) (int, error) {
+					return one(c.core.ActualLRPs.ConvergeSuspectLRP(ctx, guid, index, ik))
+				})
 			}
 		case modelsv1.ActualLRP_STATE_CRASHED:
 			r.CrashedLRPs++
 			if models.ShouldRestartCrashed(a, now) {
-				add(&r.Restarted, func(ctx context.Context) (int, error) { return one(c.core.ConvergeCrashedLRP(ctx, guid, index)) })
+				add(&r.Restarted, func(ctx context.Context) (int, error) {
+					return one(c.core.ActualLRPs.ConvergeCrashedLRP(ctx, guid, index))
+				})
 			}
 		}
 	}
@@ -305,7 +311,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		for index, sl := range m {
 			if sl.evac != nil && (!cells[sl.evac.GetInstanceKey().GetCellId()] || !isDesired(guid, index)) {
 				add(&r.EvacuatingRemoved, func(ctx context.Context) (int, error) {
-					return one(c.core.ConvergeRemoveEvacuatingLRP(ctx, guid, index))
+					return one(c.core.ActualLRPs.ConvergeRemoveEvacuatingLRP(ctx, guid, index))
 				})
 			}
 			if sl.sus == nil {
@@ -316,11 +322,11 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 			switch {
 			case !isDesired(guid, index) || replaced:
 				add(&r.SuspectsRemoved, func(ctx context.Context) (int, error) {
-					return one(c.core.ConvergeRemoveSuspectLRP(ctx, guid, index))
+					return one(c.core.ActualLRPs.ConvergeRemoveSuspectLRP(ctx, guid, index))
 				})
 			case cells[sl.sus.GetInstanceKey().GetCellId()]:
 				add(&r.Promoted, func(ctx context.Context) (int, error) {
-					return one(c.core.ConvergePromoteSuspectLRP(ctx, guid, index))
+					return one(c.core.ActualLRPs.ConvergePromoteSuspectLRP(ctx, guid, index))
 				})
 			}
 		}
@@ -335,31 +341,33 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 			if !task.GetCreatedAt().AsTime().Add(c.cfg.PendingTaskTimeout).After(now) {
 				deadline := now.Add(-c.cfg.PendingTaskTimeout)
 				add(&r.TasksFailed, func(ctx context.Context) (int, error) {
-					return one(c.core.ConvergeExpirePendingTask(ctx, guid, deadline))
+					return one(c.core.Tasks.ConvergeExpirePendingTask(ctx, guid, deadline))
 				})
 			} else if !task.GetUpdatedAt().AsTime().Add(c.cfg.UnclaimedTimeout).After(now) {
 				pending = append(pending, task)
 			}
 		case modelsv1.Task_STATE_RUNNING:
 			if !cells[task.GetCellId()] {
-				add(&r.TasksFailed, func(ctx context.Context) (int, error) { return one(c.core.ConvergeTaskOnVanishedCell(ctx, guid)) })
+				add(&r.TasksFailed, func(ctx context.Context) (int, error) { return one(c.core.Tasks.ConvergeTaskOnVanishedCell(ctx, guid)) })
 			}
 		case modelsv1.Task_STATE_COMPLETED, modelsv1.Task_STATE_RESOLVING:
 			if !core.CompletedAt(task).Add(c.cfg.CompletedTaskTimeout).After(now) {
 				deadline := now.Add(-c.cfg.CompletedTaskTimeout)
-				add(&r.TasksDeleted, func(ctx context.Context) (int, error) { return one(c.core.ConvergeDeleteTask(ctx, guid, deadline)) })
+				add(&r.TasksDeleted, func(ctx context.Context) (int, error) {
+					return one(c.core.Tasks.ConvergeDeleteTask(ctx, guid, deadline))
+				})
 			} else if task.GetDefinition().GetCompletionCallbackUrl() != "" &&
 				!task.GetUpdatedAt().AsTime().Add(c.cfg.UnclaimedTimeout).After(now) {
 				add(&r.TaskCallbacksRetried, func(ctx context.Context) (int, error) {
-					return one(c.core.ConvergeRetryTaskCallback(ctx, guid))
+					return one(c.core.Tasks.ConvergeRetryTaskCallback(ctx, guid))
 				})
 			}
 		}
 	}
 
 	errs := c.run(ctx, jobs, &r)
-	c.core.RequestLRPAuctions(stale)
-	c.core.RequestTaskAuctions(pending)
+	c.core.ActualLRPs.RequestLRPAuctions(stale)
+	c.core.Tasks.RequestTaskAuctions(pending)
 	r.TasksReauctioned = len(pending)
 	r.Duration = time.Since(started)
 	c.cfg.Metrics.observe(r)

@@ -28,9 +28,13 @@ func describeInstance(k *modelsv1.ActualLRPInstanceKey) string {
 	return fmt.Sprintf("instance %s on cell %s", k.GetInstanceGuid(), k.GetCellId())
 }
 
+// ActualLRPs is the actual LRP (instance) lifecycle driven by the reps: claim, start, crash,
+// fail, remove, retire, and the evacuation of draining cells (evacuate.go).
+type ActualLRPs struct{ *deps }
+
 // changed returns a copy of a with its modification tag bumped and since set when the state
 // changes.
-func (c *Core) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_State) *modelsv1.ActualLRP {
+func (c *ActualLRPs) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_State) *modelsv1.ActualLRP {
 	next := clone(a)
 	if next.GetState() != state {
 		next.Since = c.now()
@@ -61,11 +65,11 @@ func ordinaryLRP(t *store.Txn, guid string, index int32) (*modelsv1.ActualLRP, e
 	return a, nil
 }
 
-func (c *Core) zoneOf(cellID string) string { return c.st.Cell(cellID).GetZone() }
+func (c *ActualLRPs) zoneOf(cellID string) string { return c.st.Cell(cellID).GetZone() }
 
 // ClaimActualLRP moves an UNCLAIMED instance to CLAIMED by the given container. Claiming again
 // with the same instance key is a no-op; any other claim fails with FailedPrecondition.
-func (c *Core) ClaimActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (*modelsv1.ActualLRP, error) {
+func (c *ActualLRPs) ClaimActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (*modelsv1.ActualLRP, error) {
 	var out *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		a, err := ordinaryLRP(t, guid, index)
@@ -101,7 +105,7 @@ func (c *Core) ClaimActualLRP(ctx context.Context, guid string, index int32, ik 
 // StartActualLRP marks an instance RUNNING in the given container with its network info. It is
 // legal from UNCLAIMED, from CLAIMED by the same container, and again while RUNNING in the same
 // container (to update network info or routability).
-func (c *Core) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool) (*modelsv1.ActualLRP, error) {
+func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool) (*modelsv1.ActualLRP, error) {
 	var out *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		a, err := ordinaryLRP(t, guid, index)
@@ -150,7 +154,7 @@ func (c *Core) StartActualLRP(ctx context.Context, guid string, index int32, ik 
 
 // crashed returns the record after a crash of a's container: UNCLAIMED when the policy
 // restarts it at once, else CRASHED; either way without instance or network.
-func (c *Core) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.ActualLRP {
+func (c *ActualLRPs) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.ActualLRP {
 	count := models.CrashCountAfterCrash(a, c.cfg.Now())
 	state := crashed
 	if models.ShouldRestartImmediately(count) {
@@ -167,7 +171,7 @@ func (c *Core) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.ActualLRP
 }
 
 // CrashActualLRP records a crash of a CLAIMED or RUNNING instance in the given container.
-func (c *Core) CrashActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (*modelsv1.ActualLRP, error) {
+func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (*modelsv1.ActualLRP, error) {
 	var out *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		a, err := ordinaryLRP(t, guid, index)
@@ -191,7 +195,7 @@ func (c *Core) CrashActualLRP(ctx context.Context, guid string, index int32, ik 
 }
 
 // restartIfUnclaimed asks for an UNCLAIMED instance to be placed.
-func (c *Core) restartIfUnclaimed(a *modelsv1.ActualLRP) {
+func (c *ActualLRPs) restartIfUnclaimed(a *modelsv1.ActualLRP) {
 	if a.GetState() != unclaimed {
 		return
 	}
@@ -201,7 +205,7 @@ func (c *Core) restartIfUnclaimed(a *modelsv1.ActualLRP) {
 }
 
 // FailActualLRP records why an UNCLAIMED instance could not be placed.
-func (c *Core) FailActualLRP(ctx context.Context, guid string, index int32, pe *modelsv1.PlacementError) error {
+func (c *ActualLRPs) FailActualLRP(ctx context.Context, guid string, index int32, pe *modelsv1.PlacementError) error {
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
@@ -222,11 +226,11 @@ func (c *Core) FailActualLRP(ctx context.Context, guid string, index int32, pe *
 
 // RemoveActualLRP deletes the ordinary record of an instance slot; when ik is set it must match
 // the stored instance key.
-func (c *Core) RemoveActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
+func (c *ActualLRPs) RemoveActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
 	return c.removeRecord(ctx, guid, index, ordinary, ik)
 }
 
-func (c *Core) removeRecord(ctx context.Context, guid string, index int32, p modelsv1.ActualLRP_Presence, ik *modelsv1.ActualLRPInstanceKey) error {
+func (c *deps) removeRecord(ctx context.Context, guid string, index int32, p modelsv1.ActualLRP_Presence, ik *modelsv1.ActualLRPInstanceKey) error {
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		a, err := t.ActualLRP(guid, index, p)
 		if err != nil {
@@ -249,7 +253,7 @@ func (c *Core) removeRecord(ctx context.Context, guid string, index int32, p mod
 
 // retire stages the retirement of an ordinary record: deleted when it holds no container (or
 // its cell is gone), else its container is stopped by the cell's rep once t commits.
-func (c *Core) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) error {
+func (c *ActualLRPs) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) error {
 	guid, index := a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()
 	if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil {
 		if c.cfg.Cells == nil {
@@ -264,7 +268,7 @@ func (c *Core) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest)
 
 // RetireActualLRP stops an instance: a record without a container (or on a vanished cell) is
 // deleted; a container on a live cell is stopped by its rep, which then removes the record.
-func (c *Core) RetireActualLRP(ctx context.Context, guid string, index int32) error {
+func (c *ActualLRPs) RetireActualLRP(ctx context.Context, guid string, index int32) error {
 	var stops []stopRequest
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		stops = nil

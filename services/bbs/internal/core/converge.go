@@ -24,7 +24,7 @@ const (
 
 // ConvergeMissingLRP creates UNCLAIMED instances for every desired index of guid without an
 // ordinary record and asks for them to be placed. It returns the indices created.
-func (c *Core) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, error) {
+func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, error) {
 	var sched *modelsv1.DesiredLRPSchedulingInfo
 	var created []int32
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
@@ -51,7 +51,7 @@ func (c *Core) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, er
 // desired LRP is gone or its index is past the instance count) and its domain is fresh: a
 // record without a container is deleted, a container on a live cell is stopped by its rep.
 // It reports whether the instance was retired (or its stop requested).
-func (c *Core) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
+func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	var stops []stopRequest
 	var done bool
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
@@ -84,7 +84,7 @@ func (c *Core) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (
 // ConvergeCrashedLRP restarts a CRASHED instance whose restart delay has passed (and that has
 // crashed fewer than models.MaxCrashes times): it becomes UNCLAIMED, keeping its crash count,
 // and is sent for placement. It reports whether it was restarted.
-func (c *Core) ConvergeCrashedLRP(ctx context.Context, guid string, index int32) (bool, error) {
+func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	var next *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		next = nil
@@ -116,7 +116,7 @@ func (c *Core) ConvergeCrashedLRP(ctx context.Context, guid string, index int32)
 // has no presence: a RUNNING one is kept as a SUSPECT copy (still routed) and the slot is
 // unclaimed for a replacement, in one transaction; a CLAIMED one is only unclaimed. The
 // replacement is sent for placement. It reports whether the instance was handled.
-func (c *Core) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
 	var next *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		next = nil
@@ -157,7 +157,7 @@ func (c *Core) ConvergeSuspectLRP(ctx context.Context, guid string, index int32,
 // replacement's record (UNCLAIMED or CLAIMED) is dropped in the same transaction; a claimed
 // replacement's container is stopped by its rep, whose calls no longer match the slot. It
 // reports whether the suspect was promoted.
-func (c *Core) ConvergePromoteSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
+func (c *ActualLRPs) ConvergePromoteSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	var done bool
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		done = false
@@ -194,7 +194,7 @@ func (c *Core) ConvergePromoteSuspectLRP(ctx context.Context, guid string, index
 
 // ConvergeRemoveSuspectLRP deletes the SUSPECT copy of guid/index once it has no reason to
 // stay: its replacement runs, or the slot is no longer desired. It reports whether it did.
-func (c *Core) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
+func (c *ActualLRPs) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	var done bool
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		done = false
@@ -227,7 +227,7 @@ func (c *Core) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index 
 // ConvergeRemoveEvacuatingLRP deletes the EVACUATING copy of an instance slot whose cell has
 // vanished (its container is gone with the cell; the slot was already handed to a replacement
 // when the evacuation started) or whose slot is no longer desired. It reports whether it did.
-func (c *Core) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
+func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	var done bool
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		done = false
@@ -258,7 +258,7 @@ func (c *Core) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, ind
 
 // ConvergeExpirePendingTask fails a task that is still PENDING and was created at or before
 // deadline with ReasonNotStarted. It reports whether it did.
-func (c *Core) ConvergeExpirePendingTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
+func (c *Tasks) ConvergeExpirePendingTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
 	return c.convergeFailTask(ctx, guid, ReasonNotStarted, func(_ *store.Txn, task *modelsv1.Task) (bool, error) {
 		return task.GetState() == pending && !task.GetCreatedAt().AsTime().After(deadline), nil
 	})
@@ -266,7 +266,7 @@ func (c *Core) ConvergeExpirePendingTask(ctx context.Context, guid string, deadl
 
 // ConvergeTaskOnVanishedCell fails a task RUNNING on a cell that has no presence with
 // ReasonCellDisappeared. It reports whether it did.
-func (c *Core) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (bool, error) {
+func (c *Tasks) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (bool, error) {
 	return c.convergeFailTask(ctx, guid, ReasonCellDisappeared, func(t *store.Txn, task *modelsv1.Task) (bool, error) {
 		if task.GetState() != taskRun {
 			return false, nil
@@ -276,7 +276,7 @@ func (c *Core) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (boo
 	})
 }
 
-func (c *Core) convergeFailTask(ctx context.Context, guid, reason string, cond func(*store.Txn, *modelsv1.Task) (bool, error)) (bool, error) {
+func (c *Tasks) convergeFailTask(ctx context.Context, guid, reason string, cond func(*store.Txn, *modelsv1.Task) (bool, error)) (bool, error) {
 	var after *modelsv1.Task
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		after = nil
@@ -304,7 +304,7 @@ func (c *Core) convergeFailTask(ctx context.Context, guid, reason string, cond f
 // ConvergeRetryTaskCallback retries the completion callback of a COMPLETED task, or of a
 // RESOLVING one whose resolution stalled (it is put back to COMPLETED first). It reports
 // whether a callback was queued.
-func (c *Core) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool, error) {
+func (c *Tasks) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool, error) {
 	var after *modelsv1.Task
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		after = nil
@@ -335,7 +335,7 @@ func (c *Core) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool
 // ConvergeDeleteTask deletes a COMPLETED or RESOLVING task that first completed at or before
 // deadline (its client never resolved it, or its callback never succeeded). It reports
 // whether it did.
-func (c *Core) ConvergeDeleteTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
+func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
 	var done bool
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		done = false

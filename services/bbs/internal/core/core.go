@@ -1,5 +1,7 @@
 // Package core is the BBS's domain logic: the desired LRP, actual LRP and task lifecycles,
 // domains and cells, each change expressed as one compare-and-swap transaction on the store.
+// Each entity is its own type (DesiredLRPs, ActualLRPs, Tasks, Domains, Cells); they share one
+// dependency struct, and New builds them all as a Core.
 package core
 
 import (
@@ -71,11 +73,30 @@ type Config struct {
 	Auctions AuctionObserver
 }
 
-// Core implements the BBS operations over a store.
-type Core struct {
+// deps is what every entity of the core shares: the store it writes through, its configuration
+// (clock, limits, auctioneer, cell client, callback queue, auction observer) and its logger.
+// Helpers used by more than one entity (auction requests, stopping instances, background work)
+// are its methods.
+type deps struct {
 	st  *store.Store
 	cfg Config
 	log hclog.Logger
+}
+
+// Core is the BBS's operations, one type per entity, over one store.
+type Core struct {
+	// DesiredLRPs desires, updates and removes LRPs.
+	DesiredLRPs *DesiredLRPs
+	// ActualLRPs drives instances through their lifecycle and evacuation.
+	ActualLRPs *ActualLRPs
+	// Tasks drives tasks through their lifecycle.
+	Tasks *Tasks
+	// Domains keeps domains fresh.
+	Domains *Domains
+	// Cells answers questions about registered cells.
+	Cells *Cells
+
+	d *deps
 }
 
 // New returns the core over st.
@@ -92,16 +113,24 @@ func New(st *store.Store, cfg Config) *Core {
 	if cfg.Limits == (models.Limits{}) {
 		cfg.Limits = models.DefaultLimits()
 	}
-	return &Core{st: st, cfg: cfg, log: cfg.Logger}
+	d := &deps{st: st, cfg: cfg, log: cfg.Logger}
+	return &Core{
+		DesiredLRPs: &DesiredLRPs{d},
+		ActualLRPs:  &ActualLRPs{d},
+		Tasks:       &Tasks{d},
+		Domains:     &Domains{d},
+		Cells:       &Cells{d},
+		d:           d,
+	}
 }
 
 // Store is the store the core writes to.
-func (c *Core) Store() *store.Store { return c.st }
+func (c *Core) Store() *store.Store { return c.d.st }
 
 // Now is the core's clock.
-func (c *Core) Now() time.Time { return c.cfg.Now() }
+func (c *Core) Now() time.Time { return c.d.cfg.Now() }
 
-func (c *Core) now() *timestamppb.Timestamp { return timestamppb.New(c.cfg.Now()) }
+func (c *deps) now() *timestamppb.Timestamp { return timestamppb.New(c.cfg.Now()) }
 
 func newTag() *modelsv1.ModificationTag {
 	return &modelsv1.ModificationTag{Epoch: uuid.NewString(), Index: 0}
@@ -139,7 +168,7 @@ func sameInstance(a, b *modelsv1.ActualLRPInstanceKey) bool {
 
 // detach runs fn in the background with a bounded context detached from the request, for work
 // the caller has been promised but need not wait for (auction requests, stops, callbacks).
-func (c *Core) detach(what string, fn func(ctx context.Context) error) {
+func (c *deps) detach(what string, fn func(ctx context.Context) error) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -149,7 +178,7 @@ func (c *Core) detach(what string, fn func(ctx context.Context) error) {
 	}()
 }
 
-func (c *Core) auctionLRPs(starts []LRPStart) {
+func (c *deps) auctionLRPs(starts []LRPStart) {
 	n := 0
 	kept := starts[:0:0]
 	for _, s := range starts {
@@ -167,7 +196,7 @@ func (c *Core) auctionLRPs(starts []LRPStart) {
 	})
 }
 
-func (c *Core) auctionTasks(tasks []*modelsv1.Task) {
+func (c *deps) auctionTasks(tasks []*modelsv1.Task) {
 	if c.cfg.Auctioneer == nil || len(tasks) == 0 {
 		return
 	}
@@ -177,13 +206,13 @@ func (c *Core) auctionTasks(tasks []*modelsv1.Task) {
 	})
 }
 
-func (c *Core) observeAuction(kind string, n int) {
+func (c *deps) observeAuction(kind string, n int) {
 	if c.cfg.Auctions != nil {
 		c.cfg.Auctions.AuctionRequested(kind, n)
 	}
 }
 
-func (c *Core) auctionResult(kind string, n int, err error) error {
+func (c *deps) auctionResult(kind string, n int, err error) error {
 	if err != nil && c.cfg.Auctions != nil {
 		c.cfg.Auctions.AuctionFailed(kind, n)
 	}
@@ -192,8 +221,8 @@ func (c *Core) auctionResult(kind string, n int, err error) error {
 
 // RequestLRPAuctions asks the auctioneer (when configured) to place the given instances, in the
 // background; a failure leaves them for the next convergence.
-func (c *Core) RequestLRPAuctions(starts []LRPStart) { c.auctionLRPs(starts) }
+func (c *ActualLRPs) RequestLRPAuctions(starts []LRPStart) { c.auctionLRPs(starts) }
 
 // RequestTaskAuctions asks the auctioneer (when configured) to place the given PENDING tasks, in
 // the background; a failure leaves them for the next convergence.
-func (c *Core) RequestTaskAuctions(tasks []*modelsv1.Task) { c.auctionTasks(tasks) }
+func (c *Tasks) RequestTaskAuctions(tasks []*modelsv1.Task) { c.auctionTasks(tasks) }

@@ -11,7 +11,11 @@ import (
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
-func (c *Core) newUnclaimed(sched *modelsv1.DesiredLRPSchedulingInfo, index int32) *modelsv1.ActualLRP {
+// DesiredLRPs is the desired LRP lifecycle: desire, update and remove, each writing the desired
+// records together with the instance records the change creates or retires.
+type DesiredLRPs struct{ *deps }
+
+func (c *DesiredLRPs) newUnclaimed(sched *modelsv1.DesiredLRPSchedulingInfo, index int32) *modelsv1.ActualLRP {
 	return &modelsv1.ActualLRP{
 		Key:             &modelsv1.ActualLRPKey{ProcessGuid: sched.GetProcessGuid(), Index: index, Domain: sched.GetDomain()},
 		State:           modelsv1.ActualLRP_STATE_UNCLAIMED,
@@ -23,7 +27,7 @@ func (c *Core) newUnclaimed(sched *modelsv1.DesiredLRPSchedulingInfo, index int3
 
 // createMissing writes UNCLAIMED instances for every index below the desired count that has no
 // ordinary record, and returns the indices created.
-func (c *Core) createMissing(t *store.Txn, sched *modelsv1.DesiredLRPSchedulingInfo, existing []*modelsv1.ActualLRP) ([]int32, error) {
+func (c *DesiredLRPs) createMissing(t *store.Txn, sched *modelsv1.DesiredLRPSchedulingInfo, existing []*modelsv1.ActualLRP) ([]int32, error) {
 	have := map[int32]bool{}
 	for _, a := range existing {
 		if a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY {
@@ -45,7 +49,7 @@ func (c *Core) createMissing(t *store.Txn, sched *modelsv1.DesiredLRPSchedulingI
 
 // DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction and asks
 // for them to be placed.
-func (c *Core) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (int64, error) {
+func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (int64, error) {
 	d = clone(d)
 	d.ModificationTag = newTag()
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
@@ -100,7 +104,7 @@ func retireOrStop(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) {
 }
 
 // UpdateDesiredLRP applies an update, creating or retiring instances when the count changes.
-func (c *Core) UpdateDesiredLRP(ctx context.Context, guid string, u *modelsv1.DesiredLRPUpdate, expected *modelsv1.ModificationTag) (*modelsv1.DesiredLRP, int64, error) {
+func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *modelsv1.DesiredLRPUpdate, expected *modelsv1.ModificationTag) (*modelsv1.DesiredLRP, int64, error) {
 	var next *modelsv1.DesiredLRPSchedulingInfo
 	var run *modelsv1.DesiredLRPRunInfo
 	var created []int32
@@ -166,7 +170,7 @@ func (c *Core) UpdateDesiredLRP(ctx context.Context, guid string, u *modelsv1.De
 
 // RemoveDesiredLRP deletes a desired LRP with every instance that holds no container, and asks
 // the cells of the others to stop them (their reps then remove the records).
-func (c *Core) RemoveDesiredLRP(ctx context.Context, guid string) (int64, error) {
+func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string) (int64, error) {
 	var stops []stopRequest
 	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
 		stops = nil
@@ -200,7 +204,7 @@ func (c *Core) RemoveDesiredLRP(ctx context.Context, guid string) (int64, error)
 
 // stopInstances asks the cells of running instances to stop them. Instances whose cell is gone
 // are removed at once; without a cell client they are left for convergence.
-func (c *Core) stopInstances(stops []stopRequest) {
+func (c *deps) stopInstances(stops []stopRequest) {
 	for _, s := range stops {
 		s := s
 		cell := c.st.Cell(s.instance.GetCellId())
@@ -219,4 +223,26 @@ func (c *Core) stopInstances(stops []stopRequest) {
 			return c.cfg.Cells.StopLRPInstance(ctx, cell, s.key, s.instance)
 		})
 	}
+}
+
+// DesiredLRP returns one desired LRP or NotFound, with the revision read.
+func (c *DesiredLRPs) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64, error) {
+	d, rev := c.st.DesiredLRP(guid)
+	if d == nil {
+		return nil, rev, rpcerr.NotFound("desired lrp %q not found", guid)
+	}
+	return d, rev, nil
+}
+
+// ResolveLinks resolves the links a desired LRP consumes. Link resolution against providers is
+// not part of the BBS yet, so only LRPs that consume no links resolve (to an empty map).
+func (c *DesiredLRPs) ResolveLinks(guid string) (map[string]*modelsv1.ResolvedLink, error) {
+	d, _ := c.st.DesiredLRP(guid)
+	if d == nil {
+		return nil, rpcerr.NotFound("desired lrp %q not found", guid)
+	}
+	if n := len(d.GetLinks().GetConsumes()); n > 0 {
+		return nil, rpcerr.FailedPrecondition("desired lrp %q consumes %d links; this BBS does not resolve links between LRPs yet", guid, n)
+	}
+	return map[string]*modelsv1.ResolvedLink{}, nil
 }

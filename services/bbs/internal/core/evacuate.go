@@ -21,7 +21,7 @@ func slotRecords(t *store.Txn, guid string, index int32) (ord, evac *modelsv1.Ac
 }
 
 // unclaim returns a copy of a that waits for placement again.
-func (c *Core) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
+func (c *ActualLRPs) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 	next := c.changed(a, unclaimed)
 	next.InstanceKey = nil
 	next.NetInfo = nil
@@ -31,7 +31,7 @@ func (c *Core) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 
 // EvacuateClaimedActualLRP gives up a CLAIMED instance on a draining cell: the slot is
 // unclaimed for re-placement and the container is not kept.
-func (c *Core) EvacuateClaimedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+func (c *ActualLRPs) EvacuateClaimedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
 	var restarted *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		restarted = nil
@@ -60,7 +60,7 @@ func (c *Core) EvacuateClaimedActualLRP(ctx context.Context, guid string, index 
 // EvacuateRunningActualLRP keeps a RUNNING instance of a draining cell routable as an
 // EVACUATING copy while its slot is placed again; once the replacement runs (or the slot is
 // gone) the copy is removed and the cell told to drop the container.
-func (c *Core) EvacuateRunningActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo) (bool, error) {
+func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo) (bool, error) {
 	var keep bool
 	var restarted *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
@@ -120,7 +120,7 @@ func (c *Core) EvacuateRunningActualLRP(ctx context.Context, guid string, index 
 }
 
 // EvacuateStoppedActualLRP removes the records of a container that stopped on a draining cell.
-func (c *Core) EvacuateStoppedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+func (c *ActualLRPs) EvacuateStoppedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		ord, evac, err := slotRecords(t, guid, index)
 		if err != nil {
@@ -148,7 +148,7 @@ func (c *Core) EvacuateStoppedActualLRP(ctx context.Context, guid string, index 
 
 // EvacuateCrashedActualLRP records a crash of a container on a draining cell: its evacuating
 // copy is removed and, when it still holds the slot, the slot is crashed as by CrashActualLRP.
-func (c *Core) EvacuateCrashedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (bool, error) {
+func (c *ActualLRPs) EvacuateCrashedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (bool, error) {
 	var after *modelsv1.ActualLRP
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		after = nil
@@ -183,7 +183,7 @@ func (c *Core) EvacuateCrashedActualLRP(ctx context.Context, guid string, index 
 }
 
 // RemoveEvacuatingActualLRP deletes the EVACUATING copy of an instance held by ik.
-func (c *Core) RemoveEvacuatingActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
+func (c *ActualLRPs) RemoveEvacuatingActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) error {
 	if err := c.removeRecord(ctx, guid, index, evacuating, ik); err != nil {
 		return fmt.Errorf("remove evacuating: %w", err)
 	}

@@ -17,6 +17,9 @@ const (
 	cancelText = "task was cancelled"
 )
 
+// Tasks is the task lifecycle: desire, start, cancel, reject, complete, resolve and delete.
+type Tasks struct{ *deps }
+
 // taskOf reads a task or fails with NotFound.
 func taskOf(t *store.Txn, guid string) (*modelsv1.Task, error) {
 	task, err := t.Task(guid)
@@ -30,7 +33,7 @@ func taskOf(t *store.Txn, guid string) (*modelsv1.Task, error) {
 }
 
 // changedTask returns a copy of task in state with its tag bumped and updated_at set.
-func (c *Core) changedTask(task *modelsv1.Task, state modelsv1.Task_State) *modelsv1.Task {
+func (c *Tasks) changedTask(task *modelsv1.Task, state modelsv1.Task_State) *modelsv1.Task {
 	next := clone(task)
 	next.State = state
 	next.UpdatedAt = c.now()
@@ -39,7 +42,7 @@ func (c *Core) changedTask(task *modelsv1.Task, state modelsv1.Task_State) *mode
 }
 
 // complete returns task COMPLETED with the given outcome.
-func (c *Core) complete(task *modelsv1.Task, failed bool, reason, result string) *modelsv1.Task {
+func (c *Tasks) complete(task *modelsv1.Task, failed bool, reason, result string) *modelsv1.Task {
 	next := c.changedTask(task, completed)
 	next.Failed = failed
 	next.FailureReason = reason
@@ -53,7 +56,7 @@ func putTask(t *store.Txn, task *modelsv1.Task) error {
 }
 
 // DesireTask stores a new PENDING task and asks for it to be placed.
-func (c *Core) DesireTask(ctx context.Context, guid, domain string, def *modelsv1.TaskDefinition) (int64, error) {
+func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *modelsv1.TaskDefinition) (int64, error) {
 	now := c.now()
 	task := &modelsv1.Task{
 		TaskGuid:        guid,
@@ -83,7 +86,7 @@ func (c *Core) DesireTask(ctx context.Context, guid, domain string, def *modelsv
 
 // StartTask moves a PENDING task to RUNNING on cellID. It reports false when the task already
 // runs on that cell (the cell must not start it twice).
-func (c *Core) StartTask(ctx context.Context, guid, cellID string) (bool, error) {
+func (c *Tasks) StartTask(ctx context.Context, guid, cellID string) (bool, error) {
 	start := true
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		start = true
@@ -113,7 +116,7 @@ func (c *Core) StartTask(ctx context.Context, guid, cellID string) (bool, error)
 }
 
 // CancelTask completes a PENDING or RUNNING task as failed and asks its cell to stop it.
-func (c *Core) CancelTask(ctx context.Context, guid string) error {
+func (c *Tasks) CancelTask(ctx context.Context, guid string) error {
 	var before, after *modelsv1.Task
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		task, err := taskOf(t, guid)
@@ -140,7 +143,7 @@ func (c *Core) CancelTask(ctx context.Context, guid string) error {
 
 // RejectTask records that a cell or the auctioneer could not run a task. The task waits for
 // placement again, or completes as failed once it has been rejected too often.
-func (c *Core) RejectTask(ctx context.Context, guid, reason string, pe *modelsv1.PlacementError) error {
+func (c *Tasks) RejectTask(ctx context.Context, guid, reason string, pe *modelsv1.PlacementError) error {
 	var after *modelsv1.Task
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		task, err := taskOf(t, guid)
@@ -177,7 +180,7 @@ func (c *Core) RejectTask(ctx context.Context, guid, reason string, pe *modelsv1
 }
 
 // CompleteTask records the outcome of a task RUNNING on cellID.
-func (c *Core) CompleteTask(ctx context.Context, guid, cellID string, failed bool, reason, result string) error {
+func (c *Tasks) CompleteTask(ctx context.Context, guid, cellID string, failed bool, reason, result string) error {
 	var after *modelsv1.Task
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		task, err := taskOf(t, guid)
@@ -201,14 +204,14 @@ func (c *Core) CompleteTask(ctx context.Context, guid, cellID string, failed boo
 }
 
 // callback queues the completion callback of a task that completed.
-func (c *Core) callback(task *modelsv1.Task) {
+func (c *Tasks) callback(task *modelsv1.Task) {
 	if task.GetState() == completed && task.GetDefinition().GetCompletionCallbackUrl() != "" && c.cfg.Callbacks != nil {
 		c.cfg.Callbacks.Enqueue(task)
 	}
 }
 
 // ResolvingTask marks a COMPLETED task as being resolved by its client.
-func (c *Core) ResolvingTask(ctx context.Context, guid string) error {
+func (c *Tasks) ResolvingTask(ctx context.Context, guid string) error {
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		task, err := taskOf(t, guid)
 		if err != nil {
@@ -226,7 +229,7 @@ func (c *Core) ResolvingTask(ctx context.Context, guid string) error {
 }
 
 // DeleteTask deletes a RESOLVING task.
-func (c *Core) DeleteTask(ctx context.Context, guid string) error {
+func (c *Tasks) DeleteTask(ctx context.Context, guid string) error {
 	_, err := c.st.Update(ctx, func(t *store.Txn) error {
 		task, err := taskOf(t, guid)
 		if err != nil {
@@ -242,4 +245,13 @@ func (c *Core) DeleteTask(ctx context.Context, guid string) error {
 		return fmt.Errorf("delete task %s: %w", guid, err)
 	}
 	return nil
+}
+
+// Task returns one task or NotFound, with the revision read.
+func (c *Tasks) Task(guid string) (*modelsv1.Task, int64, error) {
+	t, rev := c.st.Task(guid)
+	if t == nil {
+		return nil, rev, rpcerr.NotFound("task %q not found", guid)
+	}
+	return t, rev, nil
 }
