@@ -12,9 +12,14 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
+// Root is the versioned prefix of every key Gavel keeps in etcd. Each service builds its keys
+// under it in one place: the BBS in services/bbs/internal/store/keys.go, the rep (its cell
+// presence) in services/rep/internal/presence/keys.go, and elections here (LockKey).
+const Root = "/gavel/v1/"
+
 // LockRoot is the key prefix under which services elect their leaders: a service's contenders
 // campaign under LockRoot + service (see LockKey).
-const LockRoot = "/gavel/v1/lock/"
+const LockRoot = Root + "lock/"
 
 // DefaultElectionTTL is the lease TTL used when an Election is given a zero TTL: a leader that
 // stops refreshing its lease loses leadership this long afterwards.

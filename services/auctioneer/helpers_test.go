@@ -161,7 +161,7 @@ func startRep(t *testing.T, env *bbstest.Env, spec cellSpec) *fakeRep {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.Etcd.Put(ctxT(t), "/gavel/v1/cell/"+spec.id, string(b)); err != nil {
+	if _, err := env.Etcd.Put(ctxT(t), bbstest.CellKey(spec.id), string(b)); err != nil {
 		t.Fatalf("register cell %s: %v", spec.id, err)
 	}
 	return rep

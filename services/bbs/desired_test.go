@@ -13,6 +13,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -240,7 +241,7 @@ func TestRemoveDesiredLRP(t *testing.T) {
 	}
 	_, err = env.Client.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: "web"})
 	wantCode(t, err, codes.NotFound)
-	keys, _ := env.Etcd.Get(ctx, "/gavel/v1/", clientPrefix()...)
+	keys, _ := env.Etcd.Get(ctx, store.Root, clientPrefix()...)
 	if len(keys.Kvs) != 0 {
 		t.Fatalf("keys left in etcd: %v", keys.Kvs)
 	}

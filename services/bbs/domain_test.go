@@ -13,6 +13,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // domNames lists the fresh domains with their TTLs, e.g. "apps:0".
@@ -42,7 +43,7 @@ func domUpsert(t *testing.T, env *bbstest.Env, name string, ttl int64) {
 // domLease is the etcd lease a domain's record is attached to.
 func domLease(t *testing.T, env *bbstest.Env, name string) clientv3.LeaseID {
 	t.Helper()
-	resp, err := env.Etcd.Get(ctxT(t), "/gavel/v1/domain/"+name)
+	resp, err := env.Etcd.Get(ctxT(t), store.DomainKey(name))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("domain %s in etcd: %v %v", name, resp, err)
 	}
@@ -166,7 +167,7 @@ func domRegisterCell(t *testing.T, env *bbstest.Env, cell *modelsv1.CellPresence
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.Etcd.Put(ctx, "/gavel/v1/cell/"+cell.GetCellId(), string(b), clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := env.Etcd.Put(ctx, store.CellKey(cell.GetCellId()), string(b), clientv3.WithLease(lease.ID)); err != nil {
 		t.Fatal(err)
 	}
 	return lease.ID

@@ -16,6 +16,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // evEventStream is one SubscribeToEvents call.
@@ -133,7 +134,7 @@ func evPutCell(t *testing.T, env *bbstest.Env, c *modelsv1.CellPresence) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.Etcd.Put(ctxT(t), "/gavel/v1/cell/"+c.GetCellId(), string(b)); err != nil {
+	if _, err := env.Etcd.Put(ctxT(t), store.CellKey(c.GetCellId()), string(b)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -323,7 +324,7 @@ func TestEventsLifecycleAndFilters(t *testing.T) {
 		// A re-registration is not an appearance: its revision has no event and no response.
 		{"cell-1 re-registers", func() error { evPutCell(t, env, moved); return nil }, nil},
 		{"cell-1 disappears", func() error {
-			_, err := env.Etcd.Delete(ctx, "/gavel/v1/cell/cell-1")
+			_, err := env.Etcd.Delete(ctx, store.CellKey("cell-1"))
 			return err
 		}, []string{"CellDisappeared"}},
 	}

@@ -19,6 +19,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 const (
@@ -291,7 +292,7 @@ func taskCheckTransition(t *testing.T, env *bbstest.Env, guid, from string, call
 		if after != nil {
 			t.Fatalf("task not deleted: %v", after)
 		}
-		kvs, err := env.Etcd.Get(ctx, "/gavel/v1/task/"+guid)
+		kvs, err := env.Etcd.Get(ctx, store.TaskKey(guid))
 		if err != nil || len(kvs.Kvs) != 0 {
 			t.Fatalf("task key left in etcd: %v %v", kvs.Kvs, err)
 		}

@@ -21,6 +21,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
+	"github.com/gavel-sched/gavel/services/rep/internal/presence"
 )
 
 const (
@@ -63,7 +64,7 @@ func TestPresence(t *testing.T) {
 		return proto.Equal(got, want), fmt.Sprint(got)
 	})
 
-	key := "/gavel/v1/cell/" + r.cfg.CellID
+	key := presence.CellKey(r.cfg.CellID)
 	kv, err := env.Etcd.Get(ctxT(t), key)
 	if err != nil || len(kv.Kvs) != 1 {
 		t.Fatalf("get %s: %v %v", key, kv, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // Env is a running BBS with its etcd.
@@ -105,3 +106,6 @@ func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configur
 	})
 	return &Env{Client: bbsv1.NewBBSServiceClient(conn), Etcd: cli, Addr: svc.Addr().String(), Service: svc, Config: cfg}
 }
+
+// CellKey is the etcd key of a cell's presence, for tests that register a cell without a rep.
+func CellKey(cellID string) string { return store.CellKey(cellID) }

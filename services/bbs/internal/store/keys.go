@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
 
@@ -16,10 +17,13 @@ import (
 //	/gavel/v1/task/<task_guid>                      Task
 //	/gavel/v1/domain/<name>                         Domain, under a lease of its TTL
 //	/gavel/v1/cell/<cell_id>                        CellPresence, under the rep's lease
-//	/gavel/v1/lock/<service>                        leader election
+//	/gavel/v1/lock/<service>                        leader election (built by etcdx.LockKey)
+//
+// Every key the BBS reads or writes is built here; the rep writes cell presences with the same
+// layout (services/rep/internal/presence/keys.go).
 const (
 	// Root is the prefix of every key Gavel writes.
-	Root = "/gavel/v1/"
+	Root = etcdx.Root
 
 	desiredSchedPrefix = Root + "desired/sched/"
 	desiredRunPrefix   = Root + "desired/run/"
@@ -27,8 +31,6 @@ const (
 	taskPrefix         = Root + "task/"
 	domainPrefix       = Root + "domain/"
 	cellPrefix         = Root + "cell/"
-	// LockPrefix is where services keep their leader elections.
-	LockPrefix = Root + "lock/"
 )
 
 // DesiredSchedKey is the key of a desired LRP's scheduling info.
@@ -127,7 +129,7 @@ func parseKey(k string) (parsedKey, error) {
 			}
 		}
 	}
-	if strings.HasPrefix(k, LockPrefix) {
+	if strings.HasPrefix(k, etcdx.LockRoot) {
 		return parsedKey{kind: kindUnknown}, nil
 	}
 	return parsedKey{}, fmt.Errorf("unrecognised key %q", k)
