@@ -17,7 +17,7 @@ import (
 const RepIdentityPrefix = "spiffe://gavel/rep/"
 
 // RepScope confines callers whose client certificate names a rep (RepIdentityPrefix) to their
-// own cell (DESIGN §11): they may read anything, and change only instances and tasks on the
+// own cell (docs/architecture.md §11): they may read anything, and change only instances and tasks on the
 // cell their certificate names, through the lifecycle calls a rep makes. Every other caller
 // (other identities, or no certificate on a plaintext development server) is not restricted.
 func RepScope() grpc.UnaryServerInterceptor {

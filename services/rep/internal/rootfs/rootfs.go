@@ -1,6 +1,6 @@
 // Package rootfs resolves a work's root filesystem URI to a directory on the cell.
 //
-// Two kinds of URI are understood (DESIGN §7):
+// Two kinds of URI are understood (docs/architecture.md §7):
 //
 //   - preloaded:NAME (or preloaded://NAME) is the directory the rep was configured with for
 //     NAME. It is shared by every container and never copied.

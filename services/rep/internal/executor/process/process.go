@@ -1,5 +1,5 @@
 // Package process is the executor backend that runs a container's action tree as real
-// processes on the host (DESIGN §7). It is registered as "process".
+// processes on the host (docs/architecture.md §7). It is registered as "process".
 //
 // A container is a directory under Options.WorkDir, a set of host ports from the cell's
 // range and, when cgroup v2 is writable, a cgroup under gavel/ limiting memory and pids.
