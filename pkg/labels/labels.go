@@ -36,6 +36,13 @@ var (
 	prefixRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 )
 
+// IsDNSSubdomain reports whether s is a lower-case DNS subdomain (RFC 1123) of at most 253
+// characters, e.g. "networking" or "net.example.com": label keys' prefixes and transformer
+// plugin names.
+func IsDNSSubdomain(s string) bool {
+	return s != "" && len(s) <= MaxPrefixLength && prefixRE.MatchString(s)
+}
+
 // ValidateKey checks a label key of the form [prefix/]name: the name is 1-63
 // characters of [A-Za-z0-9_.-] beginning and ending with an alphanumeric;
 // the optional prefix is a DNS subdomain of at most 253 characters.
