@@ -27,6 +27,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/bbs/internal/api"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge"
@@ -76,6 +77,11 @@ type Config struct {
 	CompletedTaskTimeout Duration `json:"completed_task_timeout"`
 	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
 	MetricsAddress string `json:"metrics_address"`
+	// Transformers is the transformer plugin chain every desired LRP and task passes through,
+	// in order, before it is stored (on desire, and on update over the merged result). Each
+	// plugin is described at start-up: one that cannot be, under failure_policy "fail",
+	// stops the BBS (see docs/plugins.md).
+	Transformers []transform.PluginConfig `json:"transformers,omitempty"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -136,6 +142,9 @@ func (c Config) Validate() error {
 	if c.CallbackWorkers <= 0 {
 		errs = append(errs, errors.New("callback_workers must be positive"))
 	}
+	if err := transform.ValidateChain(c.Transformers); err != nil {
+		errs = append(errs, err)
+	}
 	for _, d := range []struct {
 		name string
 		v    Duration
@@ -168,6 +177,7 @@ type Service struct {
 	manualConverge bool
 	registry       *prometheus.Registry
 	metrics        *metrics.Server // nil without a metrics address
+	transformers   *transform.Chain
 	etcd           *clientv3.Client
 	election       atomic.Pointer[etcdx.Election]
 }
@@ -201,6 +211,11 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	convergeMetrics := converge.NewMetrics(registry)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
+	// Every plugin is described now: a bad one stops the BBS before it serves.
+	transformers, err := transform.Load(context.Background(), cfg.Transformers, logger.Named("transform"), registry, transform.WithLimits(limits))
+	if err != nil {
+		return nil, fmt.Errorf("transformers: %w", err)
+	}
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing})
 	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
 	// Outgoing calls (auctioneer, reps) present the BBS's own certificate.
@@ -215,10 +230,14 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Now:               o.now,
 		Auctions:          convergeMetrics,
 	}
+	if transformers.Len() > 0 {
+		coreCfg.Transformer = transformers
+	}
 	var auctioneer *peers.Auctioneer
 	if cfg.AuctioneerAddress != "" {
 		a, err := peers.DialAuctioneers([]string{cfg.AuctioneerAddress}, clientCfg, 10*time.Millisecond, logger.Named("auctioneer-client"))
 		if err != nil {
+			_ = transformers.Close()
 			return nil, fmt.Errorf("auctioneer client: %w", err)
 		}
 		auctioneer = a
@@ -233,6 +252,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 	)
 	if err != nil {
+		_ = transformers.Close()
 		return nil, err
 	}
 	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
@@ -245,7 +265,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Metrics:              convergeMetrics,
 	})
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
-		reps: reps, auctioneer: auctioneer,
+		reps: reps, auctioneer: auctioneer, transformers: transformers,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
 	return svc, nil
@@ -255,6 +275,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 // API is serving.
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer s.reps.Close()
+	defer s.transformers.Close()
 	members := []lifecycle.Member{
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},

@@ -71,6 +71,9 @@ type Config struct {
 	Callbacks CallbackQueue
 	// Auctions observes auction requests; nil observes nothing.
 	Auctions AuctionObserver
+	// Transformer augments desired LRPs and tasks before they are stored (on desire and on
+	// update, over the merged result); nil stores them as given.
+	Transformer Transformer
 }
 
 // deps is what every entity of the core shares: the store it writes through, its configuration

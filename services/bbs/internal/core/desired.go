@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 
+	"google.golang.org/protobuf/proto"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -50,7 +52,11 @@ func (c *DesiredLRPs) createMissing(t *store.Txn, sched *modelsv1.DesiredLRPSche
 // DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction and asks
 // for them to be placed.
 func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (int64, error) {
-	d = clone(d)
+	transformed, err := c.transformLRP(ctx, d)
+	if err != nil {
+		return 0, fmt.Errorf("desire lrp %s: %w", d.GetProcessGuid(), err)
+	}
+	d = clone(transformed)
 	d.ModificationTag = newTag()
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
 	guid := d.GetProcessGuid()
@@ -109,6 +115,7 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 	var run *modelsv1.DesiredLRPRunInfo
 	var created []int32
 	var stops []stopRequest
+	var memo lrpTransformMemo
 	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
 		created, stops = nil, nil
 		sched, err := t.SchedulingInfo(guid)
@@ -140,6 +147,19 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		if u.GetLabels() != nil {
 			next.Labels = maps.Clone(u.GetLabels().GetLabels())
+		}
+		if c.cfg.Transformer != nil {
+			transformed, err := memo.transform(ctx, c.deps, models.JoinDesiredLRP(next, run))
+			if err != nil {
+				return err
+			}
+			next = models.SchedulingInfo(transformed)
+			if nextRun := models.RunInfo(transformed); !proto.Equal(nextRun, run) {
+				run = nextRun
+				if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
+					return err
+				}
+			}
 		}
 		next.ModificationTag = bump(sched.GetModificationTag())
 		if err := t.Put(store.DesiredSchedKey(guid), next); err != nil {

@@ -57,6 +57,10 @@ func putTask(t *store.Txn, task *modelsv1.Task) error {
 
 // DesireTask stores a new PENDING task and asks for it to be placed.
 func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *modelsv1.TaskDefinition) (int64, error) {
+	def, err := c.transformTask(ctx, guid, domain, def)
+	if err != nil {
+		return 0, fmt.Errorf("desire task %s: %w", guid, err)
+	}
 	now := c.now()
 	task := &modelsv1.Task{
 		TaskGuid:        guid,
