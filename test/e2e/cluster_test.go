@@ -114,6 +114,12 @@ rm -f "$tmp"
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
+	return startClusterWith(t)
+}
+
+// startClusterWith is startCluster with extra flags for the BBS (e.g. -transformer).
+func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
+	t.Helper()
 	c := &cluster{hello: binary(t, "hello")}
 	bbsBin, auctioneerBin, repBin := binary(t, "bbs"), binary(t, "auctioneer"), binary(t, "rep")
 	emb, _ := etcdtest.Start(t)
@@ -134,8 +140,8 @@ func startCluster(t *testing.T) *cluster {
 	bbsAddr, auctioneerAddr := freeAddr(t), freeAddr(t)
 	c.bbsAddr = bbsAddr
 	c.procs = append(c.procs,
-		startProc(t, "bbs", bbsBin, "-listen", bbsAddr, "-insecure",
-			"-etcd-endpoints", etcd, "-etcd-insecure", "-auctioneer-address", auctioneerAddr),
+		startProc(t, "bbs", bbsBin, append([]string{"-listen", bbsAddr, "-insecure",
+			"-etcd-endpoints", etcd, "-etcd-insecure", "-auctioneer-address", auctioneerAddr}, bbsArgs...)...),
 		startProc(t, "auctioneer", auctioneerBin, "-listen", auctioneerAddr, "-insecure",
 			"-bbs-address", bbsAddr, "-bbs-insecure", "-rep-insecure",
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms"))
