@@ -71,7 +71,7 @@ image:
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:
-	$(GO) test $(BENCHFLAGS) ./services/... ./test/integration/
+	$(GO) test $(BENCHFLAGS) ./pkg/transform/ ./services/... ./test/integration/
 
 ## run: a local cluster on the embedded default (embedded etcd and every service)
 run:

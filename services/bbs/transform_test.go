@@ -28,7 +28,7 @@ import (
 )
 
 // socketPath is a fresh socket path short enough for a UNIX socket (108 bytes).
-func socketPath(t *testing.T, name string) string {
+func socketPath(t testing.TB, name string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gvtf")
 	if err != nil {
@@ -39,13 +39,13 @@ func socketPath(t *testing.T, name string) string {
 }
 
 // servePlugin serves p on a fresh UNIX socket until the test ends and returns the socket.
-func servePlugin(t *testing.T, p *plugin.Plugin) string {
+func servePlugin(t testing.TB, p *plugin.Plugin) string {
 	t.Helper()
 	return serveHandler(t, p.Name, p.Handler())
 }
 
 // serveHandler serves any handler (a misbehaving plugin) on a fresh UNIX socket.
-func serveHandler(t *testing.T, name string, h http.Handler) string {
+func serveHandler(t testing.TB, name string, h http.Handler) string {
 	t.Helper()
 	path := socketPath(t, name)
 	l, err := plugin.Listen(path)
@@ -60,6 +60,17 @@ func serveHandler(t *testing.T, name string, h http.Handler) string {
 
 func lrpPlugin(name string, fn func(ctx context.Context, lrp *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error)) *plugin.Plugin {
 	return &plugin.Plugin{Name: name, Version: "test", DesiredLRP: fn}
+}
+
+// propertyPlugin adds the property name=yes to desired LRPs.
+func propertyPlugin(name string) *plugin.Plugin {
+	return lrpPlugin(name, func(_ context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error) {
+		if d.Properties == nil {
+			d.Properties = map[string]string{}
+		}
+		d.Properties[name] = "yes"
+		return d, nil
+	})
 }
 
 func withTransformers(plugins ...transform.PluginConfig) func(*bbs.Config) {
