@@ -20,6 +20,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -39,6 +40,8 @@ func runDev(args []string, out io.Writer) error {
 	routerAdmin := fs.String("router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
 	sample := fs.String("sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
 	level := fs.String("log-level", "warn", "trace|debug|info|warn|error")
+	var plugins []transform.PluginConfig
+	fs.Var(transform.Flag{Plugins: &plugins}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. -plugin networking=/tmp/gavel-networking.sock")
 	keep := fs.Bool("keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -114,6 +117,7 @@ func runDev(args []string, out io.Writer) error {
 		RouterHTTPAddress:   *routerHTTP,
 		RouterHTTPSAddress:  *routerHTTPS,
 		RouterAdminAddress:  *routerAdmin,
+		Transformers:        plugins,
 		Logger:              logger,
 	})
 	return lifecycle.Run(ctx, logger,
@@ -123,6 +127,9 @@ func runDev(args []string, out io.Writer) error {
 			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
+			for _, p := range plugins {
+				fmt.Fprintf(out, "  transformer %s:  %s (%s)\n", p.Name, p.Socket, p.WithDefaults().FailurePolicy)
+			}
 			for _, c := range cells {
 				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded %s%s\n", c.id, c.zone, c.tags,
 					strings.Join(append([]string{"cflinuxfs4"}, c.rootfses...), ", "), map[bool]string{true: ", docker images", false: ""}[c.providers != ""])

@@ -21,6 +21,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -56,6 +57,9 @@ type Config struct {
 	// RepBBSInterceptor, when set, intercepts every call the reps make to the BBS (benchmarks
 	// time them with it).
 	RepBBSInterceptor grpc.UnaryClientInterceptor
+	// Transformers is the BBS's transformer plugin chain (each plugin is described at
+	// start-up; see docs/plugins.md).
+	Transformers []transform.PluginConfig
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
 	ConfigureBBS        func(*bbs.Config)
 	ConfigureAuctioneer func(*auctioneer.Config)
@@ -159,6 +163,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			cfg.ListenAddress, cfg.AuctioneerAddress = c.BBSAddress, c.AuctioneerAddress
 			cfg.TLS, cfg.EtcdTLS = insecure, insecure
 			cfg.EtcdEndpoints = c.EtcdEndpoints
+			cfg.Transformers = c.cfg.Transformers
 			if c.cfg.ConfigureBBS != nil {
 				c.cfg.ConfigureBBS(&cfg)
 			}
