@@ -73,10 +73,10 @@ image:
 bench:
 	$(GO) test $(BENCHFLAGS) ./pkg/transform/ ./services/... ./test/integration/
 
-## run: a local cluster on the embedded default (embedded etcd and every service)
+## run: a local cluster on the embedded default (embedded etcd and every service); DEV_FLAGS adds gavel dev flags, e.g. -plugin NAME=SOCKET
 run:
 	$(GO) build -o $(BIN)/ ./cmd/gavel ./examples/hello
-	$(BIN)/gavel dev -sample-app $(BIN)/hello
+	$(BIN)/gavel dev -sample-app $(BIN)/hello $(DEV_FLAGS)
 
 clean:
 	rm -rf $(BIN)
