@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -49,6 +50,18 @@ type PluginConfig struct {
 	// MaxConcurrency bounds the calls in flight to the plugin (default 32); it is also the
 	// number of connections kept open to it.
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
+}
+
+// UnmarshalJSON decodes a plugin afresh: a config file loaded over a list the flags already
+// filled must not merge its entries into theirs.
+func (c *PluginConfig) UnmarshalJSON(b []byte) error {
+	type plain PluginConfig
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	*c = PluginConfig(p)
+	return nil
 }
 
 // WithDefaults returns c with zero options set to their defaults.
@@ -152,9 +165,10 @@ func ParseFlag(s string) (PluginConfig, error) {
 	return c, c.Validate()
 }
 
-// Flag is a repeatable flag.Value appending one plugin per use (see ParseFlag). Several
-// plugins may also be given in one value, separated by spaces (socket paths in flags cannot
-// hold spaces; use the config file for those).
+// Flag is a repeatable flag.Value adding one plugin per use (see ParseFlag). A plugin whose name
+// is already listed (e.g. by the config file) is replaced in place, so flags override the file;
+// others are appended in order. Several plugins may also be given in one value, separated by
+// spaces (socket paths in flags cannot hold spaces; use the config file for those).
 type Flag struct{ Plugins *[]PluginConfig }
 
 // String implements flag.Value; its value can be given to Set again.
@@ -196,6 +210,10 @@ func (f Flag) Set(s string) error {
 		c, err := ParseFlag(spec)
 		if err != nil {
 			return err
+		}
+		if i := slices.IndexFunc(*f.Plugins, func(p PluginConfig) bool { return p.Name == c.Name }); i >= 0 {
+			(*f.Plugins)[i] = c
+			continue
 		}
 		*f.Plugins = append(*f.Plugins, c)
 	}

@@ -3,6 +3,7 @@ package transform_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gavel-sched/gavel/pkg/config"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -134,6 +136,46 @@ func TestFlagRoundTrip(t *testing.T) {
 		if err := f.Set(bad); err == nil {
 			t.Errorf("Set(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestFlagsOverFile: flags add plugins to the config file's list and replace those of the same
+// name, however config.Parse re-applies them after loading the file.
+func TestFlagsOverFile(t *testing.T) {
+	dir := t.TempDir()
+	withList := filepath.Join(dir, "with.json")
+	without := filepath.Join(dir, "without.json")
+	if err := os.WriteFile(withList, []byte(`{"transformers":[{"name":"a","socket":"/a"},{"name":"b","socket":"/b"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(without, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"flags only", []string{"-transformer", "b=/b2", "-transformer", "c=/c"}, "b=/b2 c=/c"},
+		{"file only", []string{"-config", withList}, "a=/a b=/b"},
+		{"flags over file", []string{"-transformer", "b=/b2,failure_policy=ignore", "-config", withList, "-transformer", "c=/c"}, "a=/a b=/b2,failure_policy=ignore c=/c"},
+		{"file without the key", []string{"-config", without, "-transformer", "c=/c"}, "c=/c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var cfg struct {
+				Transformers []transform.PluginConfig `json:"transformers"`
+			}
+			fs := flag.NewFlagSet("t", flag.ContinueOnError)
+			fs.String("config", "", "")
+			fs.Var(transform.Flag{Plugins: &cfg.Transformers}, "transformer", "")
+			if err := config.Parse(fs, tt.args, "config", func(p string) error { return config.LoadJSON(p, &cfg) }); err != nil {
+				t.Fatal(err)
+			}
+			if got := (transform.Flag{Plugins: &cfg.Transformers}).String(); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gavel-sched/gavel/pkg/transform"
 )
 
 func TestConfigFile(t *testing.T) {
@@ -50,6 +52,7 @@ func TestConfigValidate(t *testing.T) {
 		{"unclaimed timeout", func(c *Config) { c.UnclaimedTimeout = -1 }, "unclaimed_timeout"},
 		{"pending task timeout", func(c *Config) { c.PendingTaskTimeout = 0 }, "pending_task_timeout"},
 		{"completed task timeout", func(c *Config) { c.CompletedTaskTimeout = 0 }, "completed_task_timeout"},
+		{"transformer name", func(c *Config) { c.Transformers = []transform.PluginConfig{{Name: "Net_1", Socket: "/s"}} }, `transformers[0]: transformer "Net_1": name "Net_1" must be a lower-case DNS subdomain`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
