@@ -505,9 +505,6 @@ func TestTransformerTasks(t *testing.T) {
 // ignore all succeed with the original object; none waits much past the plugin's timeout
 // (bounded concurrency and the timeout cover the wait for a slot).
 func TestTransformerHungPluginUnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("200 concurrent desires: skipped under -short")
-	}
 	const n, timeout = 200, 500 * time.Millisecond
 	release := make(chan struct{})
 	var calls atomic.Int64
