@@ -73,7 +73,7 @@ func checkTask(in, out *modelsv1.Task, l models.Limits) *fieldError {
 		t.TaskGuid, t.Domain, t.Definition = "", "", nil
 	}
 	if f := firstDiff(inRest, outRest); f != "" {
-		e.Add("task."+f, "%s; a transformer may change only task.definition", mayNot)
+		e.Add("task."+f, "changed; a transformer may change only task.definition")
 	}
 	if out.GetDefinition().GetRootfs() != in.GetDefinition().GetRootfs() {
 		e.Add("task.definition.rootfs", "is immutable: changed from %q to %q", in.GetDefinition().GetRootfs(), out.GetDefinition().GetRootfs())

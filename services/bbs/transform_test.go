@@ -1,9 +1,12 @@
 package bbs_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -472,28 +475,65 @@ func TestTransformerUpdateRefused(t *testing.T) {
 }
 
 // TestTransformerTasks: tasks pass through the plugins configured for them; a plugin may
-// change only the definition.
+// change only the definition, and not its rootfs or placement constraint.
 func TestTransformerTasks(t *testing.T) {
-	socket := servePlugin(t, &plugin.Plugin{Name: "net", Task: func(_ context.Context, task *modelsv1.Task) (*modelsv1.Task, error) {
-		if task.GetTaskGuid() == "evil" {
+	lrpAnswer := `{"processGuid":"t","domain":"jobs","rootfs":"preloaded:cflinuxfs4"}`
+	p := &plugin.Plugin{Name: "net", Task: func(_ context.Context, task *modelsv1.Task) (*modelsv1.Task, error) {
+		switch task.GetTaskGuid() {
+		case "guid":
 			task.TaskGuid = "other"
-			return task, nil
+		case "state":
+			task.State = modelsv1.Task_STATE_RUNNING
+		case "rootfs":
+			task.Definition.Rootfs = "docker:///library/redis#7"
+		case "constraint":
+			task.Definition.PlacementConstraint = &modelsv1.PlacementConstraint{Require: []string{"gpu"}}
+		default:
+			if task.Definition.Properties == nil {
+				task.Definition.Properties = map[string]string{}
+			}
+			task.Definition.Properties["network_id"] = "net-" + task.GetDomain()
 		}
-		if task.Definition.Properties == nil {
-			task.Definition.Properties = map[string]string{}
-		}
-		task.Definition.Properties["network_id"] = "net-" + task.GetDomain()
 		return task, nil
-	}})
-	env := bbstest.Start(t, withTransformers(transform.PluginConfig{Name: "net", Socket: socket}))
+	}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+plugin.PathTask, func(w http.ResponseWriter, r *http.Request) {
+		var probe struct {
+			TaskGuid string `json:"taskGuid"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(body, &probe)
+		if probe.TaskGuid == "kind" {
+			_, _ = w.Write([]byte(lrpAnswer))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		p.Handler().ServeHTTP(w, r)
+	})
+	mux.Handle("GET "+plugin.PathDescribe, p.Handler())
+	env := bbstest.Start(t, withTransformers(transform.PluginConfig{Name: "net", Socket: serveHandler(t, "net", mux)}))
 	taskDesire(t, env, "good", "jobs", taskDefinition())
 	if got := taskStored(t, env, "good").GetDefinition().GetProperties()["network_id"]; got != "net-jobs" {
 		t.Errorf("stored network_id %q, want net-jobs", got)
 	}
-	before := storeRevision(t, env)
-	_, err := env.Client.DesireTask(ctxT(t), &bbsv1.DesireTaskRequest{TaskGuid: "evil", Domain: "jobs", Definition: taskDefinition()})
-	wantRefused(t, env, before, err, codes.FailedPrecondition,
-		`desire task evil: transformer "net" (task): invalid answer: task.task_guid: changed from "evil" to "other"; a transformer may not change it`)
+	tests := []struct {
+		guid string
+		code codes.Code
+		msg  string
+	}{
+		{"guid", codes.FailedPrecondition, `desire task guid: transformer "net" (task): invalid answer: task.task_guid: changed from "guid" to "other"; a transformer may not change it`},
+		{"state", codes.FailedPrecondition, `desire task state: transformer "net" (task): invalid answer: task.state: changed; a transformer may change only task.definition`},
+		{"rootfs", codes.FailedPrecondition, `desire task rootfs: transformer "net" (task): invalid answer: task.definition.rootfs: is immutable: changed from "preloaded:cflinuxfs4" to "docker:///library/redis#7"`},
+		{"constraint", codes.FailedPrecondition, `desire task constraint: transformer "net" (task): invalid answer: task.definition.placement_constraint: is immutable: changed from {require: [], disallow: []} to {require: ["gpu"], disallow: []}`},
+		{"kind", codes.Internal, `desire task kind: transformer "net" (task): answered a desired_lrp where a task was expected`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.guid, func(t *testing.T) {
+			before := storeRevision(t, env)
+			_, err := env.Client.DesireTask(ctxT(t), &bbsv1.DesireTaskRequest{TaskGuid: tt.guid, Domain: "jobs", Definition: taskDefinition()})
+			wantRefused(t, env, before, err, tt.code, tt.msg)
+		})
+	}
 
 	// A plugin for tasks only is not called for LRPs.
 	if _, err := env.Client.DesireLRP(ctxT(t), &bbsv1.DesireLRPRequest{DesiredLrp: lrp("web", 1)}); err != nil {
