@@ -497,7 +497,9 @@ func (x *UpdateDesiredLRPResponse) GetRevision() int64 {
 type RemoveDesiredLRPRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ProcessGuid names the LRP.
-	ProcessGuid   string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Force removes the LRP even when other LRPs consume links it provides.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -537,6 +539,13 @@ func (x *RemoveDesiredLRPRequest) GetProcessGuid() string {
 		return x.ProcessGuid
 	}
 	return ""
+}
+
+func (x *RemoveDesiredLRPRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 // RemoveDesiredLRPResponse is the answer of RemoveDesiredLRP.
@@ -3269,7 +3278,10 @@ func (x *TagsResponse) GetTags() []string {
 type ResolveLinksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ProcessGuid names the consuming LRP.
-	ProcessGuid   string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// CellId, when set, resolves colocated links for an instance on this cell: each colocated
+	// link's node is the provider instance on that cell.
+	CellId        string `protobuf:"bytes,2,opt,name=cell_id,json=cellId,proto3" json:"cell_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3311,11 +3323,23 @@ func (x *ResolveLinksRequest) GetProcessGuid() string {
 	return ""
 }
 
+func (x *ResolveLinksRequest) GetCellId() string {
+	if x != nil {
+		return x.CellId
+	}
+	return ""
+}
+
 // ResolveLinksResponse is the answer of ResolveLinks.
 type ResolveLinksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Links maps each consumed link name to its resolution.
-	Links         map[string]*v1.ResolvedLink `protobuf:"bytes,1,rep,name=links,proto3" json:"links,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Links map[string]*v1.ResolvedLink `protobuf:"bytes,1,rep,name=links,proto3" json:"links,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Instances resolves the links per consumer instance placed on a cell, when the LRP consumes
+	// a colocated link.
+	Instances []*v1.InstanceLinks `protobuf:"bytes,2,rep,name=instances,proto3" json:"instances,omitempty"`
+	// Revision is the store revision the resolution was read at.
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3355,6 +3379,20 @@ func (x *ResolveLinksResponse) GetLinks() map[string]*v1.ResolvedLink {
 		return x.Links
 	}
 	return nil
+}
+
+func (x *ResolveLinksResponse) GetInstances() []*v1.InstanceLinks {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *ResolveLinksResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // SubscribeToEventsRequest is the request of SubscribeToEvents.
@@ -3507,9 +3545,10 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x18UpdateDesiredLRPResponse\x12<\n" +
 	"\vdesired_lrp\x18\x01 \x01(\v2\x1b.gavel.models.v1.DesiredLRPR\n" +
 	"desiredLrp\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"<\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"R\n" +
 	"\x17RemoveDesiredLRPRequest\x12!\n" +
-	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\"6\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"6\n" +
 	"\x18RemoveDesiredLRPResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\"B\n" +
 	"\x12DesiredLRPsRequest\x12,\n" +
@@ -3655,11 +3694,14 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\r\n" +
 	"\vTagsRequest\"\"\n" +
 	"\fTagsResponse\x12\x12\n" +
-	"\x04tags\x18\x01 \x03(\tR\x04tags\"8\n" +
+	"\x04tags\x18\x01 \x03(\tR\x04tags\"Q\n" +
 	"\x13ResolveLinksRequest\x12!\n" +
-	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\"\xb4\x01\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x17\n" +
+	"\acell_id\x18\x02 \x01(\tR\x06cellId\"\x8e\x02\n" +
 	"\x14ResolveLinksResponse\x12C\n" +
-	"\x05links\x18\x01 \x03(\v2-.gavel.bbs.v1.ResolveLinksResponse.LinksEntryR\x05links\x1aW\n" +
+	"\x05links\x18\x01 \x03(\v2-.gavel.bbs.v1.ResolveLinksResponse.LinksEntryR\x05links\x12<\n" +
+	"\tinstances\x18\x02 \x03(\v2\x1e.gavel.models.v1.InstanceLinksR\tinstances\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x1aW\n" +
 	"\n" +
 	"LinksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
@@ -3808,8 +3850,9 @@ var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*v1.TaskDefinition)(nil),                 // 77: gavel.models.v1.TaskDefinition
 	(*v1.Task)(nil),                           // 78: gavel.models.v1.Task
 	(*v1.CellPresence)(nil),                   // 79: gavel.models.v1.CellPresence
-	(*Event)(nil),                             // 80: gavel.bbs.v1.Event
-	(*v1.ResolvedLink)(nil),                   // 81: gavel.models.v1.ResolvedLink
+	(*v1.InstanceLinks)(nil),                  // 80: gavel.models.v1.InstanceLinks
+	(*Event)(nil),                             // 81: gavel.bbs.v1.Event
+	(*v1.ResolvedLink)(nil),                   // 82: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
 	68, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
@@ -3846,80 +3889,81 @@ var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
 	76, // 31: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
 	79, // 32: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
 	67, // 33: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	0,  // 34: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	80, // 35: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	81, // 36: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	1,  // 37: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
-	3,  // 38: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
-	5,  // 39: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
-	7,  // 40: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
-	9,  // 41: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
-	11, // 42: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
-	13, // 43: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
-	15, // 44: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
-	17, // 45: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
-	19, // 46: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
-	21, // 47: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
-	23, // 48: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
-	25, // 49: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
-	27, // 50: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
-	29, // 51: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
-	31, // 52: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	33, // 53: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	35, // 54: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	37, // 55: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	39, // 56: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	41, // 57: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
-	43, // 58: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
-	45, // 59: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
-	47, // 60: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
-	49, // 61: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
-	51, // 62: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
-	53, // 63: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
-	55, // 64: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
-	57, // 65: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
-	59, // 66: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
-	61, // 67: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	63, // 68: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	65, // 69: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	2,  // 70: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 71: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 72: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 73: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 74: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 75: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 76: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 77: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 78: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 79: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 80: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 81: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 82: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 83: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 84: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 85: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 86: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 87: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 88: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 89: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 90: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 91: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 92: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 93: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 94: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 95: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 96: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 97: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 98: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 99: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 100: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	64, // 101: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	66, // 102: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	70, // [70:103] is the sub-list for method output_type
-	37, // [37:70] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	80, // 34: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	0,  // 35: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
+	81, // 36: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	82, // 37: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	1,  // 38: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
+	3,  // 39: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
+	5,  // 40: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
+	7,  // 41: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
+	9,  // 42: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
+	11, // 43: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
+	13, // 44: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
+	15, // 45: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
+	17, // 46: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
+	19, // 47: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
+	21, // 48: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
+	23, // 49: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
+	25, // 50: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
+	27, // 51: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
+	29, // 52: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
+	31, // 53: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	33, // 54: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	35, // 55: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	37, // 56: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	39, // 57: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	41, // 58: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
+	43, // 59: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
+	45, // 60: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
+	47, // 61: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
+	49, // 62: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
+	51, // 63: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
+	53, // 64: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
+	55, // 65: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
+	57, // 66: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
+	59, // 67: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
+	61, // 68: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
+	63, // 69: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	65, // 70: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	2,  // 71: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,  // 72: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,  // 73: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,  // 74: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10, // 75: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12, // 76: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14, // 77: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16, // 78: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18, // 79: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20, // 80: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	22, // 81: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	24, // 82: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	26, // 83: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	28, // 84: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	30, // 85: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	32, // 86: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	34, // 87: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	36, // 88: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	38, // 89: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	40, // 90: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	42, // 91: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	44, // 92: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	46, // 93: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	48, // 94: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	50, // 95: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	52, // 96: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	54, // 97: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	56, // 98: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	58, // 99: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	60, // 100: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	62, // 101: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	64, // 102: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	66, // 103: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	71, // [71:104] is the sub-list for method output_type
+	38, // [38:71] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_bbs_proto_init() }

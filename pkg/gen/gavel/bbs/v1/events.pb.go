@@ -43,6 +43,7 @@ type Event struct {
 	//	*Event_TaskRemoved
 	//	*Event_CellAppeared
 	//	*Event_CellDisappeared
+	//	*Event_LinksChanged
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -200,6 +201,15 @@ func (x *Event) GetCellDisappeared() *CellDisappeared {
 	return nil
 }
 
+func (x *Event) GetLinksChanged() *LinksChanged {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_LinksChanged); ok {
+			return x.LinksChanged
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -264,6 +274,11 @@ type Event_CellDisappeared struct {
 	CellDisappeared *CellDisappeared `protobuf:"bytes,13,opt,name=cell_disappeared,json=cellDisappeared,proto3,oneof"`
 }
 
+type Event_LinksChanged struct {
+	// LinksChanged reports that the resolution of a consumer's links changed.
+	LinksChanged *LinksChanged `protobuf:"bytes,14,opt,name=links_changed,json=linksChanged,proto3,oneof"`
+}
+
 func (*Event_DesiredLrpCreated) isEvent_Kind() {}
 
 func (*Event_DesiredLrpChanged) isEvent_Kind() {}
@@ -287,6 +302,8 @@ func (*Event_TaskRemoved) isEvent_Kind() {}
 func (*Event_CellAppeared) isEvent_Kind() {}
 
 func (*Event_CellDisappeared) isEvent_Kind() {}
+
+func (*Event_LinksChanged) isEvent_Kind() {}
 
 // DesiredLRPCreated carries a new desired LRP.
 type DesiredLRPCreated struct {
@@ -894,11 +911,86 @@ func (x *CellDisappeared) GetCell() *v1.CellPresence {
 	return nil
 }
 
+// LinksChanged carries the new resolution of a consumer's links, LRP-wide (a colocated link
+// lists every provider node); reps resolve per instance with ResolveLinks.
+type LinksChanged struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid names the consuming LRP.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Domain is the consumer's domain.
+	Domain string `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// Links maps each consumed link name to its resolution; a required link that no longer
+	// resolves is absent and listed in errors.
+	Links map[string]*v1.ResolvedLink `protobuf:"bytes,3,rep,name=links,proto3" json:"links,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Errors lists the links that no longer resolve, one line each.
+	Errors        []string `protobuf:"bytes,4,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinksChanged) Reset() {
+	*x = LinksChanged{}
+	mi := &file_gavel_bbs_v1_events_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinksChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinksChanged) ProtoMessage() {}
+
+func (x *LinksChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_events_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinksChanged.ProtoReflect.Descriptor instead.
+func (*LinksChanged) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_events_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LinksChanged) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *LinksChanged) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *LinksChanged) GetLinks() map[string]*v1.ResolvedLink {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+func (x *LinksChanged) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
 var File_gavel_bbs_v1_events_proto protoreflect.FileDescriptor
 
 const file_gavel_bbs_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x19gavel/bbs/v1/events.proto\x12\fgavel.bbs.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1agavel/models/v1/task.proto\"\xb3\a\n" +
+	"\x19gavel/bbs/v1/events.proto\x12\fgavel.bbs.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1bgavel/models/v1/links.proto\x1a\x1agavel/models/v1/task.proto\"\xf6\a\n" +
 	"\x05Event\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12Q\n" +
 	"\x13desired_lrp_created\x18\x02 \x01(\v2\x1f.gavel.bbs.v1.DesiredLRPCreatedH\x00R\x11desiredLrpCreated\x12Q\n" +
@@ -913,7 +1005,8 @@ const file_gavel_bbs_v1_events_proto_rawDesc = "" +
 	" \x01(\v2\x19.gavel.bbs.v1.TaskChangedH\x00R\vtaskChanged\x12>\n" +
 	"\ftask_removed\x18\v \x01(\v2\x19.gavel.bbs.v1.TaskRemovedH\x00R\vtaskRemoved\x12A\n" +
 	"\rcell_appeared\x18\f \x01(\v2\x1a.gavel.bbs.v1.CellAppearedH\x00R\fcellAppeared\x12J\n" +
-	"\x10cell_disappeared\x18\r \x01(\v2\x1d.gavel.bbs.v1.CellDisappearedH\x00R\x0fcellDisappearedB\x06\n" +
+	"\x10cell_disappeared\x18\r \x01(\v2\x1d.gavel.bbs.v1.CellDisappearedH\x00R\x0fcellDisappeared\x12A\n" +
+	"\rlinks_changed\x18\x0e \x01(\v2\x1a.gavel.bbs.v1.LinksChangedH\x00R\flinksChangedB\x06\n" +
 	"\x04kind\"Q\n" +
 	"\x11DesiredLRPCreated\x12<\n" +
 	"\vdesired_lrp\x18\x01 \x01(\v2\x1b.gavel.models.v1.DesiredLRPR\n" +
@@ -949,7 +1042,16 @@ const file_gavel_bbs_v1_events_proto_rawDesc = "" +
 	"\fCellAppeared\x121\n" +
 	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cell\"D\n" +
 	"\x0fCellDisappeared\x121\n" +
-	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cellB\xaa\x01\n" +
+	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cell\"\xf7\x01\n" +
+	"\fLinksChanged\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12;\n" +
+	"\x05links\x18\x03 \x03(\v2%.gavel.bbs.v1.LinksChanged.LinksEntryR\x05links\x12\x16\n" +
+	"\x06errors\x18\x04 \x03(\tR\x06errors\x1aW\n" +
+	"\n" +
+	"LinksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
+	"\x05value\x18\x02 \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x05value:\x028\x01B\xaa\x01\n" +
 	"\x10com.gavel.bbs.v1B\vEventsProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1;bbsv1\xa2\x02\x03GBX\xaa\x02\fGavel.Bbs.V1\xca\x02\fGavel\\Bbs\\V1\xe2\x02\x18Gavel\\Bbs\\V1\\GPBMetadata\xea\x02\x0eGavel::Bbs::V1b\x06proto3"
 
 var (
@@ -964,7 +1066,7 @@ func file_gavel_bbs_v1_events_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_events_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_gavel_bbs_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gavel_bbs_v1_events_proto_goTypes = []any{
 	(*Event)(nil),                   // 0: gavel.bbs.v1.Event
 	(*DesiredLRPCreated)(nil),       // 1: gavel.bbs.v1.DesiredLRPCreated
@@ -979,12 +1081,15 @@ var file_gavel_bbs_v1_events_proto_goTypes = []any{
 	(*TaskRemoved)(nil),             // 10: gavel.bbs.v1.TaskRemoved
 	(*CellAppeared)(nil),            // 11: gavel.bbs.v1.CellAppeared
 	(*CellDisappeared)(nil),         // 12: gavel.bbs.v1.CellDisappeared
-	(*v1.DesiredLRP)(nil),           // 13: gavel.models.v1.DesiredLRP
-	(*v1.ActualLRP)(nil),            // 14: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPKey)(nil),         // 15: gavel.models.v1.ActualLRPKey
-	(*v1.ActualLRPInstanceKey)(nil), // 16: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.Task)(nil),                 // 17: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),         // 18: gavel.models.v1.CellPresence
+	(*LinksChanged)(nil),            // 13: gavel.bbs.v1.LinksChanged
+	nil,                             // 14: gavel.bbs.v1.LinksChanged.LinksEntry
+	(*v1.DesiredLRP)(nil),           // 15: gavel.models.v1.DesiredLRP
+	(*v1.ActualLRP)(nil),            // 16: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPKey)(nil),         // 17: gavel.models.v1.ActualLRPKey
+	(*v1.ActualLRPInstanceKey)(nil), // 18: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.Task)(nil),                 // 19: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),         // 20: gavel.models.v1.CellPresence
+	(*v1.ResolvedLink)(nil),         // 21: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_events_proto_depIdxs = []int32{
 	1,  // 0: gavel.bbs.v1.Event.desired_lrp_created:type_name -> gavel.bbs.v1.DesiredLRPCreated
@@ -999,27 +1104,30 @@ var file_gavel_bbs_v1_events_proto_depIdxs = []int32{
 	10, // 9: gavel.bbs.v1.Event.task_removed:type_name -> gavel.bbs.v1.TaskRemoved
 	11, // 10: gavel.bbs.v1.Event.cell_appeared:type_name -> gavel.bbs.v1.CellAppeared
 	12, // 11: gavel.bbs.v1.Event.cell_disappeared:type_name -> gavel.bbs.v1.CellDisappeared
-	13, // 12: gavel.bbs.v1.DesiredLRPCreated.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	13, // 13: gavel.bbs.v1.DesiredLRPChanged.before:type_name -> gavel.models.v1.DesiredLRP
-	13, // 14: gavel.bbs.v1.DesiredLRPChanged.after:type_name -> gavel.models.v1.DesiredLRP
-	13, // 15: gavel.bbs.v1.DesiredLRPRemoved.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	14, // 16: gavel.bbs.v1.ActualLRPCreated.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	14, // 17: gavel.bbs.v1.ActualLRPChanged.before:type_name -> gavel.models.v1.ActualLRP
-	14, // 18: gavel.bbs.v1.ActualLRPChanged.after:type_name -> gavel.models.v1.ActualLRP
-	14, // 19: gavel.bbs.v1.ActualLRPRemoved.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	15, // 20: gavel.bbs.v1.ActualLRPCrashed.key:type_name -> gavel.models.v1.ActualLRPKey
-	16, // 21: gavel.bbs.v1.ActualLRPCrashed.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	17, // 22: gavel.bbs.v1.TaskCreated.task:type_name -> gavel.models.v1.Task
-	17, // 23: gavel.bbs.v1.TaskChanged.before:type_name -> gavel.models.v1.Task
-	17, // 24: gavel.bbs.v1.TaskChanged.after:type_name -> gavel.models.v1.Task
-	17, // 25: gavel.bbs.v1.TaskRemoved.task:type_name -> gavel.models.v1.Task
-	18, // 26: gavel.bbs.v1.CellAppeared.cell:type_name -> gavel.models.v1.CellPresence
-	18, // 27: gavel.bbs.v1.CellDisappeared.cell:type_name -> gavel.models.v1.CellPresence
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	13, // 12: gavel.bbs.v1.Event.links_changed:type_name -> gavel.bbs.v1.LinksChanged
+	15, // 13: gavel.bbs.v1.DesiredLRPCreated.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	15, // 14: gavel.bbs.v1.DesiredLRPChanged.before:type_name -> gavel.models.v1.DesiredLRP
+	15, // 15: gavel.bbs.v1.DesiredLRPChanged.after:type_name -> gavel.models.v1.DesiredLRP
+	15, // 16: gavel.bbs.v1.DesiredLRPRemoved.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	16, // 17: gavel.bbs.v1.ActualLRPCreated.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	16, // 18: gavel.bbs.v1.ActualLRPChanged.before:type_name -> gavel.models.v1.ActualLRP
+	16, // 19: gavel.bbs.v1.ActualLRPChanged.after:type_name -> gavel.models.v1.ActualLRP
+	16, // 20: gavel.bbs.v1.ActualLRPRemoved.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	17, // 21: gavel.bbs.v1.ActualLRPCrashed.key:type_name -> gavel.models.v1.ActualLRPKey
+	18, // 22: gavel.bbs.v1.ActualLRPCrashed.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	19, // 23: gavel.bbs.v1.TaskCreated.task:type_name -> gavel.models.v1.Task
+	19, // 24: gavel.bbs.v1.TaskChanged.before:type_name -> gavel.models.v1.Task
+	19, // 25: gavel.bbs.v1.TaskChanged.after:type_name -> gavel.models.v1.Task
+	19, // 26: gavel.bbs.v1.TaskRemoved.task:type_name -> gavel.models.v1.Task
+	20, // 27: gavel.bbs.v1.CellAppeared.cell:type_name -> gavel.models.v1.CellPresence
+	20, // 28: gavel.bbs.v1.CellDisappeared.cell:type_name -> gavel.models.v1.CellPresence
+	14, // 29: gavel.bbs.v1.LinksChanged.links:type_name -> gavel.bbs.v1.LinksChanged.LinksEntry
+	21, // 30: gavel.bbs.v1.LinksChanged.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_events_proto_init() }
@@ -1040,6 +1148,7 @@ func file_gavel_bbs_v1_events_proto_init() {
 		(*Event_TaskRemoved)(nil),
 		(*Event_CellAppeared)(nil),
 		(*Event_CellDisappeared)(nil),
+		(*Event_LinksChanged)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1047,7 +1156,7 @@ func file_gavel_bbs_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_events_proto_rawDesc), len(file_gavel_bbs_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

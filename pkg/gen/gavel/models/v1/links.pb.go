@@ -27,9 +27,12 @@ type Links struct {
 	// Provides lists the links this LRP offers.
 	Provides []*LinkProvide `protobuf:"bytes,1,rep,name=provides,proto3" json:"provides,omitempty"`
 	// Consumes lists the links this LRP needs.
-	Consumes      []*LinkConsume `protobuf:"bytes,2,rep,name=consumes,proto3" json:"consumes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Consumes []*LinkConsume `protobuf:"bytes,2,rep,name=consumes,proto3" json:"consumes,omitempty"`
+	// SignalOnChange asks the rep to send SIGHUP to the LRP's processes after it rewrites their
+	// link files because a resolution changed.
+	SignalOnChange bool `protobuf:"varint,3,opt,name=signal_on_change,json=signalOnChange,proto3" json:"signal_on_change,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Links) Reset() {
@@ -74,6 +77,13 @@ func (x *Links) GetConsumes() []*LinkConsume {
 		return x.Consumes
 	}
 	return nil
+}
+
+func (x *Links) GetSignalOnChange() bool {
+	if x != nil {
+		return x.SignalOnChange
+	}
+	return false
 }
 
 // LinkProvide is one link an LRP offers to consumers.
@@ -273,7 +283,10 @@ type ResolvedLink struct {
 	// Nodes are the provider's running instances.
 	Nodes []*LinkNode `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// Properties are the provider's link properties.
-	Properties    map[string]string `protobuf:"bytes,2,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Properties map[string]string `protobuf:"bytes,2,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Node is, for a colocated link resolved for one consumer instance, the provider instance on
+	// that instance's cell (absent when none runs there).
+	Node          *LinkNode `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +335,87 @@ func (x *ResolvedLink) GetProperties() map[string]string {
 	return nil
 }
 
+func (x *ResolvedLink) GetNode() *LinkNode {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// InstanceLinks is the resolution of a consumer's links for one of its instances, which differs
+// from the LRP-wide resolution only in colocated links.
+type InstanceLinks struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Index is the consumer instance's index.
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// InstanceGuid identifies the consumer instance's container.
+	InstanceGuid string `protobuf:"bytes,2,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	// CellId is the cell the consumer instance runs on.
+	CellId string `protobuf:"bytes,3,opt,name=cell_id,json=cellId,proto3" json:"cell_id,omitempty"`
+	// Links maps each consumed link name to its resolution for this instance.
+	Links         map[string]*ResolvedLink `protobuf:"bytes,4,rep,name=links,proto3" json:"links,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceLinks) Reset() {
+	*x = InstanceLinks{}
+	mi := &file_gavel_models_v1_links_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceLinks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceLinks) ProtoMessage() {}
+
+func (x *InstanceLinks) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_models_v1_links_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceLinks.ProtoReflect.Descriptor instead.
+func (*InstanceLinks) Descriptor() ([]byte, []int) {
+	return file_gavel_models_v1_links_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *InstanceLinks) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *InstanceLinks) GetInstanceGuid() string {
+	if x != nil {
+		return x.InstanceGuid
+	}
+	return ""
+}
+
+func (x *InstanceLinks) GetCellId() string {
+	if x != nil {
+		return x.CellId
+	}
+	return ""
+}
+
+func (x *InstanceLinks) GetLinks() map[string]*ResolvedLink {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
 // LinkNode is one running instance behind a link.
 type LinkNode struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -341,7 +435,7 @@ type LinkNode struct {
 
 func (x *LinkNode) Reset() {
 	*x = LinkNode{}
-	mi := &file_gavel_models_v1_links_proto_msgTypes[4]
+	mi := &file_gavel_models_v1_links_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +447,7 @@ func (x *LinkNode) String() string {
 func (*LinkNode) ProtoMessage() {}
 
 func (x *LinkNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_links_proto_msgTypes[4]
+	mi := &file_gavel_models_v1_links_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +460,7 @@ func (x *LinkNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkNode.ProtoReflect.Descriptor instead.
 func (*LinkNode) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_links_proto_rawDescGZIP(), []int{4}
+	return file_gavel_models_v1_links_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LinkNode) GetName() string {
@@ -408,10 +502,11 @@ var File_gavel_models_v1_links_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_links_proto_rawDesc = "" +
 	"\n" +
-	"\x1bgavel/models/v1/links.proto\x12\x0fgavel.models.v1\"{\n" +
+	"\x1bgavel/models/v1/links.proto\x12\x0fgavel.models.v1\"\xa5\x01\n" +
 	"\x05Links\x128\n" +
 	"\bprovides\x18\x01 \x03(\v2\x1c.gavel.models.v1.LinkProvideR\bprovides\x128\n" +
-	"\bconsumes\x18\x02 \x03(\v2\x1c.gavel.models.v1.LinkConsumeR\bconsumes\"\xfe\x01\n" +
+	"\bconsumes\x18\x02 \x03(\v2\x1c.gavel.models.v1.LinkConsumeR\bconsumes\x12(\n" +
+	"\x10signal_on_change\x18\x03 \x01(\bR\x0esignalOnChange\"\xfe\x01\n" +
 	"\vLinkProvide\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x0e\n" +
@@ -431,15 +526,25 @@ const file_gavel_models_v1_links_proto_rawDesc = "" +
 	"\anetwork\x18\x04 \x01(\tR\anetwork\x12\x1a\n" +
 	"\boptional\x18\x05 \x01(\bR\boptional\x12\x1c\n" +
 	"\tcolocated\x18\x06 \x01(\bR\tcolocated\x125\n" +
-	"\x06custom\x18\a \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x06custom\"\xcd\x01\n" +
+	"\x06custom\x18\a \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x06custom\"\xfc\x01\n" +
 	"\fResolvedLink\x12/\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x19.gavel.models.v1.LinkNodeR\x05nodes\x12M\n" +
 	"\n" +
 	"properties\x18\x02 \x03(\v2-.gavel.models.v1.ResolvedLink.PropertiesEntryR\n" +
-	"properties\x1a=\n" +
+	"properties\x12-\n" +
+	"\x04node\x18\x03 \x01(\v2\x19.gavel.models.v1.LinkNodeR\x04node\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"n\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x01\n" +
+	"\rInstanceLinks\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12#\n" +
+	"\rinstance_guid\x18\x02 \x01(\tR\finstanceGuid\x12\x17\n" +
+	"\acell_id\x18\x03 \x01(\tR\x06cellId\x12?\n" +
+	"\x05links\x18\x04 \x03(\v2).gavel.models.v1.InstanceLinks.LinksEntryR\x05links\x1aW\n" +
+	"\n" +
+	"LinksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
+	"\x05value\x18\x02 \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x05value:\x028\x01\"n\n" +
 	"\bLinkNode\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -461,28 +566,33 @@ func file_gavel_models_v1_links_proto_rawDescGZIP() []byte {
 	return file_gavel_models_v1_links_proto_rawDescData
 }
 
-var file_gavel_models_v1_links_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_gavel_models_v1_links_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_gavel_models_v1_links_proto_goTypes = []any{
-	(*Links)(nil),        // 0: gavel.models.v1.Links
-	(*LinkProvide)(nil),  // 1: gavel.models.v1.LinkProvide
-	(*LinkConsume)(nil),  // 2: gavel.models.v1.LinkConsume
-	(*ResolvedLink)(nil), // 3: gavel.models.v1.ResolvedLink
-	(*LinkNode)(nil),     // 4: gavel.models.v1.LinkNode
-	nil,                  // 5: gavel.models.v1.LinkProvide.PropertiesEntry
-	nil,                  // 6: gavel.models.v1.ResolvedLink.PropertiesEntry
+	(*Links)(nil),         // 0: gavel.models.v1.Links
+	(*LinkProvide)(nil),   // 1: gavel.models.v1.LinkProvide
+	(*LinkConsume)(nil),   // 2: gavel.models.v1.LinkConsume
+	(*ResolvedLink)(nil),  // 3: gavel.models.v1.ResolvedLink
+	(*InstanceLinks)(nil), // 4: gavel.models.v1.InstanceLinks
+	(*LinkNode)(nil),      // 5: gavel.models.v1.LinkNode
+	nil,                   // 6: gavel.models.v1.LinkProvide.PropertiesEntry
+	nil,                   // 7: gavel.models.v1.ResolvedLink.PropertiesEntry
+	nil,                   // 8: gavel.models.v1.InstanceLinks.LinksEntry
 }
 var file_gavel_models_v1_links_proto_depIdxs = []int32{
 	1, // 0: gavel.models.v1.Links.provides:type_name -> gavel.models.v1.LinkProvide
 	2, // 1: gavel.models.v1.Links.consumes:type_name -> gavel.models.v1.LinkConsume
-	5, // 2: gavel.models.v1.LinkProvide.properties:type_name -> gavel.models.v1.LinkProvide.PropertiesEntry
+	6, // 2: gavel.models.v1.LinkProvide.properties:type_name -> gavel.models.v1.LinkProvide.PropertiesEntry
 	3, // 3: gavel.models.v1.LinkConsume.custom:type_name -> gavel.models.v1.ResolvedLink
-	4, // 4: gavel.models.v1.ResolvedLink.nodes:type_name -> gavel.models.v1.LinkNode
-	6, // 5: gavel.models.v1.ResolvedLink.properties:type_name -> gavel.models.v1.ResolvedLink.PropertiesEntry
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	5, // 4: gavel.models.v1.ResolvedLink.nodes:type_name -> gavel.models.v1.LinkNode
+	7, // 5: gavel.models.v1.ResolvedLink.properties:type_name -> gavel.models.v1.ResolvedLink.PropertiesEntry
+	5, // 6: gavel.models.v1.ResolvedLink.node:type_name -> gavel.models.v1.LinkNode
+	8, // 7: gavel.models.v1.InstanceLinks.links:type_name -> gavel.models.v1.InstanceLinks.LinksEntry
+	3, // 8: gavel.models.v1.InstanceLinks.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_gavel_models_v1_links_proto_init() }
@@ -496,7 +606,7 @@ func file_gavel_models_v1_links_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_models_v1_links_proto_rawDesc), len(file_gavel_models_v1_links_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
