@@ -70,7 +70,7 @@ func (s *Server) UpdateDesiredLRP(ctx context.Context, r *bbsv1.UpdateDesiredLRP
 
 // RemoveDesiredLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RemoveDesiredLRP(ctx context.Context, r *bbsv1.RemoveDesiredLRPRequest) (*bbsv1.RemoveDesiredLRPResponse, error) {
-	rev, err := s.desired.RemoveDesiredLRP(ctx, r.GetProcessGuid())
+	rev, err := s.desired.RemoveDesiredLRP(ctx, r.GetProcessGuid(), r.GetForce())
 	if err != nil {
 		return nil, err
 	}
@@ -278,11 +278,7 @@ func (s *Server) Tags(context.Context, *bbsv1.TagsRequest) (*bbsv1.TagsResponse,
 
 // ResolveLinks implements bbsv1.BBSServiceServer.
 func (s *Server) ResolveLinks(_ context.Context, r *bbsv1.ResolveLinksRequest) (*bbsv1.ResolveLinksResponse, error) {
-	links, err := s.desired.ResolveLinks(r.GetProcessGuid())
-	if err != nil {
-		return nil, err
-	}
-	return &bbsv1.ResolveLinksResponse{Links: links}, nil
+	return s.desired.ResolveLinks(r.GetProcessGuid(), r.GetCellId())
 }
 
 // SubscribeToEvents implements bbsv1.BBSServiceServer.

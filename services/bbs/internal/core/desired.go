@@ -56,6 +56,9 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	if err != nil {
 		return 0, fmt.Errorf("desire lrp %s: %w", d.GetProcessGuid(), err)
 	}
+	if err := c.checkLinks(transformed); err != nil {
+		return 0, fmt.Errorf("desire lrp %s: %w", d.GetProcessGuid(), err)
+	}
 	d = clone(transformed)
 	d.ModificationTag = newTag()
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
@@ -116,6 +119,9 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 	var created []int32
 	var stops []stopRequest
 	var memo lrpTransformMemo
+	if err := c.checkStoredLinks(guid, u); err != nil {
+		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
+	}
 	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
 		created, stops = nil, nil
 		sched, err := t.SchedulingInfo(guid)
@@ -189,8 +195,12 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 }
 
 // RemoveDesiredLRP deletes a desired LRP with every instance that holds no container, and asks
-// the cells of the others to stop them (their reps then remove the records).
-func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string) (int64, error) {
+// the cells of the others to stop them (their reps then remove the records). A provider other
+// LRPs consume is removed only when forced.
+func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string, force bool) (int64, error) {
+	if err := c.checkNotConsumed(guid, force); err != nil {
+		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)
+	}
 	var stops []stopRequest
 	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
 		stops = nil
@@ -252,17 +262,4 @@ func (c *DesiredLRPs) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64, erro
 		return nil, rev, rpcerr.NotFound("desired lrp %q not found", guid)
 	}
 	return d, rev, nil
-}
-
-// ResolveLinks resolves the links a desired LRP consumes. Link resolution against providers is
-// not part of the BBS yet, so only LRPs that consume no links resolve (to an empty map).
-func (c *DesiredLRPs) ResolveLinks(guid string) (map[string]*modelsv1.ResolvedLink, error) {
-	d, _ := c.st.DesiredLRP(guid)
-	if d == nil {
-		return nil, rpcerr.NotFound("desired lrp %q not found", guid)
-	}
-	if n := len(d.GetLinks().GetConsumes()); n > 0 {
-		return nil, rpcerr.FailedPrecondition("desired lrp %q consumes %d links; this BBS does not resolve links between LRPs yet", guid, n)
-	}
-	return map[string]*modelsv1.ResolvedLink{}, nil
 }

@@ -222,6 +222,10 @@ func (f EventFilter) Match(e *bbsv1.Event) bool {
 		return cell(k.CellAppeared.GetCell())
 	case *bbsv1.Event_CellDisappeared:
 		return cell(k.CellDisappeared.GetCell())
+	case *bbsv1.Event_LinksChanged:
+		// A consumer's links concern every cell that may run it, so a cell filter keeps them.
+		l := k.LinksChanged
+		return f.matchRecord(l.GetDomain(), l.GetProcessGuid(), f.CellID)
 	}
 	return false
 }

@@ -61,6 +61,8 @@ type Store struct {
 	cellGone chan struct{}
 
 	committer *committer
+	// links tracks link resolutions for LinksChanged events; guarded by cache.mu.
+	links *linkTracker
 }
 
 // New returns a store over client; call Run to fill the cache and follow changes.
@@ -75,6 +77,7 @@ func New(client *clientv3.Client, opts Options) *Store {
 		synced:    make(chan struct{}),
 		cellGone:  make(chan struct{}, 1),
 		committer: newCommitter(client),
+		links:     newLinkTracker(),
 	}
 }
 
@@ -153,6 +156,7 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 	}
 	s.cache.mu.Lock()
 	s.cache.st = st
+	s.links.reset(st)
 	s.cache.rev = 0
 	s.cache.advanceLocked(rev)
 	s.cache.mu.Unlock()
@@ -237,6 +241,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 		it, _ := st.get(k)
 		return it.msg
 	})
+	events = append(events, s.linkEvents(rev, st, changes)...)
 	s.cache.advanceLocked(rev)
 	s.cache.mu.Unlock()
 	s.hub.publish(rev, events)

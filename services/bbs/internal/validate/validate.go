@@ -116,6 +116,9 @@ func (v Validator) Request(req any) error {
 
 	case *bbsv1.ResolveLinksRequest:
 		guid(e, "process_guid", r.GetProcessGuid())
+		if r.GetCellId() != "" {
+			e.Merge("cell_id", models.ValidateCellID("cell_id", r.GetCellId()))
+		}
 	case *bbsv1.SubscribeToEventsRequest:
 		nonNegative(e, "since_revision", r.GetSinceRevision())
 		filter(e, "filter", r.GetFilter())
