@@ -18,8 +18,8 @@ func provide(name, typ string, opts ...func(*modelsv1.LinkProvide)) *modelsv1.Li
 	return p
 }
 
-func as(a string) func(*modelsv1.LinkProvide)  { return func(p *modelsv1.LinkProvide) { p.As = a } }
-func shared(p *modelsv1.LinkProvide)           { p.Shared = true }
+func as(a string) func(*modelsv1.LinkProvide)   { return func(p *modelsv1.LinkProvide) { p.As = a } }
+func shared(p *modelsv1.LinkProvide)            { p.Shared = true }
 func port(n uint32) func(*modelsv1.LinkProvide) { return func(p *modelsv1.LinkProvide) { p.Port = n } }
 func props(kv ...string) func(*modelsv1.LinkProvide) {
 	return func(p *modelsv1.LinkProvide) {
