@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -488,7 +489,13 @@ func checkLinkName(e *rpcerr.InvalidError, field, name string, seen map[string]i
 		return
 	}
 	seen[name] = i
+	// A consumed link's name names its file in the container, so it must be a plain name.
+	if !linkNameRE.MatchString(name) {
+		e.Add(field, "must be letters, digits, '-', '_' and '.', not starting with '.', got %q", name)
+	}
 }
+
+var linkNameRE = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$`)
 
 func checkCallbackURL(e *rpcerr.InvalidError, field, s string) {
 	if s == "" {

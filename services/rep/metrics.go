@@ -269,3 +269,17 @@ func (b observedBBS) Tasks(ctx context.Context, in *bbsv1.TasksRequest, opts ...
 	b.m.bbsFailed("Tasks", err)
 	return r, err
 }
+
+// ResolveLinks implements cell.BBS.
+func (b observedBBS) ResolveLinks(ctx context.Context, in *bbsv1.ResolveLinksRequest, opts ...grpc.CallOption) (*bbsv1.ResolveLinksResponse, error) {
+	r, err := b.bbs.ResolveLinks(ctx, in, opts...)
+	b.m.bbsFailed("ResolveLinks", err)
+	return r, err
+}
+
+// SubscribeToEvents implements cell.BBS.
+func (b observedBBS) SubscribeToEvents(ctx context.Context, in *bbsv1.SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[bbsv1.SubscribeToEventsResponse], error) {
+	r, err := b.bbs.SubscribeToEvents(ctx, in, opts...)
+	b.m.bbsFailed("SubscribeToEvents", err)
+	return r, err
+}

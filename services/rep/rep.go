@@ -437,6 +437,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	return lifecycle.Run(ctx, s.log, append(s.metricsServer.Members(),
 		lifecycle.Member{Name: "cell", Runner: s.cell},
+		lifecycle.Member{Name: "links", Runner: lifecycle.RunFunc(s.cell.FollowLinks)},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
 		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {

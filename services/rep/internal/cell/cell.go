@@ -85,6 +85,7 @@ type BBS interface {
 	TaskReporter
 	Evacuator
 	Lister
+	LinkSource
 }
 
 // Hooks are executables run around every container. Each gets the container spec as JSON on
@@ -145,6 +146,7 @@ type Cell struct {
 
 	mu         sync.Mutex
 	containers map[string]*container // by instance guid (LRP) or task guid (task)
+	linksRev   map[string]int64      // by process guid: the revision of the last LinksChanged
 	evacuating bool
 	evacDone   chan struct{} // closed when the evacuation finished; nil before Evacuate
 	closing    bool
@@ -188,6 +190,7 @@ type container struct {
 	stopping bool // the rep stops it itself: its end is not a crash or a completion
 	exec     executor.Container
 	netInfo  *modelsv1.ActualLRPNetInfo
+	links    *consumer // set before exec, nil when the LRP consumes no links
 }
 
 func (ctr *container) instanceKey(cellID string) *modelsv1.ActualLRPInstanceKey {
@@ -238,6 +241,7 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 		base:       base,
 		cancelBase: cancel,
 		containers: map[string]*container{},
+		linksRev:   map[string]int64{},
 	}
 }
 

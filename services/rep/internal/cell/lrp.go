@@ -47,7 +47,15 @@ func (c *Cell) runLRP(ctr *container) {
 		if err != nil {
 			return executor.Spec{}, err
 		}
-		return lrpSpec(resp.GetDesiredLrp(), ctr.key, ctr.guid), nil
+		spec := lrpSpec(resp.GetDesiredLrp(), ctr.key, ctr.guid)
+		cons, err := c.addLinks(ctx, resp.GetDesiredLrp(), &spec)
+		if err != nil {
+			return executor.Spec{}, err
+		}
+		c.mu.Lock()
+		ctr.links = cons
+		c.mu.Unlock()
+		return spec, nil
 	})
 	if err != nil {
 		c.setPhase(ctr, phaseCompleted)
@@ -56,6 +64,7 @@ func (c *Cell) runLRP(ctr *container) {
 	}
 	defer cleanup()
 	log.Debug("container started")
+	c.linksRegistered(ctr.ctx, ctr)
 
 	net := exec.NetInfo()
 	healthy, routableCh := exec.Healthy(), exec.Routable()

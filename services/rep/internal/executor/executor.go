@@ -5,6 +5,7 @@ package executor
 
 import (
 	"context"
+	"syscall"
 	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -71,6 +72,15 @@ type Spec struct {
 	Properties map[string]string `json:"properties,omitempty"`
 	// LogGuid tags the container's logs.
 	LogGuid string `json:"log_guid,omitempty"`
+	// FilesDir, when set, is a directory (a path inside the container, relative to its root
+	// as its processes see it) that the backend creates and fills with Files before any
+	// process starts; the cell rewrites files in it while the container runs (link files).
+	FilesDir string `json:"files_dir,omitempty"`
+	// FilesDirEnv names the environment variable that receives FilesDir's absolute path as the
+	// processes see it.
+	FilesDirEnv string `json:"files_dir_env,omitempty"`
+	// Files are written into FilesDir, by file name, before any process starts.
+	Files map[string][]byte `json:"-"`
 }
 
 // Result is how a container ended.
@@ -102,6 +112,11 @@ type Container interface {
 	// Stop signals the processes, waits up to grace, then kills them. It is idempotent and
 	// returns once Done is closed.
 	Stop(grace time.Duration)
+	// FilesPath is the host path of Spec.FilesDir, where the cell may rewrite files while the
+	// container runs; empty when the spec has none or the backend keeps no files.
+	FilesPath() string
+	// Signal sends sig to every running process of the container.
+	Signal(sig syscall.Signal) error
 }
 
 // Backend starts containers.

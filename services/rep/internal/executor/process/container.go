@@ -55,6 +55,7 @@ type container struct {
 	startOne sync.Once
 
 	hostPorts []int
+	filesHost string // host path of Spec.FilesDir, "" without one
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -298,6 +299,12 @@ func (c *container) finish(actionErr error) {
 		c.cg.destroy()
 	}
 	c.b.ports.release(c.hostPorts)
+	if c.root != "" && c.filesHost != "" {
+		// Inside a shared rootfs the files directory goes with the container.
+		if err := os.RemoveAll(c.filesHost); err != nil {
+			c.log.Warn("remove files directory", "error", err)
+		}
+	}
 	if !c.b.keep {
 		if err := os.RemoveAll(c.dir); err != nil {
 			c.log.Warn("remove container directory", "error", err)

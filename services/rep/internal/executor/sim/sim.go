@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -112,6 +113,12 @@ type container struct {
 }
 
 var _ executor.Container = (*container)(nil)
+
+// FilesPath implements executor.Container: simulated containers keep no files.
+func (c *container) FilesPath() string { return "" }
+
+// Signal implements executor.Container: simulated containers have no processes to signal.
+func (c *container) Signal(syscall.Signal) error { return nil }
 
 // Guid is the spec's guid.
 func (c *container) Guid() string { return c.guid }

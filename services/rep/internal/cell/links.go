@@ -1,0 +1,265 @@
+package cell
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/links"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/process"
+)
+
+// Environment variables and paths of the links a container consumes.
+const (
+	// LinksEnv holds, at start, the JSON of every resolved link keyed by link name.
+	LinksEnv = "GAVEL_LINKS"
+	// LinksDirEnv holds the directory of the link files, one <link name>.json per link,
+	// rewritten atomically (rename over) whenever a link's resolution changes.
+	LinksDirEnv = "GAVEL_LINKS_DIR"
+	// linksDir is where the link files live inside a container, below its root.
+	linksDir = ".gavel/links"
+	// linkFileSuffix ends every link file's name.
+	linkFileSuffix = ".json"
+)
+
+// LinkSource is what the cell asks the BBS about links.
+type LinkSource interface {
+	// ResolveLinks resolves a consumer's links for an instance on this cell.
+	ResolveLinks(ctx context.Context, in *bbsv1.ResolveLinksRequest, opts ...grpc.CallOption) (*bbsv1.ResolveLinksResponse, error)
+	// SubscribeToEvents streams the BBS events; the cell follows LinksChanged.
+	SubscribeToEvents(ctx context.Context, in *bbsv1.SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[bbsv1.SubscribeToEventsResponse], error)
+}
+
+// consumer is the link state of a container whose LRP consumes links.
+type consumer struct {
+	lrp    links.LRP
+	signal bool
+
+	mu    sync.Mutex
+	rev   int64             // the revision of the resolution last written
+	files map[string][]byte // file name → content last written
+}
+
+// linkFiles resolves the links of d for this cell and returns the documents as files and the
+// GAVEL_LINKS JSON, with the revision resolved at.
+func (c *Cell) linkFiles(ctx context.Context, l links.LRP) (map[string][]byte, []byte, int64, error) {
+	var resp *bbsv1.ResolveLinksResponse
+	err := c.call(ctx, "resolve links", func(ctx context.Context) error {
+		var err error
+		resp, err = c.bbs.ResolveLinks(ctx, &bbsv1.ResolveLinksRequest{ProcessGuid: l.Guid, CellId: c.cfg.CellID})
+		return err
+	})
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("resolve links: %w", err)
+	}
+	docs := links.Documents(l, resp.GetLinks(), c.cfg.CellID)
+	files := make(map[string][]byte, len(docs))
+	for name, d := range docs {
+		b, err := json.Marshal(d)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("encode link %s: %w", name, err)
+		}
+		files[name+linkFileSuffix] = b
+	}
+	all, err := json.Marshal(docs)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("encode links: %w", err)
+	}
+	return files, all, resp.GetRevision(), nil
+}
+
+// addLinks resolves the links the LRP consumes into the spec: GAVEL_LINKS in the environment
+// and one file per link in the container's links directory (GAVEL_LINKS_DIR). It returns the
+// container's link state, nil when the LRP consumes no links.
+func (c *Cell) addLinks(ctx context.Context, d *modelsv1.DesiredLRP, spec *executor.Spec) (*consumer, error) {
+	if len(d.GetLinks().GetConsumes()) == 0 {
+		return nil, nil
+	}
+	l := links.FromDesired(d)
+	files, all, rev, err := c.linkFiles(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	spec.Env = append(spec.Env, &modelsv1.EnvironmentVariable{Name: LinksEnv, Value: string(all)})
+	spec.FilesDir = filepath.Join(linksDir, spec.Guid)
+	spec.FilesDirEnv = LinksDirEnv
+	spec.Files = files
+	return &consumer{lrp: l, signal: d.GetLinks().GetSignalOnChange(), rev: rev, files: files}, nil
+}
+
+// FollowLinks implements lifecycle.Runner: it follows the BBS's LinksChanged events and
+// rewrites the link files of the affected containers, re-subscribing (and refreshing every
+// consumer, for the changes it may have missed) whenever the stream breaks.
+func (c *Cell) FollowLinks(ctx context.Context, ready func()) error {
+	ready()
+	backoff := 100 * time.Millisecond
+	for {
+		err := c.followLinks(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("links event stream ended; subscribing again", "error", err, "backoff", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (c *Cell) followLinks(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.bbs.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{CellId: c.cfg.CellID}})
+	if err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	// The first response (a bookmark or events) proves the subscription is live; refreshing
+	// every consumer then covers whatever changed before it.
+	refreshed := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("receive: %w", err)
+		}
+		if !refreshed {
+			refreshed = true
+			for _, g := range c.consumerGuids() {
+				c.RefreshLinks(ctx, g, 0)
+			}
+		}
+		for _, e := range resp.GetEvents() {
+			if lc := e.GetLinksChanged(); lc != nil {
+				c.RefreshLinks(ctx, lc.GetProcessGuid(), e.GetRevision())
+			}
+		}
+	}
+}
+
+// consumerGuids lists the process guids of the containers that consume links.
+func (c *Cell) consumerGuids() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[string]struct{}{}
+	var out []string
+	for _, ctr := range c.containers {
+		if ctr.links == nil {
+			continue
+		}
+		if _, ok := seen[ctr.key.GetProcessGuid()]; !ok {
+			seen[ctr.key.GetProcessGuid()] = struct{}{}
+			out = append(out, ctr.key.GetProcessGuid())
+		}
+	}
+	return out
+}
+
+// RefreshLinks re-resolves the links of process guid and rewrites the files of its containers
+// on this cell whose resolution is older than rev (every one when rev is 0).
+func (c *Cell) RefreshLinks(ctx context.Context, guid string, rev int64) {
+	type target struct {
+		ctr  *container
+		exec executor.Container
+	}
+	var targets []target
+	c.mu.Lock()
+	if rev > c.linksRev[guid] {
+		c.linksRev[guid] = rev
+	}
+	for _, ctr := range c.containers {
+		if ctr.links != nil && ctr.exec != nil && ctr.phase < phaseCompleted && ctr.key.GetProcessGuid() == guid {
+			targets = append(targets, target{ctr, ctr.exec})
+		}
+	}
+	c.mu.Unlock()
+	if len(targets) == 0 {
+		return
+	}
+	files, _, newRev, err := c.linkFiles(ctx, targets[0].ctr.links.lrp)
+	if err != nil {
+		c.log.Warn("links changed but do not resolve; keeping the files", "process_guid", guid, "error", err)
+		return
+	}
+	for _, t := range targets {
+		c.writeLinks(t.ctr, t.exec, files, newRev)
+	}
+}
+
+// linksRegistered is called once a consumer's container exists: a LinksChanged event that
+// arrived between its resolution and now is applied.
+func (c *Cell) linksRegistered(ctx context.Context, ctr *container) {
+	if ctr.links == nil {
+		return
+	}
+	c.mu.Lock()
+	missed := c.linksRev[ctr.key.GetProcessGuid()]
+	c.mu.Unlock()
+	ctr.links.mu.Lock()
+	stale := missed > ctr.links.rev
+	ctr.links.mu.Unlock()
+	if stale {
+		c.RefreshLinks(ctx, ctr.key.GetProcessGuid(), 0)
+	}
+}
+
+// writeLinks rewrites the files that changed (atomically), removes those of links gone, and
+// signals the processes when the LRP asks for it.
+func (c *Cell) writeLinks(ctr *container, exec executor.Container, files map[string][]byte, rev int64) {
+	dir := exec.FilesPath()
+	l := ctr.links
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if dir == "" || rev < l.rev {
+		return
+	}
+	log := c.log.With("process_guid", ctr.key.GetProcessGuid(), "index", ctr.key.GetIndex(), "instance_guid", ctr.guid)
+	changed := false
+	var errs []error
+	for name, b := range files {
+		if string(l.files[name]) == string(b) {
+			continue
+		}
+		if err := process.WriteFileAtomic(filepath.Join(dir, name), b, 0o644); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		changed = true
+	}
+	for name := range l.files {
+		if _, ok := files[name]; !ok && strings.HasSuffix(name, linkFileSuffix) {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+				continue
+			}
+			changed = true
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		log.Warn("rewriting link files failed", "error", err)
+		return
+	}
+	l.files, l.rev = files, rev
+	if !changed {
+		return
+	}
+	log.Info("link files rewritten", "revision", rev)
+	if l.signal {
+		if err := exec.Signal(syscall.SIGHUP); err != nil {
+			log.Warn("signalling the processes after a links change failed", "error", err)
+		}
+	}
+}
+

@@ -1,0 +1,79 @@
+package process
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// WriteFileAtomic replaces path with data by writing a temporary file in the same directory
+// and renaming it over path, so a reader sees the old content or the new, never a part.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // a no-op once renamed
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// makeFiles creates the spec's files directory with its initial files and returns its host
+// path and its path as the processes see it ("" without a files directory).
+func (c *container) makeFiles() (host, inside string, err error) {
+	if c.spec.FilesDir == "" {
+		return "", "", nil
+	}
+	rel := filepath.Clean("/" + c.spec.FilesDir)
+	if c.root != "" {
+		host, inside = filepath.Join(c.root, rel), rel
+	} else {
+		host = filepath.Join(c.dir, rel)
+		inside = host
+	}
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		return "", "", fmt.Errorf("create files directory: %w", err)
+	}
+	for name, data := range c.spec.Files {
+		if name != filepath.Base(name) || name == "." || name == ".." {
+			return "", "", fmt.Errorf("file name %q is not a plain name", name)
+		}
+		if err := WriteFileAtomic(filepath.Join(host, name), data, 0o644); err != nil {
+			return "", "", err
+		}
+	}
+	return host, inside, nil
+}
+
+// FilesPath implements executor.Container.
+func (c *container) FilesPath() string { return c.filesHost }
+
+// Signal implements executor.Container: it signals every running process group.
+func (c *container) Signal(sig syscall.Signal) error {
+	c.mu.Lock()
+	groups := make([]int, 0, len(c.live))
+	for pg := range c.live {
+		groups = append(groups, pg)
+	}
+	c.mu.Unlock()
+	for _, pg := range groups {
+		if err := syscall.Kill(-pg, sig); err != nil && err != syscall.ESRCH {
+			return fmt.Errorf("signal %s: %w", c.spec.Guid, err)
+		}
+	}
+	return nil
+}
