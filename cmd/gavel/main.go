@@ -6,6 +6,7 @@
 //	gavel desire-task GUID DOMAIN FILE.json  desire a task (protojson TaskDefinition)
 //	gavel lrps | actual-lrps | tasks | cells | tags | domains
 //	gavel events [-since REV]         follow the event stream
+//	gavel links [-cell C] [-json] GUID  print the resolution of the links an LRP consumes
 //	gavel certs DIR NAME...           write a development CA and certificates
 package main
 
@@ -40,6 +41,7 @@ commands:
   tasks [-domain D] [-cell C]      list tasks
   cells | tags | domains           list cells, placement tags, fresh domains
   events [-since REV]              follow the event stream (one JSON line per revision)
+  links [-cell C] [-json] GUID     the resolution of the links an LRP consumes (table or JSON)
   certs DIR NAME...                write a development CA and one certificate per NAME
 `
 
@@ -95,6 +97,9 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	defer conn.Close()
+	if cmd == "links" {
+		return runLinks(ctx, bbsv1.NewBBSServiceClient(conn), rest, out)
+	}
 	return clientCommand(ctx, bbsv1.NewBBSServiceClient(conn), cmd, rest, out)
 }
 
