@@ -74,6 +74,7 @@ type cluster struct {
 	hello    string // the sample app's binary
 	hookLog  string // where the on-create hook appends the specs it gets
 	dockerWD string // work dir of the docker-capable rep
+	dir      string // holds every rep's work dir, cell-<zone>
 }
 
 // waitFor polls cond every 50ms until it holds, timeout passes or a process of the cluster
@@ -126,6 +127,7 @@ func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
 	etcd := strings.Join(emb.Endpoints(), ",")
 
 	dir := t.TempDir()
+	c.dir = dir
 	c.hookLog = filepath.Join(dir, "on-create.jsonl")
 	hook := filepath.Join(dir, "on-create.sh")
 	if err := os.WriteFile(hook, fmt.Appendf(nil, hookScript, c.hookLog), 0o755); err != nil {

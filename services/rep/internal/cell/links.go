@@ -262,4 +262,3 @@ func (c *Cell) writeLinks(ctr *container, exec executor.Container, files map[str
 		}
 	}
 }
-
