@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/gavel-sched/gavel/pkg/atomicfile"
 )
 
 // Validity periods of development certificates.
@@ -228,27 +230,7 @@ func writeKeyPair(certPath, keyPath string, certDER []byte, key crypto.Signer) e
 
 // writePEM replaces path with one PEM block, via a temporary file and rename.
 func writePEM(path, blockType string, der []byte, perm os.FileMode) error {
-	data := pem.EncodeToMemory(&pem.Block{Type: blockType, Bytes: der})
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, pem.EncodeToMemory(&pem.Block{Type: blockType, Bytes: der}), perm)
 }
 
 // randomSerial returns a random positive 128-bit serial number.

@@ -14,11 +14,11 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/gavel-sched/gavel/pkg/atomicfile"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/links"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
-	"github.com/gavel-sched/gavel/services/rep/internal/executor/process"
 )
 
 // Environment variables and paths of the links a container consumes.
@@ -232,7 +232,7 @@ func (c *Cell) writeLinks(ctr *container, exec executor.Container, files map[str
 		if string(l.files[name]) == string(b) {
 			continue
 		}
-		if err := process.WriteFileAtomic(filepath.Join(dir, name), b, 0o644); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, name), b, 0o644); err != nil {
 			errs = append(errs, err)
 			continue
 		}

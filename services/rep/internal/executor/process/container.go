@@ -211,18 +211,23 @@ func (c *container) beginStop(reason string, grace time.Duration) {
 
 // killAll sends SIGKILL to every running process group (and the whole cgroup).
 func (c *container) killAll() {
-	c.mu.Lock()
-	groups := make([]int, 0, len(c.live))
-	for pg := range c.live {
-		groups = append(groups, pg)
-	}
-	c.mu.Unlock()
-	for _, pg := range groups {
+	for _, pg := range c.groups() {
 		_ = syscall.Kill(-pg, syscall.SIGKILL)
 	}
 	if c.cg != nil {
 		c.cg.kill()
 	}
+}
+
+// groups returns the process groups of the running processes.
+func (c *container) groups() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	groups := make([]int, 0, len(c.live))
+	for pg := range c.live {
+		groups = append(groups, pg)
+	}
+	return groups
 }
 
 // markStarted records that a process of the main action started.

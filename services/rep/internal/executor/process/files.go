@@ -5,32 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-)
 
-// WriteFileAtomic replaces path with data by writing a temporary file in the same directory
-// and renaming it over path, so a reader sees the old content or the new, never a part.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
+	"github.com/gavel-sched/gavel/pkg/atomicfile"
+)
 
 // makeFiles creates the spec's files directory with its initial files and returns its host
 // path and its path as the processes see it ("" without a files directory).
@@ -52,7 +29,7 @@ func (c *container) makeFiles() (host, inside string, err error) {
 		if name != filepath.Base(name) || name == "." || name == ".." {
 			return "", "", fmt.Errorf("file name %q is not a plain name", name)
 		}
-		if err := WriteFileAtomic(filepath.Join(host, name), data, 0o644); err != nil {
+		if err := atomicfile.Write(filepath.Join(host, name), data, 0o644); err != nil {
 			return "", "", err
 		}
 	}
@@ -64,13 +41,7 @@ func (c *container) FilesPath() string { return c.filesHost }
 
 // Signal implements executor.Container: it signals every running process group.
 func (c *container) Signal(sig syscall.Signal) error {
-	c.mu.Lock()
-	groups := make([]int, 0, len(c.live))
-	for pg := range c.live {
-		groups = append(groups, pg)
-	}
-	c.mu.Unlock()
-	for _, pg := range groups {
+	for _, pg := range c.groups() {
 		if err := syscall.Kill(-pg, sig); err != nil && err != syscall.ESRCH {
 			return fmt.Errorf("signal %s: %w", c.spec.Guid, err)
 		}

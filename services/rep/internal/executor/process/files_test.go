@@ -1,0 +1,56 @@
+package process
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+)
+
+// TestFilesDirAndSignal: the files directory exists with its files before the process starts,
+// its path is in the named variable, the host path is FilesPath, and Signal reaches the process.
+func TestFilesDirAndSignal(t *testing.T) {
+	b := newTestBackend(t, nil)
+	script := `cp "$LINKS/db.json" "$LINKS/seen-at-start"; trap 'echo hup >> "$LINKS/hups"' HUP; echo trapped > "$LINKS/ready"; while :; do sleep 0.05; done`
+	c := start(t, b, executor.Spec{
+		Guid:        "files-1",
+		Kind:        executor.KindLRP,
+		Action:      run("/bin/sh", "-c", script),
+		Privileged:  true,
+		FilesDir:    ".gavel/links/files-1",
+		FilesDirEnv: "LINKS",
+		Files:       map[string][]byte{"db.json": []byte(`{"nodes":[]}`)},
+	})
+	dir := c.FilesPath()
+	if !strings.HasSuffix(dir, filepath.Join(".gavel", "links", "files-1")) {
+		t.Fatalf("FilesPath %q", dir)
+	}
+	waitFile := func(name, want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if err == nil && strings.Contains(string(b), want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %q, %v; want %q", name, b, err, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFile("seen-at-start", `{"nodes":[]}`)
+	waitFile("ready", "trapped")
+	if err := c.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFile("hups", "hup")
+	c.Stop(time.Second)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("files directory left after the container: %v", err)
+	}
+}
