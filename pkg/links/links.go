@@ -331,8 +331,9 @@ func (x *Index) find(c *LRP, cl *modelsv1.LinkConsume) (*provider, *linkError) {
 		}
 		return x.byTypeIn(c.Domain, cl.GetType())
 	}
+	// "domain.name" reaches another domain, unless the whole of from is a name in this one.
 	domain, name := c.Domain, from
-	if i := strings.LastIndexByte(from, '.'); i > 0 {
+	if i := strings.LastIndexByte(from, '.'); i > 0 && len(x.byName[key(c.Domain, from)]) == 0 {
 		domain, name = from[:i], from[i+1:]
 	}
 	cands := x.byName[key(domain, name)]

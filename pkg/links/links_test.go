@@ -214,6 +214,26 @@ func TestResolve(t *testing.T) {
   - link "nats": no provider of type "nats" in domain "cf"`,
 		},
 		{
+			name: "two providers exposing one name: from is ambiguous too",
+			lrps: []LRP{
+				lrp("nats-1", "cf", nil, []*modelsv1.LinkProvide{provide("nats", "nats")}),
+				lrp("nats-2", "cf", nil, []*modelsv1.LinkProvide{provide("bus", "nats", as("nats"))}),
+				lrp("node", "cf", nil, nil, &modelsv1.LinkConsume{Name: "nats", From: "nats"}),
+			},
+			consumer: "node",
+			wantErr: `cannot resolve links of desired lrp "node":
+  - link "nats": 2 providers named "nats" in domain "cf": lrp "nats-1" link "nats", lrp "nats-2" link "bus" as "nats"`,
+		},
+		{
+			name: "a dotted name in the consumer's own domain is a name, not a domain",
+			lrps: []LRP{
+				lrp("v2", "cf", nil, []*modelsv1.LinkProvide{provide("api.v2", "api")}),
+				lrp("node", "cf", nil, nil, &modelsv1.LinkConsume{Name: "api", From: "api.v2"}),
+			},
+			consumer: "node",
+			want:     map[string]*modelsv1.ResolvedLink{"api": rlink(nil)},
+		},
+		{
 			name: "from names a provider of another type",
 			lrps: []LRP{
 				lrp("redis", "cf", nil, []*modelsv1.LinkProvide{provide("cache", "redis")}),
