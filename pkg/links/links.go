@@ -157,6 +157,33 @@ func (x *Index) Consumers() []string {
 	return out
 }
 
+// Affected returns the guids of the indexed consumers whose resolution adding, changing or
+// removing l can change, sorted: l itself when it consumes, and, when l provides links, every
+// consumer in l's domain and every consumer naming a provider across domains.
+func (x *Index) Affected(l LRP) []string {
+	provides := len(l.Links.GetProvides()) > 0
+	var out []string
+	for g, c := range x.lrps {
+		if len(c.Links.GetConsumes()) == 0 {
+			continue
+		}
+		if g == l.Guid || (provides && (c.Domain == l.Domain || crossDomain(c))) {
+			out = append(out, g)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func crossDomain(c *LRP) bool {
+	for _, cl := range c.Links.GetConsumes() {
+		if strings.Contains(cl.GetFrom(), ".") {
+			return true
+		}
+	}
+	return false
+}
+
 // ConsumersOf returns the guids of the other LRPs whose links resolve to a link guid provides,
 // sorted.
 func (x *Index) ConsumersOf(guid string) []string {

@@ -3,6 +3,7 @@ package links
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -459,5 +460,28 @@ func TestMarshal(t *testing.T) {
 	var back map[string]Document
 	if err := json.Unmarshal(b, &back); err != nil || back["metron"].Node.Index != 0 || back["db"].Nodes == nil {
 		t.Fatalf("round trip %v %+v", err, back)
+	}
+}
+
+func TestAffected(t *testing.T) {
+	x := IndexOf(
+		lrp("web", "cf", nil, nil, &modelsv1.LinkConsume{Name: "db", Type: "db"}),
+		lrp("worker", "cf", nil, nil, &modelsv1.LinkConsume{Name: "nats", From: "other.nats"}),
+		lrp("batch", "jobs", nil, nil, &modelsv1.LinkConsume{Name: "db", Type: "db"}),
+		lrp("mysql", "cf", nil, []*modelsv1.LinkProvide{provide("db", "db")}),
+	)
+	for _, tt := range []struct {
+		changed LRP
+		want    string
+	}{
+		{lrp("mysql", "cf", nil, []*modelsv1.LinkProvide{provide("db", "db")}), "web,worker"},
+		{lrp("nats", "other", nil, []*modelsv1.LinkProvide{provide("nats", "nats")}), "worker"},
+		{lrp("redis", "jobs", nil, []*modelsv1.LinkProvide{provide("cache", "redis")}), "batch,worker"},
+		{*x.LRP("batch"), "batch"},
+		{lrp("plain", "cf", nil, nil), ""},
+	} {
+		if got := strings.Join(x.Affected(tt.changed), ","); got != tt.want {
+			t.Errorf("Affected(%s) = %q, want %q", tt.changed.Guid, got, tt.want)
+		}
 	}
 }

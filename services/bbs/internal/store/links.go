@@ -98,38 +98,39 @@ func (lt *linkTracker) forget(g string) {
 // apply takes the changes of one revision (already applied to st) and returns the
 // LinksChanged events they cause, ordered by consumer guid.
 func (lt *linkTracker) apply(st *state, changes []change) []*bbsv1.Event {
-	declared := false
 	affected := map[string]struct{}{}
+	mark := func(gs []string) {
+		for _, g := range gs {
+			affected[g] = struct{}{}
+		}
+	}
 	for _, c := range changes {
 		switch c.key.kind {
 		case kindRun:
-			declared = true
+			// A provider or consumer came or went: the consumers it can concern are re-resolved,
+			// before (for what it provided) and after (for what it provides).
+			if r, _ := c.before.(*modelsv1.DesiredLRPRunInfo); r != nil {
+				mark(lt.idx.Affected(runLRP(r)))
+			}
 			if r, _ := c.after.(*modelsv1.DesiredLRPRunInfo); r != nil {
 				lt.idx.Put(runLRP(r))
+				mark(lt.idx.Affected(runLRP(r)))
 			} else {
 				lt.idx.Delete(c.key.id)
+				lt.forget(c.key.id)
+				delete(affected, c.key.id)
 			}
 		case kindActual:
-			for g := range lt.dependents[c.key.id] {
-				affected[g] = struct{}{}
-			}
+			mark(slices.Collect(maps.Keys(lt.dependents[c.key.id])))
 		}
 	}
-	var guids []string
-	if declared {
-		// A provider or consumer came or went: any consumer's choice may change.
-		for g := range lt.last {
-			if lt.idx.LRP(g) == nil || len(lt.idx.LRP(g).Links.GetConsumes()) == 0 {
-				lt.forget(g)
-			}
-		}
-		guids = lt.idx.Consumers()
-	} else {
-		for g := range affected {
+	guids := make([]string, 0, len(affected))
+	for g := range affected {
+		if l := lt.idx.LRP(g); l != nil && len(l.Links.GetConsumes()) > 0 {
 			guids = append(guids, g)
 		}
-		slices.Sort(guids)
 	}
+	slices.Sort(guids)
 	var out []*bbsv1.Event
 	for _, g := range guids {
 		now, before, ok := lt.resolve(st, g)
