@@ -250,6 +250,8 @@ type Resolution struct {
 	Links map[string]*modelsv1.ResolvedLink
 	// Sources are the guids of the providers the links resolved to, sorted and distinct.
 	Sources []string
+	// Digest identifies the resolution (with its failures): equal digests, equal resolutions.
+	Digest string
 }
 
 // linkError is a failure's reason.
@@ -273,19 +275,46 @@ func failed(format string, args ...any) *linkError {
 // when empty, a colocated link lists every provider node. A required link that does not resolve
 // is a failure in the returned *Error; the links that do resolve are returned beside it.
 func (x *Index) Resolve(c LRP, instances Instances, cellID string) (Resolution, error) {
+	return x.ResolveMemo(c, instances, cellID, nil)
+}
+
+// Memo shares the nodes of one provider between the consumers resolved with it, for callers
+// that resolve many consumers over one unchanging snapshot (the BBS after each revision). The
+// resolutions it produces share their nodes: callers must not modify them.
+type Memo struct {
+	nodes map[memoKey]memoNodes
+}
+
+type memoKey struct {
+	guid, link, network, cell string
+}
+
+type memoNodes struct {
+	nodes  []*modelsv1.LinkNode
+	digest string
+}
+
+// NewMemo returns an empty memo; use one per snapshot.
+func NewMemo() *Memo { return &Memo{nodes: map[memoKey]memoNodes{}} }
+
+// ResolveMemo is Resolve sharing provider nodes through memo (nil: no sharing).
+func (x *Index) ResolveMemo(c LRP, instances Instances, cellID string, memo *Memo) (Resolution, error) {
 	res := Resolution{Links: map[string]*modelsv1.ResolvedLink{}}
 	var e Error
 	e.Guid = c.Guid
 	sources := map[string]struct{}{}
+	var digest strings.Builder
 	for i, cl := range c.Links.GetConsumes() {
-		rl, src, err := x.resolveOne(&c, cl, instances, cellID)
+		rl, src, d, err := x.resolveOne(&c, cl, instances, cellID, memo)
 		if err != nil {
 			if err.notFound && cl.GetOptional() {
 				continue
 			}
 			e.Failures = append(e.Failures, Failure{Index: i, Link: cl.GetName(), Reason: err.reason})
+			fmt.Fprintf(&digest, "%q!%q;", cl.GetName(), err.reason)
 			continue
 		}
+		fmt.Fprintf(&digest, "%q=%s;", cl.GetName(), d)
 		res.Links[cl.GetName()] = rl
 		if src != "" {
 			sources[src] = struct{}{}
@@ -295,6 +324,7 @@ func (x *Index) Resolve(c LRP, instances Instances, cellID string) (Resolution, 
 		res.Sources = append(res.Sources, s)
 	}
 	sort.Strings(res.Sources)
+	res.Digest = digest.String()
 	if len(e.Failures) > 0 {
 		return res, &e
 	}
@@ -308,10 +338,12 @@ func (x *Index) Check(c LRP) error {
 	return err
 }
 
-func (x *Index) resolveOne(c *LRP, cl *modelsv1.LinkConsume, instances Instances, cellID string) (*modelsv1.ResolvedLink, string, *linkError) {
+// resolveOne resolves one consumed link and returns it with its provider's guid (empty for a
+// custom link) and a digest of the resolution.
+func (x *Index) resolveOne(c *LRP, cl *modelsv1.LinkConsume, instances Instances, cellID string, memo *Memo) (*modelsv1.ResolvedLink, string, string, *linkError) {
 	if cu := cl.GetCustom(); cu != nil {
 		if len(cu.GetNodes()) == 0 {
-			return nil, "", failed("custom link has no nodes")
+			return nil, "", "", failed("custom link has no nodes")
 		}
 		out := &modelsv1.ResolvedLink{Properties: maps.Clone(cu.GetProperties())}
 		for _, n := range cu.GetNodes() {
@@ -320,33 +352,66 @@ func (x *Index) resolveOne(c *LRP, cl *modelsv1.LinkConsume, instances Instances
 		if out.Properties == nil {
 			out.Properties = map[string]string{}
 		}
-		return out, "", nil
+		return out, "", "custom" + nodesDigest(out.Nodes) + propsDigest(out.Properties), nil
 	}
 	p, err := x.find(c, cl)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	network, err := chooseNetwork(p, cl.GetNetwork())
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	out := &modelsv1.ResolvedLink{Properties: maps.Clone(p.link.GetProperties())}
 	if out.Properties == nil {
 		out.Properties = map[string]string{}
 	}
-	for _, a := range running(instances(p.lrp.Guid)) {
-		if cl.GetColocated() && cellID != "" && a.GetInstanceKey().GetCellId() != cellID {
-			continue
-		}
-		out.Nodes = append(out.Nodes, node(p, network, a))
+	cell := ""
+	if cl.GetColocated() {
+		cell = cellID
 	}
-	if cl.GetColocated() && cellID != "" {
-		if len(out.Nodes) > 0 {
-			out.Node = out.Nodes[0]
-		}
-		out.Nodes = nil
+	k := memoKey{guid: p.lrp.Guid, link: p.link.GetName(), network: network, cell: cell}
+	m, ok := memoNodes{}, false
+	if memo != nil {
+		m, ok = memo.nodes[k]
 	}
-	return out, p.lrp.Guid, nil
+	if !ok {
+		for _, a := range running(instances(p.lrp.Guid)) {
+			if cell != "" && a.GetInstanceKey().GetCellId() != cell {
+				continue
+			}
+			m.nodes = append(m.nodes, node(p, network, a))
+		}
+		m.digest = nodesDigest(m.nodes)
+		if memo != nil {
+			memo.nodes[k] = m
+		}
+	}
+	d := p.lrp.Guid + "/" + p.link.GetName() + "/" + network + "/" + cell + m.digest + propsDigest(out.Properties)
+	if cell != "" {
+		if len(m.nodes) > 0 {
+			out.Node = m.nodes[0]
+		}
+		return out, p.lrp.Guid, d, nil
+	}
+	out.Nodes = m.nodes
+	return out, p.lrp.Guid, d, nil
+}
+
+func nodesDigest(ns []*modelsv1.LinkNode) string {
+	var b strings.Builder
+	for _, n := range ns {
+		fmt.Fprintf(&b, "[%q %q %d %q %q]", n.GetName(), n.GetId(), n.GetIndex(), n.GetAz(), n.GetAddress())
+	}
+	return b.String()
+}
+
+func propsDigest(p map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(p)) {
+		fmt.Fprintf(&b, "%q=%q,", k, p[k])
+	}
+	return b.String()
 }
 
 // find picks the provider a consumed link refers to.

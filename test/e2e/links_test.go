@@ -135,64 +135,19 @@ func TestLinksFollowProviders(t *testing.T) {
 		c.scale(t, provider, 4)
 		follows(t, 4)
 		c.scale(t, provider, 1)
-		after := follows(t, 1).Hups
-		if after <= before {
-			t.Errorf("SIGHUPs %d → %d: the consumer asked to be signalled on every change", before, after)
-		}
-	})
-	t.Run("a crashed provider instance leaves the file until it runs again", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		stream, err := c.bbs.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{consumer}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		changes := make(chan *bbsv1.LinksChanged, 16)
-		go func() {
-			for {
-				resp, err := stream.Recv()
-				if err != nil {
-					close(changes)
-					return
-				}
-				for _, e := range resp.GetEvents() {
-					if lc := e.GetLinksChanged(); lc != nil {
-						changes <- lc
-					}
-				}
+		follows(t, 1)
+		c.waitFor(t, 10*time.Second, "SIGHUPs for the rewrites", func() (bool, string) {
+			rep, err := consumerReport(web)
+			if err != nil {
+				return false, err.Error()
 			}
-		}()
-		h, err := get(c.waitRunning(t, provider, 1, 10*time.Second)[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(h.pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		var seen []int
-		deadline := time.After(30 * time.Second)
-		for len(seen) < 2 || seen[len(seen)-1] != 1 {
-			select {
-			case lc, ok := <-changes:
-				if !ok {
-					t.Fatal("event stream ended")
-				}
-				seen = append(seen, len(lc.GetLinks()["backend"].GetNodes()))
-			case <-deadline:
-				t.Fatalf("LinksChanged node counts %v: want 0 after the crash, then 1", seen)
-			}
-		}
-		if seen[0] != 0 {
-			t.Fatalf("LinksChanged node counts %v: want 0 after the crash first", seen)
-		}
-		rep := follows(t, 1)
-		if rep.Link.Nodes[0].ID == h.guid {
-			t.Errorf("the file still names the crashed container %s", h.guid)
-		}
+			return rep.Hups > before, fmt.Sprintf("SIGHUPs %d → %d", before, rep.Hups)
+		})
 	})
-	t.Run("provider RUNNING to link file rewritten", func(t *testing.T) {
-		// The link file is in the consumer's container directory, or below the preloaded rootfs
-		// when the rep may chroot.
+	// linkFile is the consumer's link file on the host: in its container directory, or below
+	// the preloaded rootfs when the rep may chroot.
+	linkFile := func(t *testing.T) string {
+		t.Helper()
 		guid := web.GetInstanceKey().GetInstanceGuid()
 		files, _ := filepath.Glob(filepath.Join(c.dir, "cell-*", "containers", guid, ".gavel", "links", guid, "backend.json"))
 		chrooted, _ := filepath.Glob(filepath.Join(c.dir, "cflinuxfs4", ".gavel", "links", guid, "backend.json"))
@@ -200,6 +155,67 @@ func TestLinksFollowProviders(t *testing.T) {
 		if len(files) != 1 {
 			t.Fatalf("link files of the consumer: %v", files)
 		}
+		return files[0]
+	}
+	type fileNodes struct {
+		Nodes []struct {
+			ID string `json:"id"`
+		} `json:"nodes"`
+	}
+	t.Run("a crashed provider instance leaves the file until it runs again", func(t *testing.T) {
+		file := linkFile(t)
+		hupsBefore := follows(t, 1).Hups
+		h, err := get(c.waitRunning(t, provider, 1, 10*time.Second)[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(h.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Every distinct content of the file, read every millisecond: the crashed instance's
+		// node goes, then its replacement's comes.
+		var seen [][]string
+		last := ""
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("link file nodes seen %v: want the crashed %s gone, then a new one", seen, h.guid)
+			}
+			b, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) == last {
+				continue
+			}
+			last = string(b)
+			var fn fileNodes
+			if err := json.Unmarshal(b, &fn); err != nil {
+				t.Fatalf("the link file is not whole JSON: %q: %v", b, err)
+			}
+			var ids []string
+			for _, n := range fn.Nodes {
+				ids = append(ids, n.ID)
+			}
+			seen = append(seen, ids)
+			if len(ids) == 1 && ids[0] != h.guid {
+				break
+			}
+		}
+		if len(seen) < 2 || len(seen[len(seen)-2]) != 0 {
+			t.Fatalf("link file nodes seen %v: want no node between the crash of %s and its replacement", seen, h.guid)
+		}
+		follows(t, 1)
+		// The signal follows each rewrite: two rewrites, two SIGHUPs.
+		c.waitFor(t, 10*time.Second, "a SIGHUP per rewrite", func() (bool, string) {
+			rep, err := consumerReport(web)
+			if err != nil {
+				return false, err.Error()
+			}
+			return rep.Hups >= hupsBefore+2, fmt.Sprintf("SIGHUPs %d → %d", hupsBefore, rep.Hups)
+		})
+	})
+	t.Run("provider RUNNING to link file rewritten", func(t *testing.T) {
+		files := []string{linkFile(t)}
 		var lat []time.Duration
 		for i := 0; i < 20; i++ {
 			before, err := os.ReadFile(files[0])

@@ -5,22 +5,16 @@ import (
 	"maps"
 	"slices"
 
-	"google.golang.org/protobuf/proto"
-
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/links"
 )
 
-// linkState is the last LRP-wide resolution of one consumer.
+// linkState is the last LRP-wide resolution of one consumer, as its digest.
 type linkState struct {
-	links   map[string]*modelsv1.ResolvedLink
+	digest  string
 	errs    []string
 	sources []string
-}
-
-func (a linkState) equal(b linkState) bool {
-	return slices.Equal(a.errs, b.errs) && maps.EqualFunc(a.links, b.links, func(x, y *modelsv1.ResolvedLink) bool { return proto.Equal(x, y) })
 }
 
 // linkTracker keeps the link index of the cached desired LRPs and every consumer's last
@@ -59,20 +53,21 @@ func (lt *linkTracker) reset(st *state) {
 	for _, it := range st.run {
 		lt.idx.Put(runLRP(it.msg.(*modelsv1.DesiredLRPRunInfo)))
 	}
+	memo := links.NewMemo()
 	for _, g := range lt.idx.Consumers() {
-		lt.resolve(st, g)
+		lt.resolve(st, g, memo)
 	}
 }
 
 // resolve recomputes the LRP-wide resolution of consumer g, records it and returns it with the
 // previous one (ok is false when there was none).
-func (lt *linkTracker) resolve(st *state, g string) (now, before linkState, ok bool) {
+func (lt *linkTracker) resolve(st *state, g string, memo *links.Memo) (now, before linkState, ok bool) {
 	before, ok = lt.last[g]
 	for _, p := range before.sources {
 		delete(lt.dependents[p], g)
 	}
-	res, err := lt.idx.Resolve(*lt.idx.LRP(g), instancesIn(st), "")
-	now = linkState{links: res.Links, sources: res.Sources}
+	res, err := lt.idx.ResolveMemo(*lt.idx.LRP(g), instancesIn(st), "", memo)
+	now = linkState{digest: res.Digest, sources: res.Sources}
 	var le *links.Error
 	if errors.As(err, &le) {
 		now.errs = le.Lines()
@@ -132,16 +127,15 @@ func (lt *linkTracker) apply(st *state, changes []change) []*bbsv1.Event {
 	}
 	slices.Sort(guids)
 	var out []*bbsv1.Event
+	memo := links.NewMemo()
 	for _, g := range guids {
-		now, before, ok := lt.resolve(st, g)
-		if !ok || now.equal(before) {
+		now, before, ok := lt.resolve(st, g, memo)
+		if !ok || now.digest == before.digest {
 			continue
 		}
-		c := lt.idx.LRP(g)
 		out = append(out, &bbsv1.Event{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{
 			ProcessGuid: g,
-			Domain:      c.Domain,
-			Links:       now.links,
+			Domain:      lt.idx.LRP(g).Domain,
 			Errors:      now.errs,
 		}}})
 	}

@@ -911,19 +911,17 @@ func (x *CellDisappeared) GetCell() *v1.CellPresence {
 	return nil
 }
 
-// LinksChanged carries the new resolution of a consumer's links, LRP-wide (a colocated link
-// lists every provider node); reps resolve per instance with ResolveLinks.
+// LinksChanged reports that the LRP-wide resolution of a consumer's links changed (a provider
+// instance came or went, a provider was desired or removed). It carries no resolution: a
+// consumer's instances read theirs with ResolveLinks (per cell for colocated links).
 type LinksChanged struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ProcessGuid names the consuming LRP.
 	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
 	// Domain is the consumer's domain.
 	Domain string `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
-	// Links maps each consumed link name to its resolution; a required link that no longer
-	// resolves is absent and listed in errors.
-	Links map[string]*v1.ResolvedLink `protobuf:"bytes,3,rep,name=links,proto3" json:"links,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Errors lists the links that no longer resolve, one line each.
-	Errors        []string `protobuf:"bytes,4,rep,name=errors,proto3" json:"errors,omitempty"`
+	// Errors lists the required links that no longer resolve, one line each.
+	Errors        []string `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -972,13 +970,6 @@ func (x *LinksChanged) GetDomain() string {
 	return ""
 }
 
-func (x *LinksChanged) GetLinks() map[string]*v1.ResolvedLink {
-	if x != nil {
-		return x.Links
-	}
-	return nil
-}
-
 func (x *LinksChanged) GetErrors() []string {
 	if x != nil {
 		return x.Errors
@@ -990,7 +981,7 @@ var File_gavel_bbs_v1_events_proto protoreflect.FileDescriptor
 
 const file_gavel_bbs_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x19gavel/bbs/v1/events.proto\x12\fgavel.bbs.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1bgavel/models/v1/links.proto\x1a\x1agavel/models/v1/task.proto\"\xf6\a\n" +
+	"\x19gavel/bbs/v1/events.proto\x12\fgavel.bbs.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1agavel/models/v1/task.proto\"\xf6\a\n" +
 	"\x05Event\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12Q\n" +
 	"\x13desired_lrp_created\x18\x02 \x01(\v2\x1f.gavel.bbs.v1.DesiredLRPCreatedH\x00R\x11desiredLrpCreated\x12Q\n" +
@@ -1042,16 +1033,11 @@ const file_gavel_bbs_v1_events_proto_rawDesc = "" +
 	"\fCellAppeared\x121\n" +
 	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cell\"D\n" +
 	"\x0fCellDisappeared\x121\n" +
-	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cell\"\xf7\x01\n" +
+	"\x04cell\x18\x01 \x01(\v2\x1d.gavel.models.v1.CellPresenceR\x04cell\"a\n" +
 	"\fLinksChanged\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
-	"\x06domain\x18\x02 \x01(\tR\x06domain\x12;\n" +
-	"\x05links\x18\x03 \x03(\v2%.gavel.bbs.v1.LinksChanged.LinksEntryR\x05links\x12\x16\n" +
-	"\x06errors\x18\x04 \x03(\tR\x06errors\x1aW\n" +
-	"\n" +
-	"LinksEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
-	"\x05value\x18\x02 \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x05value:\x028\x01B\xaa\x01\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x16\n" +
+	"\x06errors\x18\x03 \x03(\tR\x06errorsB\xaa\x01\n" +
 	"\x10com.gavel.bbs.v1B\vEventsProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1;bbsv1\xa2\x02\x03GBX\xaa\x02\fGavel.Bbs.V1\xca\x02\fGavel\\Bbs\\V1\xe2\x02\x18Gavel\\Bbs\\V1\\GPBMetadata\xea\x02\x0eGavel::Bbs::V1b\x06proto3"
 
 var (
@@ -1066,7 +1052,7 @@ func file_gavel_bbs_v1_events_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_events_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gavel_bbs_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gavel_bbs_v1_events_proto_goTypes = []any{
 	(*Event)(nil),                   // 0: gavel.bbs.v1.Event
 	(*DesiredLRPCreated)(nil),       // 1: gavel.bbs.v1.DesiredLRPCreated
@@ -1082,14 +1068,12 @@ var file_gavel_bbs_v1_events_proto_goTypes = []any{
 	(*CellAppeared)(nil),            // 11: gavel.bbs.v1.CellAppeared
 	(*CellDisappeared)(nil),         // 12: gavel.bbs.v1.CellDisappeared
 	(*LinksChanged)(nil),            // 13: gavel.bbs.v1.LinksChanged
-	nil,                             // 14: gavel.bbs.v1.LinksChanged.LinksEntry
-	(*v1.DesiredLRP)(nil),           // 15: gavel.models.v1.DesiredLRP
-	(*v1.ActualLRP)(nil),            // 16: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPKey)(nil),         // 17: gavel.models.v1.ActualLRPKey
-	(*v1.ActualLRPInstanceKey)(nil), // 18: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.Task)(nil),                 // 19: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),         // 20: gavel.models.v1.CellPresence
-	(*v1.ResolvedLink)(nil),         // 21: gavel.models.v1.ResolvedLink
+	(*v1.DesiredLRP)(nil),           // 14: gavel.models.v1.DesiredLRP
+	(*v1.ActualLRP)(nil),            // 15: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPKey)(nil),         // 16: gavel.models.v1.ActualLRPKey
+	(*v1.ActualLRPInstanceKey)(nil), // 17: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.Task)(nil),                 // 18: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),         // 19: gavel.models.v1.CellPresence
 }
 var file_gavel_bbs_v1_events_proto_depIdxs = []int32{
 	1,  // 0: gavel.bbs.v1.Event.desired_lrp_created:type_name -> gavel.bbs.v1.DesiredLRPCreated
@@ -1105,29 +1089,27 @@ var file_gavel_bbs_v1_events_proto_depIdxs = []int32{
 	11, // 10: gavel.bbs.v1.Event.cell_appeared:type_name -> gavel.bbs.v1.CellAppeared
 	12, // 11: gavel.bbs.v1.Event.cell_disappeared:type_name -> gavel.bbs.v1.CellDisappeared
 	13, // 12: gavel.bbs.v1.Event.links_changed:type_name -> gavel.bbs.v1.LinksChanged
-	15, // 13: gavel.bbs.v1.DesiredLRPCreated.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	15, // 14: gavel.bbs.v1.DesiredLRPChanged.before:type_name -> gavel.models.v1.DesiredLRP
-	15, // 15: gavel.bbs.v1.DesiredLRPChanged.after:type_name -> gavel.models.v1.DesiredLRP
-	15, // 16: gavel.bbs.v1.DesiredLRPRemoved.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	16, // 17: gavel.bbs.v1.ActualLRPCreated.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	16, // 18: gavel.bbs.v1.ActualLRPChanged.before:type_name -> gavel.models.v1.ActualLRP
-	16, // 19: gavel.bbs.v1.ActualLRPChanged.after:type_name -> gavel.models.v1.ActualLRP
-	16, // 20: gavel.bbs.v1.ActualLRPRemoved.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	17, // 21: gavel.bbs.v1.ActualLRPCrashed.key:type_name -> gavel.models.v1.ActualLRPKey
-	18, // 22: gavel.bbs.v1.ActualLRPCrashed.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	19, // 23: gavel.bbs.v1.TaskCreated.task:type_name -> gavel.models.v1.Task
-	19, // 24: gavel.bbs.v1.TaskChanged.before:type_name -> gavel.models.v1.Task
-	19, // 25: gavel.bbs.v1.TaskChanged.after:type_name -> gavel.models.v1.Task
-	19, // 26: gavel.bbs.v1.TaskRemoved.task:type_name -> gavel.models.v1.Task
-	20, // 27: gavel.bbs.v1.CellAppeared.cell:type_name -> gavel.models.v1.CellPresence
-	20, // 28: gavel.bbs.v1.CellDisappeared.cell:type_name -> gavel.models.v1.CellPresence
-	14, // 29: gavel.bbs.v1.LinksChanged.links:type_name -> gavel.bbs.v1.LinksChanged.LinksEntry
-	21, // 30: gavel.bbs.v1.LinksChanged.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	14, // 13: gavel.bbs.v1.DesiredLRPCreated.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	14, // 14: gavel.bbs.v1.DesiredLRPChanged.before:type_name -> gavel.models.v1.DesiredLRP
+	14, // 15: gavel.bbs.v1.DesiredLRPChanged.after:type_name -> gavel.models.v1.DesiredLRP
+	14, // 16: gavel.bbs.v1.DesiredLRPRemoved.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	15, // 17: gavel.bbs.v1.ActualLRPCreated.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	15, // 18: gavel.bbs.v1.ActualLRPChanged.before:type_name -> gavel.models.v1.ActualLRP
+	15, // 19: gavel.bbs.v1.ActualLRPChanged.after:type_name -> gavel.models.v1.ActualLRP
+	15, // 20: gavel.bbs.v1.ActualLRPRemoved.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	16, // 21: gavel.bbs.v1.ActualLRPCrashed.key:type_name -> gavel.models.v1.ActualLRPKey
+	17, // 22: gavel.bbs.v1.ActualLRPCrashed.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	18, // 23: gavel.bbs.v1.TaskCreated.task:type_name -> gavel.models.v1.Task
+	18, // 24: gavel.bbs.v1.TaskChanged.before:type_name -> gavel.models.v1.Task
+	18, // 25: gavel.bbs.v1.TaskChanged.after:type_name -> gavel.models.v1.Task
+	18, // 26: gavel.bbs.v1.TaskRemoved.task:type_name -> gavel.models.v1.Task
+	19, // 27: gavel.bbs.v1.CellAppeared.cell:type_name -> gavel.models.v1.CellPresence
+	19, // 28: gavel.bbs.v1.CellDisappeared.cell:type_name -> gavel.models.v1.CellPresence
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_events_proto_init() }
@@ -1156,7 +1138,7 @@ func file_gavel_bbs_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_events_proto_rawDesc), len(file_gavel_bbs_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
