@@ -251,6 +251,7 @@ type Resolution struct {
 	// Sources are the guids of the providers the links resolved to, sorted and distinct.
 	Sources []string
 	// Digest identifies the resolution (with its failures): equal digests, equal resolutions.
+	// Only ResolveMemo computes it.
 	Digest string
 }
 
@@ -311,10 +312,14 @@ func (x *Index) ResolveMemo(c LRP, instances Instances, cellID string, memo *Mem
 				continue
 			}
 			e.Failures = append(e.Failures, Failure{Index: i, Link: cl.GetName(), Reason: err.reason})
-			fmt.Fprintf(&digest, "%q!%q;", cl.GetName(), err.reason)
+			if memo != nil {
+				fmt.Fprintf(&digest, "%q!%q;", cl.GetName(), err.reason)
+			}
 			continue
 		}
-		fmt.Fprintf(&digest, "%q=%s;", cl.GetName(), d)
+		if memo != nil {
+			fmt.Fprintf(&digest, "%q=%s;", cl.GetName(), d)
+		}
 		res.Links[cl.GetName()] = rl
 		if src != "" {
 			sources[src] = struct{}{}
@@ -352,6 +357,9 @@ func (x *Index) resolveOne(c *LRP, cl *modelsv1.LinkConsume, instances Instances
 		if out.Properties == nil {
 			out.Properties = map[string]string{}
 		}
+		if memo == nil {
+			return out, "", "", nil
+		}
 		return out, "", "custom" + nodesDigest(out.Nodes) + propsDigest(out.Properties), nil
 	}
 	p, err := x.find(c, cl)
@@ -382,12 +390,15 @@ func (x *Index) resolveOne(c *LRP, cl *modelsv1.LinkConsume, instances Instances
 			}
 			m.nodes = append(m.nodes, node(p, network, a))
 		}
-		m.digest = nodesDigest(m.nodes)
 		if memo != nil {
+			m.digest = nodesDigest(m.nodes)
 			memo.nodes[k] = m
 		}
 	}
-	d := p.lrp.Guid + "/" + p.link.GetName() + "/" + network + "/" + cell + m.digest + propsDigest(out.Properties)
+	d := ""
+	if memo != nil {
+		d = p.lrp.Guid + "/" + p.link.GetName() + "/" + network + "/" + cell + m.digest + propsDigest(out.Properties)
+	}
 	if cell != "" {
 		if len(m.nodes) > 0 {
 			out.Node = m.nodes[0]

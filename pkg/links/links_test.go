@@ -95,6 +95,9 @@ func TestResolve(t *testing.T) {
 		cell     string
 		want     map[string]*modelsv1.ResolvedLink
 		wantErr  string
+		// cellMisses: no provider instance runs on the consumer's cell, so moving them all
+		// changes nothing.
+		cellMisses bool
 	}{
 		{
 			name: "provider and consumer by type: every running node ordered by index, with properties",
@@ -299,10 +302,11 @@ func TestResolve(t *testing.T) {
 				lrp("metron", "cf", []uint32{3457}, []*modelsv1.LinkProvide{provide("metron", "metron", port(3457))}),
 				lrp("node", "cf", nil, nil, &modelsv1.LinkConsume{Name: "metron", Type: "metron", Colocated: true}),
 			},
-			world:    world{"metron": {inst("metron", 0, "cell-1", "z1", "10.0.0.44", 3457, 60100)}},
-			consumer: "node",
-			cell:     "cell-9",
-			want:     map[string]*modelsv1.ResolvedLink{"metron": {Properties: map[string]string{}}},
+			world:      world{"metron": {inst("metron", 0, "cell-1", "z1", "10.0.0.44", 3457, 60100)}},
+			consumer:   "node",
+			cell:       "cell-9",
+			cellMisses: true,
+			want:       map[string]*modelsv1.ResolvedLink{"metron": {Properties: map[string]string{}}},
 		},
 		{
 			name: "custom link to an external service",
@@ -404,6 +408,33 @@ func TestResolve(t *testing.T) {
 			}
 			if err := x.Check(*c); err != nil {
 				t.Fatalf("Check: %v", err)
+			}
+			// Through a memo (as the BBS resolves): the same links, and a digest that is equal
+			// for equal resolutions and different once a node changes.
+			memo := NewMemo()
+			m1, err1 := x.ResolveMemo(*c, tt.world.get, tt.cell, memo)
+			m2, err2 := x.ResolveMemo(*c, tt.world.get, tt.cell, memo)
+			if err1 != nil || err2 != nil || m1.Digest == "" || m1.Digest != m2.Digest {
+				t.Fatalf("memo: %v %v, digests %q %q", err1, err2, m1.Digest, m2.Digest)
+			}
+			for name, w := range tt.want {
+				if !proto.Equal(m1.Links[name], w) {
+					t.Errorf("memo link %q:\n got %v\nwant %v", name, m1.Links[name], w)
+				}
+			}
+			if len(tt.world) > 0 {
+				moved := world{}
+				for g, as := range tt.world {
+					for _, a := range as {
+						a = proto.Clone(a).(*modelsv1.ActualLRP)
+						a.NetInfo.Address, a.NetInfo.InstanceAddress = "10.9.9.9", "10.9.9.10"
+						moved[g] = append(moved[g], a)
+					}
+				}
+				m3, _ := x.ResolveMemo(*c, moved.get, tt.cell, NewMemo())
+				if m3.Digest == m1.Digest && len(got.Sources) > 0 && !tt.cellMisses {
+					t.Errorf("digest unchanged after every provider instance moved: %q", m3.Digest)
+				}
 			}
 		})
 	}

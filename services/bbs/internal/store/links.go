@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 
+	"google.golang.org/protobuf/proto"
+
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/links"
@@ -40,6 +42,11 @@ func instancesIn(st *state) links.Instances {
 		}
 		return out
 	}
+}
+
+func running(m proto.Message) bool {
+	a, _ := m.(*modelsv1.ActualLRP)
+	return a.GetState() == modelsv1.ActualLRP_STATE_RUNNING
 }
 
 // runLRP is the link view of a run info.
@@ -116,7 +123,10 @@ func (lt *linkTracker) apply(st *state, changes []change) []*bbsv1.Event {
 				delete(affected, c.key.id)
 			}
 		case kindActual:
-			mark(slices.Collect(maps.Keys(lt.dependents[c.key.id])))
+			// Nodes are RUNNING instances: a change on neither side RUNNING changes none.
+			if running(c.before) || running(c.after) {
+				mark(slices.Collect(maps.Keys(lt.dependents[c.key.id])))
+			}
 		}
 	}
 	guids := make([]string, 0, len(affected))
