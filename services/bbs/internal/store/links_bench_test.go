@@ -36,6 +36,7 @@ func BenchmarkLinksPerActualChange(b *testing.B) {
 	lt := newLinkTracker()
 	lt.reset(st)
 	k := parsedKey{kind: kindActual, id: "p-0", index: 3, presence: modelsv1.ActualLRP_PRESENCE_ORDINARY}
+	var prev *modelsv1.ActualLRP
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -45,7 +46,12 @@ func BenchmarkLinksPerActualChange(b *testing.B) {
 		}
 		a := actual(3, s)
 		st.set(k, item{msg: a})
-		if evs := lt.apply(st, []change{{key: k, after: a}}); len(evs) != n {
+		c := change{key: k, after: a}
+		if prev != nil {
+			c.before = prev
+		}
+		prev = a
+		if evs := lt.apply(st, []change{c}); len(evs) != n {
 			b.Fatalf("%d LinksChanged events, want %d", len(evs), n)
 		}
 	}
