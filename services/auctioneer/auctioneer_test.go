@@ -12,6 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -64,7 +65,7 @@ func TestAuctionPlacesOnTaggedCellsAndReportsFailures(t *testing.T) {
 		desire(t, env, "huge", 2, 2048, &modelsv1.PlacementConstraint{Require: []string{"staging"}}),
 	}
 	requestLRPs(t, a, starts...)
-	eventually(t, "every placeable instance to reach a rep", func() bool { return len(receivedBy(reps)) == 13 })
+	testkit.Eventually(t, 15*time.Second, func() bool { return len(receivedBy(reps)) == 13 }, "every placeable instance to reach a rep")
 
 	want := map[string][]int{ // instance → eligible cells
 		"web":   {1, 2, 3, 4},
@@ -104,7 +105,7 @@ func TestAuctionPlacesOnTaggedCellsAndReportsFailures(t *testing.T) {
 		},
 	}
 	for guid, want := range wantErrs {
-		eventually(t, guid+"'s placement errors", func() bool { return len(placementErrors(t, env, guid)) == len(want) })
+		testkit.Eventually(t, 15*time.Second, func() bool { return len(placementErrors(t, env, guid)) == len(want) }, guid+"'s placement errors")
 		if got := placementErrors(t, env, guid); !maps.Equal(got, want) {
 			t.Errorf("%s placement errors\n%v\nwant\n%v", guid, got, want)
 		}
@@ -123,9 +124,9 @@ func TestAuctionTasksRetriesAndUnreachableCells(t *testing.T) {
 	good := startRep(t, env, cellSpec{id: "cell-b", zone: "z2", memoryMB: 512})
 	gone := startRep(t, env, cellSpec{id: "cell-c", zone: "z3"})
 	waitCells(t, env, 3)
-	gone.stop() // registered, but its rep no longer answers
-	<-gone.done
-	gone.done <- nil // for the cleanup
+	if err := gone.run.Stop(); err != nil { // registered, but its rep no longer answers
+		t.Fatalf("stop rep cell-c: %v", err)
+	}
 	a := startAuctioneer(t, env, func(c *auctioneer.Config) { c.CellStateTimeout = auctioneer.Duration(500 * time.Millisecond) })
 
 	for guid, memory := range map[string]int32{"t-small": 64, "t-big": 768} {
@@ -142,15 +143,15 @@ func TestAuctionTasksRetriesAndUnreachableCells(t *testing.T) {
 		}}
 	}
 	var err error
-	eventually(t, "the leader to accept tasks", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		_, err = a.client.RequestTaskAuctions(ctxT(t), taskReq("t-small", 64))
 		return status.Code(err) != codes.FailedPrecondition
-	})
+	}, "the leader to accept tasks")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// t-small: offered to the empty cell-a first (better score), refused, retried on cell-b.
-	eventually(t, "t-small on cell-b", func() bool { return slices.Contains(good.received(), "task:t-small") })
+	testkit.Eventually(t, 15*time.Second, func() bool { return slices.Contains(good.received(), "task:t-small") }, "t-small on cell-b")
 	if got := refusing.received(); !slices.Equal(got, []string{"task:t-small"}) {
 		t.Errorf("cell-a was offered %v, want t-small", got)
 	}
@@ -160,11 +161,11 @@ func TestAuctionTasksRetriesAndUnreachableCells(t *testing.T) {
 	}
 	// t-big fits only cell-a, which refuses it; cell-b is too small and cell-c does not answer.
 	var task *modelsv1.Task
-	eventually(t, "t-big's placement error", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := env.Client.TaskByGuid(ctxT(t), &bbsv1.TaskByGuidRequest{TaskGuid: "t-big"})
 		task = resp.GetTask()
 		return err == nil && task.GetPlacementError() != nil
-	})
+	}, "t-big's placement error")
 	pe := task.GetPlacementError()
 	if pe.GetCode() != modelsv1.PlacementError_CODE_CELL_COMMUNICATION ||
 		pe.GetMessage() != "cell cell-a could not start it (the cell refused it), and no other cell could take it: insufficient resources: memory (1 compatible cell)" {
@@ -199,17 +200,17 @@ func TestAuctionUnschedulableTaskAndInFlightLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	eventually(t, "web/2's in-flight failure", func() bool { return len(placementErrors(t, env, "web")) == 1 })
+	testkit.Eventually(t, 15*time.Second, func() bool { return len(placementErrors(t, env, "web")) == 1 }, "web/2's in-flight failure")
 	if got := placementErrors(t, env, "web"); got["web/2"] != "CODE_IN_FLIGHT_LIMIT in-flight limit reached: 2 containers starting (limit 2)" {
 		t.Errorf("web placement errors %v", got)
 	}
 	if got := rep.received(); !slices.Equal(got, []string{"web/0", "web/1"}) {
 		t.Errorf("rep received %v, want web/0 and web/1", got)
 	}
-	eventually(t, "t-cpu's placement error", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := env.Client.TaskByGuid(ctxT(t), &bbsv1.TaskByGuidRequest{TaskGuid: "t-cpu"})
 		return err == nil && resp.GetTask().GetPlacementError() != nil
-	})
+	}, "t-cpu's placement error")
 	resp, _ := env.Client.TaskByGuid(ctxT(t), &bbsv1.TaskByGuidRequest{TaskGuid: "t-cpu"})
 	if pe := resp.GetTask().GetPlacementError(); pe.GetCode() != modelsv1.PlacementError_CODE_CELL_MISMATCH ||
 		pe.GetMessage() != `found no compatible cell: 0/1 cell eligible (1 carries disallowed tag "gpu")` {
@@ -225,7 +226,7 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 	a2 := startAuctioneer(t, env)
 
 	var leader, standby *runningAuctioneer
-	eventually(t, "one leader", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		if a1.svc.IsLeader() != a2.svc.IsLeader() {
 			leader, standby = a1, a2
 			if a2.svc.IsLeader() {
@@ -234,7 +235,7 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 			return true
 		}
 		return false
-	})
+	}, "one leader")
 	time.Sleep(200 * time.Millisecond)
 	if !leader.svc.IsLeader() || standby.svc.IsLeader() {
 		t.Fatal("leadership changed without cause")
@@ -253,24 +254,24 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 	checkHealth(t, standby.addr, healthpb.HealthCheckResponse_NOT_SERVING)
 	checkHealth(t, leader.addr, healthpb.HealthCheckResponse_SERVING)
 	requestLRPs(t, leader, web)
-	eventually(t, "web on the rep", func() bool { return len(rep.received()) == 2 })
+	testkit.Eventually(t, 15*time.Second, func() bool { return len(rep.received()) == 2 }, "web on the rep")
 	if standby.svc.Rounds() != 0 {
 		t.Fatalf("the standby ran %d rounds", standby.svc.Rounds())
 	}
 
 	// Stopping the leader hands over at once (it resigns).
 	leader.stop(t)
-	eventually(t, "the standby to lead", standby.svc.IsLeader)
+	testkit.Eventually(t, 15*time.Second, standby.svc.IsLeader, "the standby to lead")
 	checkHealth(t, standby.addr, healthpb.HealthCheckResponse_SERVING)
 	api := desire(t, env, "api", 1, 64, nil)
 	requestLRPs(t, standby, api)
-	eventually(t, "api on the rep", func() bool { return slices.Contains(rep.received(), "api/0") })
+	testkit.Eventually(t, 15*time.Second, func() bool { return slices.Contains(rep.received(), "api/0") }, "api on the rep")
 }
 
 func TestBadRequestsAreRefused(t *testing.T) {
 	env := bbstest.Start(t)
 	a := startAuctioneer(t, env)
-	eventually(t, "leadership", a.svc.IsLeader)
+	testkit.Eventually(t, 15*time.Second, a.svc.IsLeader, "leadership")
 	for name, req := range map[string]*auctioneerv1.RequestLRPAuctionsRequest{
 		"no guid":        {Starts: []*auctioneerv1.LRPStartRequest{{Domain: "apps", Indices: []int32{0}, Rootfs: "preloaded:x"}}},
 		"negative index": {Starts: []*auctioneerv1.LRPStartRequest{{ProcessGuid: "g", Domain: "apps", Indices: []int32{-1}, Rootfs: "preloaded:x"}}},
@@ -295,9 +296,9 @@ func checkHealth(t *testing.T, addr string, want healthpb.HealthCheckResponse_Se
 	}
 	defer conn.Close()
 	var got healthpb.HealthCheckResponse_ServingStatus
-	eventually(t, fmt.Sprintf("health %s of %s", want, addr), func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{Service: auctioneer.ServiceName})
 		got = resp.GetStatus()
 		return err == nil && got == want
-	})
+	}, fmt.Sprintf("health %s of %s", want, addr))
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -29,26 +30,12 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// eventually polls cond every 20ms for up to 15s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // fakeRep is a real RepService server on loopback: State answers a configured state, Perform
 // records what it got and reserves it in the state (or hands everything back when refusing).
 type fakeRep struct {
 	repv1.UnimplementedRepServiceServer
 	addr string
-	stop context.CancelFunc
-	done chan error
+	run  *testkit.Running
 
 	mu       sync.Mutex
 	state    *repv1.StateResponse
@@ -126,31 +113,15 @@ func startRep(t *testing.T, env *bbstest.Env, spec cellSpec) *fakeRep {
 		PlacementTags:      spec.tags,
 		PreloadedRootfses:  []string{"cflinuxfs4"},
 		RootfsProviders:    []string{"docker"},
-	}, done: make(chan error, 1)}
+	}}
 	srv, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: "127.0.0.1:0", TLS: tlsx.Config{Insecure: true}, GracefulStopTimeout: time.Second},
 		logging.NewTest(t).Named("rep-"+spec.id))
 	if err != nil {
 		t.Fatal(err)
 	}
 	repv1.RegisterRepServiceServer(srv.GRPC, rep)
-	ctx, cancel := context.WithCancel(context.Background())
-	rep.stop = cancel
-	ready := make(chan struct{})
-	go func() { rep.done <- srv.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-rep.done:
-		t.Fatalf("rep %s: %v", spec.id, err)
-	}
+	rep.run = testkit.Start(t, "rep "+spec.id, srv)
 	rep.addr = srv.Addr().String()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-rep.done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("rep %s did not stop", spec.id)
-		}
-	})
 
 	presence := &modelsv1.CellPresence{
 		CellId: spec.id, RepAddress: rep.addr, Zone: spec.zone, Capacity: capacity,
@@ -170,10 +141,10 @@ func startRep(t *testing.T, env *bbstest.Env, spec cellSpec) *fakeRep {
 // waitCells waits until the BBS lists n cells.
 func waitCells(t *testing.T, env *bbstest.Env, n int) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%d cells in the bbs", n), func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := env.Client.Cells(ctxT(t), &bbsv1.CellsRequest{})
 		return err == nil && len(resp.GetCells()) == n
-	})
+	}, fmt.Sprintf("%d cells in the bbs", n))
 }
 
 // runningAuctioneer is an auctioneer running for a test.
@@ -181,8 +152,7 @@ type runningAuctioneer struct {
 	svc    *auctioneer.Service
 	client auctioneerv1.AuctioneerServiceClient
 	addr   string
-	cancel context.CancelFunc
-	done   chan error
+	run    *testkit.Running
 }
 
 // startAuctioneer runs an auctioneer against env's BBS and etcd.
@@ -204,46 +174,22 @@ func startAuctioneer(t *testing.T, env *bbstest.Env, configure ...func(*auctione
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a := &runningAuctioneer{svc: svc, cancel: cancel, done: make(chan error, 1)}
-	ready := make(chan struct{})
-	go func() { a.done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-a.done:
-		cancel()
-		t.Fatalf("auctioneer stopped before ready: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("auctioneer not ready within 30s")
-	}
+	a := &runningAuctioneer{svc: svc, run: testkit.Start(t, "auctioneer", svc)}
 	a.addr = svc.Addr().String()
 	conn, err := grpcx.Dial(a.addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.client = auctioneerv1.NewAuctioneerServiceClient(conn)
-	t.Cleanup(func() {
-		conn.Close()
-		a.stop(t)
-	})
+	t.Cleanup(func() { conn.Close() })
 	return a
 }
 
-// stop stops the auctioneer (once) and checks it stopped cleanly.
+// stop stops the auctioneer and checks it stopped cleanly.
 func (a *runningAuctioneer) stop(t *testing.T) {
 	t.Helper()
-	a.cancel()
-	select {
-	case err, ok := <-a.done:
-		if ok {
-			close(a.done)
-			if err != nil {
-				t.Errorf("auctioneer stopped with error: %v", err)
-			}
-		}
-	case <-time.After(20 * time.Second):
-		t.Error("auctioneer did not stop within 20s")
+	if err := a.run.Stop(); err != nil {
+		t.Errorf("auctioneer stopped with error: %v", err)
 	}
 }
 
@@ -293,10 +239,10 @@ func placementErrors(t *testing.T, env *bbstest.Env, guid string) map[string]str
 func requestLRPs(t *testing.T, a *runningAuctioneer, starts ...*auctioneerv1.LRPStartRequest) {
 	t.Helper()
 	var err error
-	eventually(t, "the auctioneer to accept LRP auctions", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		_, err = a.client.RequestLRPAuctions(ctxT(t), &auctioneerv1.RequestLRPAuctionsRequest{Starts: starts})
 		return status.Code(err) != codes.FailedPrecondition
-	})
+	}, "the auctioneer to accept LRP auctions")
 	if err != nil {
 		t.Fatalf("RequestLRPAuctions: %v", err)
 	}

@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 )
@@ -17,7 +19,7 @@ func TestMetrics(t *testing.T) {
 	waitCells(t, env, 1)
 	a := startAuctioneer(t, env, func(c *auctioneer.Config) { c.MetricsAddress = "127.0.0.1:0" })
 	requestLRPs(t, a, desire(t, env, "fits", 2, 128, nil), desire(t, env, "huge", 2, 4096, nil))
-	eventually(t, "huge's placement errors", func() bool { return len(placementErrors(t, env, "huge")) == 2 })
+	testkit.Eventually(t, 15*time.Second, func() bool { return len(placementErrors(t, env, "huge")) == 2 }, "huge's placement errors")
 
 	var body string
 	want := []string{
@@ -29,7 +31,7 @@ func TestMetrics(t *testing.T) {
 		`gavel_auctioneer_rounds_total`,
 		`go_goroutines`,
 	}
-	eventually(t, "the metrics", func() bool {
+	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := http.Get("http://" + a.svc.MetricsAddr().String() + "/metrics")
 		if err != nil {
 			return false
@@ -46,7 +48,7 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 		return true
-	})
+	}, "the metrics")
 	if t.Failed() {
 		t.Log(body)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -73,61 +74,18 @@ func startRep(t *testing.T, env *bbstest.Env, configure ...func(*rep.Config)) *r
 	if err != nil {
 		t.Fatalf("new rep: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("rep stopped before it was ready: %v", err)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("rep not ready within 20s")
-	}
+	run := testkit.Start(t, "rep", svc)
 	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
-		cancel()
 		t.Fatalf("dial rep: %v", err)
 	}
-	stopped := false
+	t.Cleanup(func() { conn.Close() })
 	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		conn.Close()
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("rep stopped with error: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("rep did not stop within 20s")
+		if err := run.Stop(); err != nil {
+			t.Errorf("rep stopped with error: %v", err)
 		}
 	}
-	t.Cleanup(stop)
 	return &repEnv{svc: svc, cfg: cfg, client: repv1.NewRepServiceClient(conn), stop: stop}
-}
-
-// eventually polls cond every 20ms until it holds or timeout passes; cond returns what it saw.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s; last seen: %s", what, timeout, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func runAction(path string) *modelsv1.Action {
@@ -203,10 +161,10 @@ func actual(t *testing.T, env *bbstest.Env, guid string, index int32, p modelsv1
 func waitRunning(t *testing.T, env *bbstest.Env, r *repEnv, guid string, index int32) *modelsv1.ActualLRP {
 	t.Helper()
 	var got *modelsv1.ActualLRP
-	eventually(t, 10*time.Second, fmt.Sprintf("%s/%d RUNNING on %s", guid, index, r.cfg.CellID), func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		got = actual(t, env, guid, index, modelsv1.ActualLRP_PRESENCE_ORDINARY)
 		return got.GetState() == modelsv1.ActualLRP_STATE_RUNNING && got.GetInstanceKey().GetCellId() == r.cfg.CellID, fmt.Sprint(got)
-	})
+	}, fmt.Sprintf("%s/%d RUNNING on %s", guid, index, r.cfg.CellID))
 	return got
 }
 

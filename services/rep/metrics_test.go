@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -53,22 +54,22 @@ func TestMetrics(t *testing.T) {
 	if _, err := r.client.StopLRPInstance(ctxT(t), &repv1.StopLRPInstanceRequest{Key: a.GetKey(), InstanceKey: a.GetInstanceKey()}); err != nil {
 		t.Fatalf("StopLRPInstance: %v", err)
 	}
-	eventually(t, 10*time.Second, "doomed crashed", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		a := actual(t, env, "doomed", 0, ordinary)
 		return a.GetCrashCount() == 1, fmt.Sprint(a)
-	})
-	eventually(t, 10*time.Second, "task completed", func() (bool, string) {
+	}, "doomed crashed")
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		tk := task(t, env, "migrate")
 		return tk.GetState() == modelsv1.Task_STATE_COMPLETED, fmt.Sprint(tk)
-	})
+	}, "task completed")
 	ghost := &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ghost", CellId: r.cfg.CellID}
 	if _, err := env.Client.ClaimActualLRP(ctxT(t), &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 1, InstanceKey: ghost}); err != nil {
 		t.Fatalf("claim: %v", err)
 	}
-	eventually(t, 10*time.Second, "orphaned record removed", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		a := actual(t, env, "web", 1, ordinary)
 		return a == nil, fmt.Sprint(a)
-	})
+	}, "orphaned record removed")
 
 	want := []string{
 		`gavel_rep_containers{state="running"} 1`,
@@ -92,7 +93,7 @@ func TestMetrics(t *testing.T) {
 		`gavel_rep_evacuating 0`,
 		`go_goroutines`,
 	}
-	eventually(t, 10*time.Second, "the metrics", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		body := scrape(t, r)
 		for _, w := range want {
 			if !strings.Contains(body, w) {
@@ -100,5 +101,5 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 		return true, ""
-	})
+	}, "the metrics")
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -59,10 +60,10 @@ func TestPresence(t *testing.T) {
 		Address:           "127.0.0.1",
 	}
 	var got *modelsv1.CellPresence
-	eventually(t, 10*time.Second, "cell in BBS Cells", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		got = cellOf(t, env, r.cfg.CellID)
 		return proto.Equal(got, want), fmt.Sprint(got)
-	})
+	}, "cell in BBS Cells")
 
 	key := presence.CellKey(r.cfg.CellID)
 	kv, err := env.Etcd.Get(ctxT(t), key)
@@ -73,26 +74,26 @@ func TestPresence(t *testing.T) {
 	if _, err := env.Etcd.Revoke(ctxT(t), clientv3.LeaseID(oldLease)); err != nil {
 		t.Fatalf("revoke: %v", err)
 	}
-	eventually(t, 10*time.Second, "presence re-registered under a new lease", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		kv, err := env.Etcd.Get(ctxT(t), key)
 		if err != nil || len(kv.Kvs) != 1 {
 			return false, fmt.Sprint(kv, err)
 		}
 		return kv.Kvs[0].Lease != oldLease, fmt.Sprintf("lease %x", kv.Kvs[0].Lease)
-	})
-	eventually(t, 10*time.Second, "cell back in BBS Cells", func() (bool, string) {
+	}, "presence re-registered under a new lease")
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		got = cellOf(t, env, r.cfg.CellID)
 		return proto.Equal(got, want), fmt.Sprint(got)
-	})
+	}, "cell back in BBS Cells")
 
 	// A deleted key (lease intact) is written again too.
 	if _, err := env.Etcd.Delete(ctxT(t), key); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
-	eventually(t, 10*time.Second, "presence rewritten after deletion", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		kv, err := env.Etcd.Get(ctxT(t), key)
 		return err == nil && len(kv.Kvs) == 1, fmt.Sprint(kv, err)
-	})
+	}, "presence rewritten after deletion")
 
 	r.stop()
 	kv, err = env.Etcd.Get(ctxT(t), key)
@@ -142,10 +143,10 @@ func TestStateReflectsReservations(t *testing.T) {
 	// Once running, the instances are no longer starting; the finished task frees its room.
 	waitRunning(t, env, r, "web", 0)
 	waitRunning(t, env, r, "web", 1)
-	eventually(t, 10*time.Second, "task released", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		st = state(t, r)
 		return len(st.GetTasks()) == 0 && st.GetStartingContainerCount() == 0 && st.GetAvailableResources().GetContainers() == 8, fmt.Sprint(st)
-	})
+	}, "task released")
 }
 
 // TestLRPRunsAndStops: a performed instance ends RUNNING in the BBS with the sim's net info;
@@ -248,10 +249,10 @@ func TestTaskCompletes(t *testing.T) {
 	env := bbstest.Start(t)
 	r := startRep(t, env, func(c *rep.Config) { c.Sim.StartLatency = rep.Duration(1500 * time.Millisecond) })
 	perform(t, r, nil, []*repv1.TaskWork{desireTask(t, env, "job-ok"), desireTask(t, env, "job-cancel")})
-	eventually(t, 10*time.Second, "job-cancel RUNNING", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		tk := task(t, env, "job-cancel")
 		return tk.GetState() == modelsv1.Task_STATE_RUNNING && tk.GetCellId() == r.cfg.CellID, fmt.Sprint(tk)
-	})
+	}, "job-cancel RUNNING")
 	if _, err := env.Client.CancelTask(ctxT(t), &bbsv1.CancelTaskRequest{TaskGuid: "job-cancel"}); err != nil {
 		t.Fatalf("BBS CancelTask: %v", err)
 	}
@@ -263,20 +264,20 @@ func TestTaskCompletes(t *testing.T) {
 			t.Fatal("cancelled task still held")
 		}
 	}
-	eventually(t, 10*time.Second, "job-ok COMPLETED", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		tk := task(t, env, "job-ok")
 		return tk.GetState() == modelsv1.Task_STATE_COMPLETED, fmt.Sprint(tk)
-	})
+	}, "job-ok COMPLETED")
 	if tk := task(t, env, "job-ok"); tk.GetFailed() || tk.GetResult() != "sim" || tk.GetCellId() != r.cfg.CellID {
 		t.Fatalf("completed task %v, want success with result \"sim\"", tk)
 	}
 	if tk := task(t, env, "job-cancel"); !tk.GetFailed() || tk.GetResult() != "" {
 		t.Fatalf("cancelled task %v, want it failed by the cancel", tk)
 	}
-	eventually(t, 5*time.Second, "tasks released", func() (bool, string) {
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		st := state(t, r)
 		return len(st.GetTasks()) == 0, fmt.Sprint(st.GetTasks())
-	})
+	}, "tasks released")
 }
 
 // TestCrashReported: a simulated crash is reported to the BBS as a crash.
@@ -286,14 +287,14 @@ func TestCrashReported(t *testing.T) {
 	d := desiredLRP("flaky", 1)
 	desire(t, env, d)
 	perform(t, r, []*repv1.LRPInstance{lrpWork(d, 0)}, nil)
-	eventually(t, 10*time.Second, "crash recorded", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		a := actual(t, env, "flaky", 0, ordinary)
 		return a.GetCrashCount() == 1 && a.GetCrashReason() == "simulated crash" && a.GetState() == modelsv1.ActualLRP_STATE_UNCLAIMED, fmt.Sprint(a)
-	})
-	eventually(t, 5*time.Second, "crashed container released", func() (bool, string) {
+	}, "crash recorded")
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		st := state(t, r)
 		return len(st.GetLrps()) == 0, fmt.Sprint(st.GetLrps())
-	})
+	}, "crashed container released")
 }
 
 // writeHook writes an executable sh script.
@@ -367,11 +368,11 @@ func TestHooks(t *testing.T) {
 	d2 := desiredLRP("unhooked", 1)
 	desire(t, env, d2)
 	perform(t, r2, []*repv1.LRPInstance{lrpWork(d2, 0)}, nil)
-	eventually(t, 10*time.Second, "failed hook reported as crash", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		a := actual(t, env, "unhooked", 0, ordinary)
 		return a.GetCrashCount() == 1 && strings.Contains(a.GetCrashReason(), "on_create hook") &&
 			strings.Contains(a.GetCrashReason(), "no network for you"), fmt.Sprint(a)
-	})
+	}, "failed hook reported as crash")
 }
 
 // TestBulk: the bulk loop removes a record naming this cell without a container, fails a task
@@ -396,18 +397,18 @@ func TestBulk(t *testing.T) {
 		t.Fatalf("remove behind the rep's back: %v", err)
 	}
 
-	eventually(t, 5*time.Second, "orphaned record removed", func() (bool, string) {
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		got := actual(t, env, "orphan", 0, ordinary)
 		return got == nil, fmt.Sprint(got)
-	})
-	eventually(t, 5*time.Second, "vanished task failed", func() (bool, string) {
+	}, "orphaned record removed")
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		tk := task(t, env, "lost-task")
 		return tk.GetState() == modelsv1.Task_STATE_COMPLETED && tk.GetFailed() && tk.GetFailureReason() == "container vanished", fmt.Sprint(tk)
-	})
-	eventually(t, 5*time.Second, "orphaned container stopped", func() (bool, string) {
+	}, "vanished task failed")
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		st := state(t, r)
 		return len(st.GetLrps()) == 0, fmt.Sprint(st.GetLrps())
-	})
+	}, "orphaned container stopped")
 	if got := actual(t, env, "lost", 0, ordinary); got != nil {
 		t.Fatalf("stopping the orphaned container wrote %v", got)
 	}
@@ -428,11 +429,11 @@ func TestEvacuate(t *testing.T) {
 		_, err := r.client.Evacuate(ctxT(t), &repv1.EvacuateRequest{})
 		done <- err
 	}()
-	eventually(t, 10*time.Second, "EVACUATING copy", func() (bool, string) {
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		e := actual(t, env, "mover", 0, evacuating)
 		return e.GetState() == modelsv1.ActualLRP_STATE_RUNNING && proto.Equal(e.GetInstanceKey(), running.GetInstanceKey()) &&
 			proto.Equal(e.GetNetInfo(), running.GetNetInfo()), fmt.Sprint(e)
-	})
+	}, "EVACUATING copy")
 	if o := actual(t, env, "mover", 0, ordinary); o.GetState() != modelsv1.ActualLRP_STATE_UNCLAIMED {
 		t.Fatalf("ordinary record %v, want it UNCLAIMED for a replacement", o)
 	}

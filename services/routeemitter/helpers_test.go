@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
@@ -62,19 +63,7 @@ func startEmitter(t testing.TB, bbsAddr string, configure ...func(*routeemitter.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("route-emitter stopped before it was ready: %v", err)
-	case <-time.After(waitTimeout):
-		cancel()
-		t.Fatal("route-emitter not ready")
-	}
+	run := testkit.Start(t, "route-emitter", svc)
 	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -83,14 +72,8 @@ func startEmitter(t testing.TB, bbsAddr string, configure ...func(*routeemitter.
 	stop := func() {
 		once.Do(func() {
 			conn.Close()
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("route-emitter stopped with error: %v", err)
-				}
-			case <-time.After(waitTimeout):
-				t.Error("route-emitter did not stop")
+			if err := run.Stop(); err != nil {
+				t.Errorf("route-emitter stopped with error: %v", err)
 			}
 			bbsConn.Close()
 		})
@@ -121,19 +104,7 @@ func startBBS(t testing.TB, cli *clientv3.Client, addr string, configure ...func
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("bbs stopped before ready: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("bbs not ready")
-	}
+	run := testkit.Start(t, "bbs", svc)
 	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -142,14 +113,8 @@ func startBBS(t testing.TB, cli *clientv3.Client, addr string, configure ...func
 	stop := func() {
 		once.Do(func() {
 			conn.Close()
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("bbs stopped with error: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Error("bbs did not stop")
+			if err := run.Stop(); err != nil {
+				t.Errorf("bbs stopped with error: %v", err)
 			}
 		})
 	}

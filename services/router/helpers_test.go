@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 )
@@ -256,29 +257,8 @@ func startRouter(t testing.TB, cfg Config) *Router {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, func() { close(ready) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("router did not stop")
-		}
-		conn.Close()
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("router Run: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("router not ready")
-	}
+	t.Cleanup(func() { conn.Close() }) // after the router stopped: cleanups run last-in first-out
+	testkit.Start(t, "router", r)
 	return r
 }
 
@@ -295,22 +275,10 @@ func waitSynced(t testing.TB, r *Router) {
 // waitVersion waits until the router holds table id at version or later.
 func waitVersion(t testing.TB, r *Router, id string, version uint64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("table %s@%d", id, version), func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		gotID, got := r.TableVersion()
 		return gotID == id && got >= version
-	})
-}
-
-// waitFor polls cond every 10ms for up to 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	}, fmt.Sprintf("table %s@%d", id, version))
 }
 
 // backend is an HTTP server on loopback that answers with its name and records the last

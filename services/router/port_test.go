@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 )
 
@@ -67,7 +68,7 @@ func TestTCPEchoRoundRobinAndHalfClose(t *testing.T) {
 	port := freePort(t, "tcp")
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a, b))
 	r := startRouter(t, testConfig(fake.addr))
-	waitFor(t, "tcp port open", func() bool { return r.TCPAddr(port) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
 
 	var names []string
 	for i := 0; i < 4; i++ {
@@ -99,7 +100,7 @@ func TestTCPRouteRemovalClosesListenerAndConnections(t *testing.T) {
 	port := freePort(t, "tcp")
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a))
 	r := startRouter(t, testConfig(fake.addr))
-	waitFor(t, "tcp port open", func() bool { return r.TCPAddr(port) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
 	c, br, _ := dialTCP(t, port)
 	if _, err := io.WriteString(c, "x\n"); err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestTCPRouteRemovalClosesListenerAndConnections(t *testing.T) {
 	}
 
 	fake.remove(portRoute(tcpProto, port))
-	waitFor(t, "tcp port closed", func() bool { return r.TCPAddr(port) == nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) == nil }, "tcp port closed")
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	var ne net.Error
 	if _, err := br.ReadString('\n'); err == nil || errors.As(err, &ne) && ne.Timeout() {
@@ -126,7 +127,7 @@ func TestTCPEndpointChangeAppliesToNewConnections(t *testing.T) {
 	port := freePort(t, "tcp")
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a))
 	r := startRouter(t, testConfig(fake.addr))
-	waitFor(t, "tcp port open", func() bool { return r.TCPAddr(port) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
 	old, oldBr, name := dialTCP(t, port)
 	if name != "a" {
 		t.Fatalf("first connection reached %q", name)
@@ -191,7 +192,7 @@ func TestUDPEchoSessions(t *testing.T) {
 	cfg := testConfig(fake.addr)
 	cfg.UDPSessionIdleTimeout = Duration(300 * time.Millisecond)
 	r := startRouter(t, cfg)
-	waitFor(t, "udp port open", func() bool { return r.UDPAddr(port) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.UDPAddr(port) != nil }, "udp port open")
 
 	raddr := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(port)}
 	c1, err := net.DialUDP("udp", nil, raddr)
@@ -226,11 +227,11 @@ func TestUDPEchoSessions(t *testing.T) {
 	if n := sessions(); n != 2 {
 		t.Fatalf("%d sessions, want 2", n)
 	}
-	waitFor(t, "idle sessions to end", func() bool { return sessions() == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return sessions() == 0 }, "idle sessions to end")
 	if got := udpAsk(t, c1, "again"); !strings.HasSuffix(got, ":again") {
 		t.Fatalf("after expiry: %q", got)
 	}
 
 	fake.remove(portRoute(udpProto, port))
-	waitFor(t, "udp port closed", func() bool { return r.UDPAddr(port) == nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.UDPAddr(port) == nil }, "udp port closed")
 }

@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 )
 
@@ -75,11 +77,11 @@ func TestWatchResyncsOnForeignDelta(t *testing.T) {
 			Upserts: []*routeemitterv1.Route{httpRoute("bogus.example.com", false, a.addr())}}
 	}
 	fake.mu.Unlock()
-	waitFor(t, "snapshot re-request", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		reqs, snapshots := fake.watchCalls()
 		last := len(reqs) - 1
 		return last > 0 && reqs[last].GetTableId() == "" && snapshots[last]
-	})
+	}, "snapshot re-request")
 	if code, _ := get(t, http.DefaultClient, httpBase(r), "bogus.example.com", "/"); code != http.StatusNotFound {
 		t.Fatalf("foreign delta applied: %d", code)
 	}

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -288,20 +289,10 @@ func (b *bed) start() {
 	}
 }
 
-// waitFor polls cond every 250ms until it holds or timeout passes, and then fails the test.
+// waitFor polls cond until it holds or timeout passes, and then fails the test.
 func (b *bed) waitFor(timeout time.Duration, what string, cond func() (bool, string)) {
 	b.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, state)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	testkit.EventuallyState(b.t, timeout, cond, what)
 }
 
 // etcdLeader is the index of the etcd member that leads, asked through the published ports.

@@ -21,6 +21,7 @@ import (
 
 	"google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -77,28 +78,22 @@ type cluster struct {
 	dir      string // holds every rep's work dir, cell-<zone>
 }
 
-// waitFor polls cond every 50ms until it holds, timeout passes or a process of the cluster
-// exits.
+// waitFor polls cond until it holds, timeout passes or a process of the cluster exits.
 func (c *cluster) waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	testkit.EventuallyState(t, timeout, func() (bool, string) {
 		ok, state := cond()
-		if ok {
-			return
-		}
-		for _, p := range c.procs {
-			select {
-			case <-p.exited:
-				t.Fatalf("%s exited (%v) while waiting for %s", p.name, p.err, what)
-			default:
+		if !ok {
+			for _, p := range c.procs {
+				select {
+				case <-p.exited:
+					t.Fatalf("%s exited (%v) while waiting for %s", p.name, p.err, what)
+				default:
+				}
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return ok, state
+	}, what)
 }
 
 const (

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -184,34 +185,18 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 		c.auctioneerHealth = append(c.auctioneerHealth, grpc_health_v1.NewHealthClient(aconn))
 	}
 
-	c.poll(t, 30*time.Second, "an auctioneer to lead", func() (bool, string) {
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		i := c.leader()
 		return i >= 0, fmt.Sprintf("leader %d", i)
-	})
-	c.poll(t, 30*time.Second, fmt.Sprintf("%d cells", o.reps), func() (bool, string) {
+	}, "an auctioneer to lead")
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		cells, err := c.cells()
 		if err != nil {
 			return false, err.Error()
 		}
 		return len(cells) == o.reps, fmt.Sprintf("%d cells", len(cells))
-	})
+	}, fmt.Sprintf("%d cells", o.reps))
 	return c
-}
-
-// poll checks cond every 50ms until it holds or timeout passes, then fails the test.
-func (c *haCluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // leader is the index of the auctioneer serving as leader, or -1.
@@ -373,14 +358,14 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 	const guid, n = "evacuee", 6
 	c.desire(t, simLRP(guid, n))
 	var before slots
-	c.poll(t, 30*time.Second, "every instance running", func() (bool, string) {
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		as, err := c.actuals(guid)
 		if err != nil {
 			return false, err.Error()
 		}
 		before = summarize(as)
 		return complete(as, []string{guid}, n)
-	})
+	}, "every instance running")
 	victim := before.running[guid+"/0"]
 	var held []string
 	for k, cell := range before.running {
@@ -434,7 +419,7 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 	if rep.err != nil {
 		t.Errorf("%s exited with %v after SIGTERM, want a clean exit", victim, rep.err)
 	}
-	c.poll(t, 20*time.Second, "every instance running on the other cells", func() (bool, string) {
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		as, err := c.actuals(guid)
 		if err != nil {
 			return false, err.Error()
@@ -446,7 +431,7 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 			}
 		}
 		return ok, state
-	})
+	}, "every instance running on the other cells")
 	close(stop)
 	watched.Wait()
 	t.Logf("%s drained and exited in %s; %d polls (%d failed)", victim, drained.Round(time.Millisecond), polls, pollErrors)
@@ -513,21 +498,21 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 		t.Fatal("no auctioneer leads")
 	}
 	var bbsLeader int
-	c.poll(t, 15*time.Second, "a BBS to lead", func() (bool, string) {
+	testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {
 		bbsLeader = c.bbsLeader()
 		return bbsLeader >= 0, "no BBS leads"
-	})
+	}, "a BBS to lead")
 	killed := time.Now()
 	c.auctioneerProcs[leader].kill(t)
 	c.bbsProcs[bbsLeader].kill(t)
 	t.Logf("killed auctioneer-%d and bbs-%d (the leaders)", leader, bbsLeader)
-	c.poll(t, 30*time.Second, "the other BBS to lead", func() (bool, string) {
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		return c.bbsLeader() >= 0, "no BBS leads"
-	})
+	}, "the other BBS to lead")
 	t.Logf("bbs-%d leads %s after the kill", c.bbsLeader(), time.Since(killed).Round(time.Millisecond))
-	c.poll(t, 15*time.Second, "the other auctioneer to lead", func() (bool, string) {
+	testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {
 		return c.leader() >= 0, "no leader"
-	})
+	}, "the other auctioneer to lead")
 	t.Logf("auctioneer-%d leads %s after the kill", c.leader(), time.Since(killed).Round(time.Millisecond))
 
 	select {
@@ -541,18 +526,18 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 	if len(guids) < lrps*9/10 {
 		t.Errorf("only %d of %d DesireLRP calls acknowledged", len(guids), lrps)
 	}
-	c.poll(t, 60*time.Second, "every acknowledged LRP running", func() (bool, string) {
+	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
 		as, err := c.actuals(guids...)
 		if err != nil {
 			return false, err.Error()
 		}
 		return complete(as, guids, instances)
-	})
+	}, "every acknowledged LRP running")
 	t.Logf("%d LRPs × %d instances running %s after the kill", len(guids), instances, time.Since(killed).Round(time.Millisecond))
 
 	// Exactly once: no cell holds a second container of an index (reps stop orphans in their
 	// bulk loop, every 2s here).
-	c.poll(t, 15*time.Second, "one container per instance on the cells", func() (bool, string) {
+	testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {
 		held := c.heldByReps(t)
 		var bad []string
 		for _, g := range guids {
@@ -563,7 +548,7 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 			}
 		}
 		return len(bad) == 0, strings.Join(bad, " ")
-	})
+	}, "one container per instance on the cells")
 }
 
 // TestKilledRepInstancesRestartElsewhere kills a rep holding instances with SIGKILL: once its
@@ -573,14 +558,14 @@ func TestKilledRepInstancesRestartElsewhere(t *testing.T) {
 	const guid, n = "orphaned", 9
 	c.desire(t, simLRP(guid, n))
 	var before slots
-	c.poll(t, 30*time.Second, "every instance running", func() (bool, string) {
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		as, err := c.actuals(guid)
 		if err != nil {
 			return false, err.Error()
 		}
 		before = summarize(as)
 		return complete(as, []string{guid}, n)
-	})
+	}, "every instance running")
 	victim := before.running[guid+"/0"]
 	var held int
 	for _, cell := range before.running {
@@ -592,7 +577,7 @@ func TestKilledRepInstancesRestartElsewhere(t *testing.T) {
 	killed := time.Now()
 	c.reps[victim].kill(t)
 	var expired time.Time
-	c.poll(t, 30*time.Second, "every instance running on the other cells", func() (bool, string) {
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		if expired.IsZero() {
 			cells, err := c.cells()
 			if err == nil && !slices.ContainsFunc(cells, func(p *modelsv1.CellPresence) bool { return p.GetCellId() == victim }) {
@@ -610,7 +595,7 @@ func TestKilledRepInstancesRestartElsewhere(t *testing.T) {
 			}
 		}
 		return ok, state
-	})
+	}, "every instance running on the other cells")
 	done := time.Now()
 	if expired.IsZero() {
 		expired = done

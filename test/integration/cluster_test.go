@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -37,55 +38,15 @@ func startCluster(t testing.TB, cells []devcluster.Cell) *devcluster.Cluster {
 		Cells:             cells,
 		Logger:            logging.NewTest(t),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("cluster stopped before it was ready: %v", err)
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatal("cluster not ready within 60s")
-	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("cluster stopped with %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("cluster did not stop within 30s")
-		}
-	})
-	waitFor(t, 20*time.Second, "every cell registered", func() (bool, string) {
+	testkit.Start(t, "cluster", c)
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		resp, err := c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
 		if err != nil {
 			return false, err.Error()
 		}
 		return len(resp.GetCells()) == len(cells), fmt.Sprintf("%d/%d cells", len(resp.GetCells()), len(cells))
-	})
+	}, "every cell registered")
 	return c
-}
-
-// waitFor polls cond every 20ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func desiredLRP(guid, rootfs string, instances int32, c *modelsv1.PlacementConstraint) *modelsv1.DesiredLRP {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
@@ -79,7 +80,7 @@ func TestPlacementPoolsProposal(t *testing.T) {
 				t.Fatal(err)
 			}
 			var used map[string]int
-			waitFor(t, 20*time.Second, "every instance RUNNING", func() (bool, string) {
+			testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 				used = map[string]int{}
 				running := 0
 				for _, a := range actualLRPs(t, c, guid) {
@@ -89,7 +90,7 @@ func TestPlacementPoolsProposal(t *testing.T) {
 					}
 				}
 				return running == int(instances), fmt.Sprintf("%d/%d running on %v", running, instances, used)
-			})
+			}, "every instance RUNNING")
 			// Zones are spread first (cell i is in zone z(i%3)), then cells within a zone.
 			perZone := map[int]int{}
 			var got []string
@@ -138,7 +139,7 @@ func TestPlacementPoolsProposal(t *testing.T) {
 			if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 20*time.Second, "placement errors on every instance", func() (bool, string) {
+			testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 				as := actualLRPs(t, c, guid)
 				for _, a := range as {
 					if a.GetPlacementError() == nil {
@@ -146,7 +147,7 @@ func TestPlacementPoolsProposal(t *testing.T) {
 					}
 				}
 				return len(as) == 2, fmt.Sprintf("%v", as)
-			})
+			}, "placement errors on every instance")
 			for _, a := range actualLRPs(t, c, guid) {
 				pe := a.GetPlacementError()
 				if a.GetState() != modelsv1.ActualLRP_STATE_UNCLAIMED || pe.GetCode() != tt.code {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -28,16 +28,8 @@ func BenchmarkEventToRouterTable(b *testing.B) {
 		Logger:       logging.NewTest(b),
 		ConfigureBBS: func(cfg *bbs.Config) { cfg.ConvergenceInterval = bbs.Duration(time.Hour) },
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		b.Fatalf("cluster: %v", err)
-	}
-	defer func() { cancel(); <-done }()
+	testkit.Start(b, "cluster", c)
+	ctx := b.Context()
 
 	for g := 0; g < lrps; g++ {
 		d := desiredLRP(fmt.Sprintf("route-%d", g), "preloaded:cflinuxfs4", perLRP, nil)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -48,16 +49,8 @@ func BenchmarkPlacement(b *testing.B) {
 		Dir: b.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
 		UnsafeNoFsync: false, Cells: specs, Logger: logging.NewTest(b), RepBBSInterceptor: timeCalls,
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		b.Fatalf("cluster: %v", err)
-	}
-	defer func() { cancel(); <-done }()
+	testkit.Start(b, "cluster", c)
+	ctx := b.Context()
 
 	var rates []float64
 	b.ResetTimer()

@@ -3,12 +3,12 @@
 package bbstest
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -74,36 +74,12 @@ func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configur
 	if err != nil {
 		t.Fatalf("new bbs: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("bbs stopped before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("bbs not ready within 30s")
-	}
+	testkit.Start(t, "bbs", svc)
 	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
-		cancel()
 		t.Fatalf("dial bbs: %v", err)
 	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("bbs stopped with error: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("bbs did not stop within 20s")
-		}
-	})
+	t.Cleanup(func() { conn.Close() }) // before Start's cleanup stops the BBS
 	return &Env{Client: bbsv1.NewBBSServiceClient(conn), Etcd: cli, Addr: svc.Addr().String(), Service: svc, Config: cfg}
 }
 

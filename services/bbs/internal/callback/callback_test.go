@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -125,26 +126,7 @@ func (s *server) waitRequests(t *testing.T, n int) []request {
 // run starts w until the test ends and waits for it to be ready.
 func run(t *testing.T, w *callback.Worker) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx, func() { close(ready) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("worker did not stop within 10s")
-		}
-	})
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("worker not ready")
-	}
+	testkit.Start(t, "callback worker", w)
 }
 
 func newWorker(t *testing.T, r callback.Resolver, cfg callback.Config) *callback.Worker {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
@@ -87,17 +88,8 @@ func run(t *testing.T, addrs ...string) (*Auctioneer, func(guid string)) {
 		t.Fatal(err)
 	}
 	a.attempt = time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = a.Run(ctx, func() {})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		a.Close()
-	})
+	t.Cleanup(func() { a.Close() }) // after Run returned: cleanups run last-in first-out
+	testkit.Start(t, "auctioneer client", a)
 	return a, func(guid string) {
 		si := &modelsv1.DesiredLRPSchedulingInfo{ProcessGuid: guid, Domain: "d", Rootfs: "preloaded:x"}
 		if err := a.RequestLRPAuctions(context.Background(), []core.LRPStart{{SchedulingInfo: si, Indices: []int32{0}}}); err != nil {
@@ -106,35 +98,23 @@ func run(t *testing.T, addrs ...string) (*Auctioneer, func(guid string)) {
 	}
 }
 
-// eventually polls cond every 10ms for up to 5s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestAuctioneerFollowsTheLeader(t *testing.T) {
 	standby, leader := startFake(t, false), startFake(t, true)
 	a, desire := run(t, standby.addr+","+leader.addr)
 
 	desire("one")
-	eventually(t, "the leader to take one", func() bool { s, _ := leader.taken(); return len(s) == 1 })
+	testkit.Eventually(t, 5*time.Second, func() bool { s, _ := leader.taken(); return len(s) == 1 }, "the leader to take one")
 	task := &modelsv1.Task{TaskGuid: "task-1", Domain: "d", Definition: &modelsv1.TaskDefinition{Rootfs: "preloaded:x"}}
 	if err := a.RequestTaskAuctions(context.Background(), []*modelsv1.Task{task}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the leader to take the task", func() bool { _, ts := leader.taken(); return len(ts) == 1 })
+	testkit.Eventually(t, 5*time.Second, func() bool { _, ts := leader.taken(); return len(ts) == 1 }, "the leader to take the task")
 
 	// Failover: the leader dies, the standby is elected.
 	leader.stop()
 	standby.leader.Store(true)
 	desire("two")
-	eventually(t, "the new leader to take two", func() bool { s, _ := standby.taken(); return len(s) == 1 })
+	testkit.Eventually(t, 5*time.Second, func() bool { s, _ := standby.taken(); return len(s) == 1 }, "the new leader to take two")
 	if s, _ := standby.taken(); s[0] != "two" {
 		t.Errorf("new leader took %v, want [two]", s)
 	}
@@ -147,7 +127,7 @@ func TestAuctioneerDropsWorkNobodyTakes(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the flush fails on both and drops the work
 	s2.leader.Store(true)
 	desire("kept")
-	eventually(t, "the leader to take kept", func() bool { s, _ := s2.taken(); return len(s) == 1 })
+	testkit.Eventually(t, 5*time.Second, func() bool { s, _ := s2.taken(); return len(s) == 1 }, "the leader to take kept")
 	if s, _ := s2.taken(); s[0] != "kept" {
 		t.Errorf("leader took %v, want [kept]: dropped work must not be resent", s)
 	}

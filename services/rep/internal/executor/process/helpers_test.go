@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs/rootfstest"
@@ -57,19 +57,17 @@ func openDir(t *testing.T) string {
 	return dir
 }
 
-// nextPortBlock hands every test backend its own block of host ports, below the kernel's
-// ephemeral range.
-var nextPortBlock atomic.Int32
-
+// portBlock is the number of host ports each test backend gets: a block private to the test
+// (testkit.PortBlock), so packages and worktrees testing at once never hand out one port twice.
 const portBlock = 20
 
 func newTestBackend(t *testing.T, tweak func(*executor.Options)) *Backend {
 	t.Helper()
-	start := 21000 + int(nextPortBlock.Add(1))*portBlock
+	first, last := testkit.PortBlock(t, portBlock)
 	opts := executor.Options{
 		CellAddress:    "127.0.0.1",
-		PortRangeStart: start,
-		PortRangeEnd:   start + portBlock - 1,
+		PortRangeStart: first,
+		PortRangeEnd:   last,
 		WorkDir:        filepath.Join(openDir(t), "work"),
 	}
 	if tweak != nil {

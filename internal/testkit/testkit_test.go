@@ -1,0 +1,143 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// recorder is a testing.TB that records failures instead of ending the test.
+type recorder struct {
+	testing.TB
+	failed atomic.Bool
+	msg    atomic.Value
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.failed.Store(true)
+	r.msg.Store(format)
+	panic(errFatal)
+}
+func (r *recorder) Errorf(format string, args ...any) { r.failed.Store(true); r.msg.Store(format) }
+
+var errFatal = errors.New("fatal")
+
+// catch runs f, absorbing the panic recorder.Fatalf raises.
+func catch(f func()) {
+	defer func() {
+		if p := recover(); p != nil && p != errFatal {
+			panic(p)
+		}
+	}()
+	f()
+}
+
+func TestEventually(t *testing.T) {
+	var n atomic.Int32
+	Eventually(t, 5*time.Second, func() bool { return n.Add(1) == 3 }, "three polls")
+	if n.Load() != 3 {
+		t.Fatalf("polled %d times, want 3", n.Load())
+	}
+
+	r := &recorder{TB: t}
+	start := time.Now()
+	catch(func() {
+		EventuallyState(r, 50*time.Millisecond, func() (bool, string) { return false, "still false" }, "never")
+	})
+	if !r.failed.Load() {
+		t.Fatal("a condition that never holds did not fail the test")
+	}
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Fatalf("gave up after %s, before the timeout", d)
+	}
+}
+
+func TestListenIsBoundAndClosedAtCleanup(t *testing.T) {
+	var l net.Listener
+	var pc net.PacketConn
+	t.Run("inner", func(t *testing.T) {
+		l, pc = Listen(t), ListenPacket(t)
+		if Port(l.Addr()) == 0 || Port(pc.LocalAddr()) == 0 {
+			t.Fatalf("ports %v %v", l.Addr(), pc.LocalAddr())
+		}
+		// Bound: a second listener on the same port fails.
+		if l2, err := net.Listen("tcp", l.Addr().String()); err == nil {
+			l2.Close()
+			t.Fatal("the listener's port could be bound again")
+		}
+	})
+	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after the test ended: %v, want the listener closed", err)
+	}
+	if _, _, err := pc.ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("ReadFrom after the test ended: %v, want the connection closed", err)
+	}
+}
+
+func TestPortBlocksArePrivate(t *testing.T) {
+	first, last := PortBlock(t, 10)
+	if last-first != 9 || first < portBlocksFirst || last >= portBlocksEnd {
+		t.Fatalf("block %d-%d", first, last)
+	}
+	// Every other reservation of this size gets another block while this one is held.
+	for range 5 {
+		f2, _ := PortBlock(t, 10)
+		if f2 == first {
+			t.Fatalf("block %d handed out twice", first)
+		}
+	}
+}
+
+// service is a Runner whose Run the test controls.
+type service struct {
+	failReady bool
+	stopErr   error
+	stopped   atomic.Bool
+}
+
+func (s *service) Run(ctx context.Context, ready func()) error {
+	if s.failReady {
+		return errors.New("bad config")
+	}
+	ready()
+	<-ctx.Done()
+	s.stopped.Store(true)
+	return s.stopErr
+}
+
+func TestStartStopsAndJoinsAtCleanup(t *testing.T) {
+	s := &service{}
+	t.Run("inner", func(t *testing.T) {
+		Start(t, "svc", s)
+		if s.stopped.Load() {
+			t.Fatal("stopped before the test ended")
+		}
+	})
+	if !s.stopped.Load() {
+		t.Fatal("not stopped and joined when the test ended")
+	}
+}
+
+func TestStartReports(t *testing.T) {
+	t.Run("run fails before ready", func(t *testing.T) {
+		r := &recorder{TB: t}
+		catch(func() { Start(r, "svc", &service{failReady: true}) })
+		if !r.failed.Load() {
+			t.Fatal("a service that failed to start did not fail the test")
+		}
+	})
+	t.Run("stop error", func(t *testing.T) {
+		s := &service{stopErr: errors.New("unclean")}
+		run := Start(t, "svc", s)
+		if err := run.Stop(); err == nil || err.Error() != "unclean" {
+			t.Fatalf("Stop = %v, want the Run error", err)
+		}
+		if err := run.Stop(); err == nil {
+			t.Fatal("a second Stop lost the error")
+		}
+	})
+}
