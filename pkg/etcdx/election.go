@@ -10,6 +10,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
 // Root is the versioned prefix of every key Gavel keeps in etcd. Each service builds its keys
@@ -112,7 +114,7 @@ func (e *Election) Leader(ctx context.Context) (string, error) {
 // still leading (an error returned after the lead context was cancelled counts as a clean end
 // of the term). Failures to reach etcd are logged and retried with back-off.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context) error) error {
-	retry := electionRetryMin
+	wait := retry.Policy{Initial: electionRetryMin, Max: electionRetryMax}.BackOff()
 	for ctx.Err() == nil {
 		won, err := e.term(ctx, lead)
 		if err != nil {
@@ -123,15 +125,15 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context) error
 			if ctx.Err() != nil {
 				break
 			}
-			e.logger.Warn("election attempt failed, retrying", "service", e.service, "error", err, "retry_in", retry)
-			if !sleep(ctx, retry) {
+			next := wait.NextBackOff()
+			e.logger.Warn("election attempt failed, retrying", "service", e.service, "error", err, "retry_in", next)
+			if !retry.Sleep(ctx, next) {
 				break
 			}
-			retry = min(2*retry, electionRetryMax)
 			continue
 		}
 		if won {
-			retry = electionRetryMin
+			wait.Reset()
 		}
 	}
 	return nil
@@ -198,16 +200,4 @@ func (e *Election) term(ctx context.Context, lead func(ctx context.Context) erro
 		return true, &leadError{err: fmt.Errorf("election %s: lead: %w", e.service, err)}
 	}
 	return true, nil
-}
-
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/retry"
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -316,7 +317,7 @@ func (s *Service) lead(ctx context.Context) error {
 			return nil
 		case <-s.batch.Ready():
 		}
-		if wait := time.Until(last.Add(interval)); wait > 0 && !sleep(ctx, wait) {
+		if wait := time.Until(last.Add(interval)); wait > 0 && !retry.Sleep(ctx, wait) {
 			return nil
 		}
 		entries := s.batch.Drain()
@@ -324,7 +325,7 @@ func (s *Service) lead(ctx context.Context) error {
 			continue
 		}
 		last = time.Now()
-		if !s.round(ctx, entries) && !sleep(ctx, roundRetryDelay) {
+		if !s.round(ctx, entries) && !retry.Sleep(ctx, roundRetryDelay) {
 			return nil
 		}
 	}
@@ -369,15 +370,3 @@ func (q queue) Leading() bool { return q.s.leading.Load() }
 
 // Enqueue implements api.Queue.
 func (q queue) Enqueue(works []*placement.Work) { q.s.batch.Add(works...) }
-
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

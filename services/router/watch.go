@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
 // maxBatch bounds how many already-received messages are folded into one table swap.
@@ -34,7 +34,9 @@ type watcher struct {
 // fails, waiting a jittered backoff that doubles per consecutive failure (reset once a
 // stream delivers a message) up to maxBackoff. The last table keeps serving meanwhile.
 func (w *watcher) run(ctx context.Context) error {
-	backoff := w.minBackoff
+	// Each wait is spread over [d/2, d] of its un-jittered value d (minBackoff doubling up to
+	// maxBackoff), so routers do not reconnect in lockstep and maxBackoff stays the longest.
+	wait := retry.Policy{Initial: w.minBackoff * 3 / 4, Max: w.maxBackoff * 3 / 4, Jitter: 1.0 / 3}.BackOff()
 	resync := false
 	for ctx.Err() == nil {
 		received, err := w.watchOnce(ctx, resync)
@@ -43,35 +45,21 @@ func (w *watcher) run(ctx context.Context) error {
 		}
 		resync = errors.Is(err, errResync)
 		if received {
-			backoff = w.minBackoff
+			wait.Reset()
 		}
 		w.onReconnect()
-		wait := jitter(backoff)
+		next := wait.NextBackOff()
 		id, version := "", uint64(0)
 		if cur := w.current(); cur != nil {
 			id, version = cur.id, cur.version
 		}
-		w.log.Warn("route-emitter stream ended; retrying (the held table keeps serving)", "error", err, "retry_in", wait,
+		w.log.Warn("route-emitter stream ended; retrying (the held table keeps serving)", "error", err, "retry_in", next,
 			"table_id", id, "version", version)
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !retry.Sleep(ctx, next) {
 			return nil
-		case <-timer.C:
 		}
-		backoff = min(backoff*2, w.maxBackoff)
 	}
 	return nil
-}
-
-// jitter spreads d over [d/2, d) so routers do not reconnect in lockstep.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half)
 }
 
 // watchOnce runs one WatchRoutes stream until it fails. It resumes from the published

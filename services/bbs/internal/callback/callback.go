@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -140,23 +141,22 @@ func (w *Worker) deliver(ctx context.Context, task *modelsv1.Task) {
 		log.Error("encoding task for its callback", "error", err)
 		return
 	}
-	backoff := w.cfg.Backoff
-	for attempt := 1; ; attempt++ {
-		err = w.post(ctx, task.GetDefinition().GetCompletionCallbackUrl(), body)
-		if err == nil {
-			break
+	attempt := 0
+	err = retry.Do(ctx, retry.Policy{Initial: w.cfg.Backoff}, uint(w.cfg.Attempts), func() error {
+		attempt++
+		err := w.post(ctx, task.GetDefinition().GetCompletionCallbackUrl(), body)
+		if errors.Is(err, errPermanent) {
+			return retry.Permanent(err)
 		}
-		if errors.Is(err, errPermanent) || attempt >= w.cfg.Attempts {
+		return err
+	}, func(err error, next time.Duration) {
+		log.Debug("completion callback failed; retrying", "attempt", attempt, "backoff", next, "error", err)
+	})
+	if err != nil {
+		if ctx.Err() == nil {
 			log.Warn("completion callback not delivered; the task stays COMPLETED for convergence", "attempts", attempt, "error", err)
-			return
 		}
-		log.Debug("completion callback failed; retrying", "attempt", attempt, "backoff", backoff, "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff *= 2
+		return
 	}
 	if err := w.resolver.ResolvingTask(ctx, task.GetTaskGuid()); err != nil {
 		if !errors.Is(err, rpcerr.ErrFailedPrecondition) && !errors.Is(err, rpcerr.ErrNotFound) {

@@ -13,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
 // Options tune a Store; zero values take the defaults.
@@ -47,6 +49,9 @@ func (o *Options) defaults() {
 		o.ReadYourWritesTimeout = 5 * time.Second
 	}
 }
+
+// resyncPolicy is the wait between failed listings of the store.
+var resyncPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // Store is the BBS's view of etcd.
 type Store struct {
@@ -100,23 +105,17 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 	cctx, stopCommits := context.WithCancel(ctx)
 	defer stopCommits()
 	go s.committer.run(cctx)
-	backoff := 100 * time.Millisecond
 	for {
-		rev, err := s.resync(ctx)
+		var rev int64
+		err := retry.Do(ctx, resyncPolicy, 0, func() (err error) {
+			rev, err = s.resync(ctx)
+			return err
+		}, func(err error, next time.Duration) {
+			s.log.Warn("listing the store failed; retrying", "error", err, "backoff", next)
+		})
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			s.log.Warn("listing the store failed; retrying", "error", err, "backoff", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return nil
-			}
-			backoff = min(2*backoff, 5*time.Second)
-			continue
+			return nil // only the end of ctx stops the retries
 		}
-		backoff = 100 * time.Millisecond
 		s.once.Do(func() {
 			close(s.synced)
 			ready()

@@ -5,41 +5,38 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/retry"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
 // Bounds of call's retries.
-const (
-	callAttempts   = 5
-	callBackoff    = 100 * time.Millisecond
-	callMaxBackoff = 2 * time.Second
-)
+const callAttempts = 5
+
+// callPolicy is the wait between call's attempts.
+var callPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 
 // call makes one BBS call, retrying (up to callAttempts, with backoff) while the BBS is
 // unavailable, a compare-and-swap was lost or an attempt timed out.
 func (c *Cell) call(ctx context.Context, what string, f func(ctx context.Context) error) error {
-	backoff := callBackoff
-	for attempt := 1; ; attempt++ {
+	attempt := 0
+	err := retry.Do(ctx, callPolicy, callAttempts, func() error {
+		attempt++
 		actx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
 		err := f(actx)
-		cancel()
-		if err == nil {
-			return nil
+		if err != nil && !retriable(err) {
+			return retry.Permanent(err)
 		}
-		if !retriable(err) || attempt == callAttempts || ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		c.log.Debug("bbs call failed, retrying", "call", what, "attempt", attempt, "error", err)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, callMaxBackoff)
+		return err
+	}, func(err error, next time.Duration) {
+		c.log.Debug("bbs call failed, retrying", "call", what, "attempt", attempt, "error", err, "retry_in", next)
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
+	return nil
 }
 
 // retriable reports whether a BBS error may go away on its own.

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
 // Bounds of the retries while etcd cannot be reached.
@@ -56,22 +57,19 @@ func (p *Presence) Lease() clientv3.LeaseID {
 // ready, keeps the registration alive and re-registers whenever it is lost; when ctx ends it
 // revokes the lease and returns nil.
 func (p *Presence) Run(ctx context.Context, ready func()) error {
-	backoff := minBackoff
 	var once sync.Once
 	for {
-		lease, rev, err := p.register(ctx)
+		var lease clientv3.LeaseID
+		var rev int64
+		err := retry.Do(ctx, retry.Policy{Initial: minBackoff, Max: p.ttl}, 0, func() (err error) {
+			lease, rev, err = p.register(ctx)
+			return err
+		}, func(err error, next time.Duration) {
+			p.log.Warn("could not register the cell, retrying", "error", err, "backoff", next)
+		})
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			p.log.Warn("could not register the cell, retrying", "error", err, "backoff", backoff)
-			if !sleep(ctx, backoff) {
-				return nil
-			}
-			backoff = min(2*backoff, p.ttl)
-			continue
+			return nil // only the end of ctx stops the retries
 		}
-		backoff = minBackoff
 		once.Do(ready)
 		why := p.hold(ctx, lease, rev)
 		if ctx.Err() != nil {
@@ -152,17 +150,5 @@ func (p *Presence) revoke(lease clientv3.LeaseID) {
 	defer cancel()
 	if _, err := p.etcd.Revoke(ctx, lease); err != nil && !errors.Is(err, context.Canceled) {
 		p.log.Debug("could not revoke the lease", "lease", fmt.Sprintf("%x", int64(lease)), "error", err)
-	}
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
 )
 
@@ -175,6 +175,7 @@ func (s *Syncer) Stats() Stats {
 func (s *Syncer) Run(ctx context.Context) error {
 	needList := true
 	failures := 0 // consecutive
+	wait := retry.Policy{Initial: s.cfg.MinBackoff, Max: s.cfg.MaxBackoff, Jitter: 0.2}.BackOff()
 	var nextList time.Time
 	for ctx.Err() == nil {
 		if needList {
@@ -186,7 +187,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 				s.failures.Add(1)
 				s.cfg.Observer.SyncFailed("list")
 				s.log.Warn("listing the BBS failed; will retry", "error", err, "attempt", failures)
-				if !sleep(ctx, s.backoff(failures)) {
+				if !retry.Sleep(ctx, wait.NextBackOff()) {
 					return nil
 				}
 				continue
@@ -197,6 +198,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		progressed, err := s.watch(ctx, nextList)
 		if progressed {
 			failures = 0
+			wait.Reset()
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -215,7 +217,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		failures++
 		s.failures.Add(1)
 		s.cfg.Observer.SyncFailed("watch")
-		if !sleep(ctx, s.backoff(failures)) {
+		if !retry.Sleep(ctx, wait.NextBackOff()) {
 			return nil
 		}
 	}
@@ -350,27 +352,4 @@ func (s *Syncer) publish() {
 	s.published = s.cursor
 	s.revision.Store(s.cursor)
 	s.cfg.Publisher.MarkSynced()
-}
-
-// backoff is the wait after the n-th consecutive failure: MinBackoff doubling, capped at
-// MaxBackoff, ±20% jitter.
-func (s *Syncer) backoff(n int) time.Duration {
-	d := s.cfg.MinBackoff
-	for i := 1; i < n && d < s.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, s.cfg.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
-
-// sleep waits d or until ctx ends, reporting whether the wait completed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
