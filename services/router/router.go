@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
@@ -162,19 +163,15 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 	r.httpAddr, r.httpsAddr, r.adminAddr = httpAddr, httpsAddr, adminAddr
 	r.mu.Unlock()
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, len(lns)+3)
+	// The first part to fail stops the others; Run returns its error.
+	g, ctx := errgroup.WithContext(ctx)
 	start := func(name string, f func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			if err := f(ctx); err != nil {
-				errc <- fmt.Errorf("router %s: %w", name, err)
-				cancel()
+				return fmt.Errorf("router %s: %w", name, err)
 			}
-		}()
+			return nil
+		})
 	}
 	for _, l := range lns {
 		start(l.name, r.serveHTTP(l.srv, l.ln, l.tls))
@@ -188,15 +185,10 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 	}
 	<-ctx.Done()
 	r.draining.Store(true)
-	wg.Wait()
+	err = g.Wait()
 	r.relays.Wait()
 	r.proxy.transport.CloseIdleConnections()
-	select {
-	case err := <-errc:
-		return err
-	default:
-		return nil
-	}
+	return err
 }
 
 // serveHTTP serves srv on ln until ctx ends, then shuts it down gracefully.

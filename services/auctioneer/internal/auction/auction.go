@@ -10,10 +10,11 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -44,7 +45,7 @@ const (
 	DefaultPerformTimeout = 10 * time.Second
 	// DefaultBBSTimeout bounds each call to the BBS.
 	DefaultBBSTimeout = 10 * time.Second
-	// DefaultParallelism bounds concurrent State calls and concurrent BBS reports.
+	// DefaultParallelism bounds concurrent State calls, Perform calls and BBS reports.
 	DefaultParallelism = 64
 )
 
@@ -59,7 +60,7 @@ type Config struct {
 	BBSTimeout time.Duration
 	// MaxInFlight limits the containers starting at once across all cells; zero is unlimited.
 	MaxInFlight int
-	// Parallelism bounds concurrent State calls and concurrent placement error reports.
+	// Parallelism bounds concurrent State calls, Perform calls and placement error reports.
 	Parallelism int
 }
 
@@ -253,23 +254,21 @@ func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused place
 // as unreachable.
 func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPresence) []*placement.Cell {
 	cells := make([]*placement.Cell, len(presences))
-	sem := make(chan struct{}, r.cfg.Parallelism)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(r.cfg.Parallelism)
 	for i, p := range presences {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
+		g.Go(func() error {
 			state, err := r.state(ctx, p)
 			if err != nil {
 				r.logger.Warn("cell did not report state", "cell_id", p.GetCellId(), "rep_address", p.GetRepAddress(), "error", err)
 				cells[i] = unreachableCell(p)
-				return
+				return nil
 			}
 			cells[i] = cellFromState(p, state)
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait() // every call records its own failure in cells
 	sort.Slice(cells, func(i, j int) bool { return cells[i].ID < cells[j].ID })
 	return cells
 }
@@ -304,16 +303,23 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 		refused map[string]bool
 		err     error
 	}
-	outcomes := make(chan outcome, len(byCell))
+	outcomes := make([]outcome, 0, len(byCell))
 	for c, works := range byCell {
-		go func() {
-			refused, err := r.performOn(ctx, c, works)
-			outcomes <- outcome{cell: c, works: works, refused: refused, err: err}
-		}()
+		outcomes = append(outcomes, outcome{cell: c, works: works})
 	}
+	sort.Slice(outcomes, func(i, j int) bool { return outcomes[i].cell.ID < outcomes[j].cell.ID })
+	var g errgroup.Group
+	g.SetLimit(r.cfg.Parallelism)
+	for i := range outcomes {
+		o := &outcomes[i]
+		g.Go(func() error {
+			o.refused, o.err = r.performOn(ctx, o.cell, o.works)
+			return nil
+		})
+	}
+	_ = g.Wait() // each outcome holds its own error
 	var out []refusal
-	for range byCell {
-		o := <-outcomes
+	for _, o := range outcomes {
 		if o.err != nil {
 			r.logger.Warn("perform failed", "cell_id", o.cell.ID, "rep_address", o.cell.Address, "work", len(o.works), "error", o.err)
 			o.cell.Unreachable = true
@@ -349,35 +355,30 @@ func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*plac
 // report sends each failure to the BBS in parallel: FailActualLRP for instances, RejectTask for
 // tasks. It returns how many reports failed.
 func (r *Runner) report(ctx context.Context, works []*placement.Work, failed map[string]*placement.Failure) int {
-	sem := make(chan struct{}, r.cfg.Parallelism)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	errCount := 0
+	var g errgroup.Group
+	g.SetLimit(r.cfg.Parallelism)
+	var errCount atomic.Int32
 	for _, w := range works {
 		f, ok := failed[w.Key()]
 		if !ok {
 			continue
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
+		g.Go(func() error {
 			if err := r.reportOne(ctx, w, f); err != nil {
 				level := hclog.Warn
 				if c := status.Code(err); c == codes.FailedPrecondition || c == codes.NotFound {
 					level = hclog.Debug // claimed, removed or completed meanwhile
 				}
 				r.logger.Log(level, "could not report placement failure", "work", w.String(), "error", err)
-				mu.Lock()
-				errCount++
-				mu.Unlock()
-				return
+				errCount.Add(1)
+				return nil
 			}
 			r.logger.Info("placement failed", "work", w.String(), "code", f.Code.String(), "reason", f.Message)
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	return errCount
+	_ = g.Wait() // failures are counted, not returned
+	return int(errCount.Load())
 }
 
 func (r *Runner) reportOne(ctx context.Context, w *placement.Work, f *placement.Failure) error {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
@@ -75,34 +77,27 @@ func (c *Core) ApplyPlan(ctx context.Context, changes []plan.Change, workers int
 	}
 	var mu sync.Mutex
 	var errs []error
-	var wg sync.WaitGroup
-	next := make(chan plan.Change)
-	for w := 0; w < min(workers, len(txns)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ch := range next {
-				n, err := c.apply(ctx, ch)
-				mu.Lock()
-				*a.counter(ch) += n
-				if err != nil {
-					a.Errors++
-					if len(errs) < maxApplyErrors {
-						errs = append(errs, err)
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
+	var g errgroup.Group
+	g.SetLimit(max(workers, 1))
 	for _, ch := range txns {
 		if ctx.Err() != nil {
 			break
 		}
-		next <- ch
+		g.Go(func() error {
+			n, err := c.apply(ctx, ch)
+			mu.Lock()
+			defer mu.Unlock()
+			*a.counter(ch) += n
+			if err != nil {
+				a.Errors++
+				if len(errs) < maxApplyErrors {
+					errs = append(errs, err)
+				}
+			}
+			return nil
+		})
 	}
-	close(next)
-	wg.Wait()
+	_ = g.Wait() // errors are collected above, bounded by maxApplyErrors
 	c.ActualLRPs.RequestLRPAuctions(starts)
 	c.Tasks.RequestTaskAuctions(tasks)
 	a.TasksReauctioned = len(tasks)

@@ -3,10 +3,10 @@ package cell
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -151,9 +151,14 @@ func (c *Cell) stopLocked(ctr *container) {
 	go c.stop(ctr)
 }
 
-// evacuationTimedOut stops every LRP container still held and reports each stopped.
+// maxParallelStops bounds the containers evacuationTimedOut stops at once.
+const maxParallelStops = 64
+
+// evacuationTimedOut stops every LRP container still held (up to maxParallelStops at once)
+// and reports each stopped.
 func (c *Cell) evacuationTimedOut() {
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(maxParallelStops)
 	for _, ctr := range c.lrpContainers() {
 		ctr.report.Lock()
 		c.mu.Lock()
@@ -164,12 +169,10 @@ func (c *Cell) evacuationTimedOut() {
 		if already {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			c.stop(ctr)
 			if !claimed {
-				return
+				return nil
 			}
 			err := c.call(c.base, "evacuate stopped actual lrp", func(ctx context.Context) error {
 				_, err := c.bbs.EvacuateStoppedActualLRP(ctx, &bbsv1.EvacuateStoppedActualLRPRequest{
@@ -179,7 +182,8 @@ func (c *Cell) evacuationTimedOut() {
 			if err != nil && !gone(err) {
 				c.log.Warn("could not report the evacuated instance stopped", "instance_guid", ctr.guid, "error", err)
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait() // each stop logs its own failure
 }
