@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/retry"
 
 	"github.com/hashicorp/go-hclog"
@@ -172,7 +173,7 @@ type Service struct {
 	log           hclog.Logger
 	etcd          *clientv3.Client
 	batch         *batch.Batch
-	pool          *auction.Pool
+	pool          *reppool.Pool
 	runner        *auction.Runner
 	server        *grpcx.Server
 	leading       atomic.Bool
@@ -194,7 +195,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	pool := auction.NewPool(grpcx.ClientConfig{TLS: cfg.RepTLS})
+	pool := reppool.New(grpcx.ClientConfig{TLS: cfg.RepTLS})
 	s := &Service{
 		metrics: newServiceMetrics(),
 		cfg:     cfg,

@@ -25,6 +25,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/pkg/transform"
@@ -170,7 +171,7 @@ type Service struct {
 	callbacks *callback.Worker
 	server    *grpcx.Server
 
-	reps       *peers.Reps
+	reps       *reppool.Pool
 	auctioneer *peers.Auctioneer // nil without an auctioneer address
 
 	converger      *converge.Converger
@@ -216,11 +217,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	if err != nil {
 		return nil, fmt.Errorf("transformers: %w", err)
 	}
-	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing})
-	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
 	// Outgoing calls (auctioneer, reps) present the BBS's own certificate.
 	clientCfg := grpcx.ClientConfig{TLS: cfg.TLS}
-	reps := peers.NewReps(clientCfg)
+	// Connections to reps are closed when their cell's presence disappears.
+	repPool := reppool.New(clientCfg)
+	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain})
+	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
+	reps := peers.NewReps(repPool)
 	coreCfg := core.Config{
 		Limits:            limits,
 		MaxTaskRejections: cfg.MaxTaskRejections,
@@ -265,7 +268,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Metrics:              convergeMetrics,
 	})
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
-		reps: reps, auctioneer: auctioneer, transformers: transformers,
+		reps: repPool, auctioneer: auctioneer, transformers: transformers,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
 	return svc, nil
@@ -274,7 +277,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
 // API is serving.
 func (s *Service) Run(ctx context.Context, ready func()) error {
-	defer s.reps.Close()
+	defer func() { _ = s.reps.Close() }() // closing idle connections at exit cannot fail usefully
 	defer s.transformers.Close()
 	members := []lifecycle.Member{
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},

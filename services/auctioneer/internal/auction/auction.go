@@ -32,9 +32,15 @@ type BBS interface {
 	RejectTask(ctx context.Context, in *bbsv1.RejectTaskRequest, opts ...grpc.CallOption) (*bbsv1.RejectTaskResponse, error)
 }
 
-// Reps gives a client of the rep at an address; *Pool implements it.
+// Reps gives a client of a cell's rep at the address it registered; *reppool.Pool implements
+// it.
 type Reps interface {
-	Rep(address string) (repv1.RepServiceClient, error)
+	Client(cellID, address string) (repv1.RepServiceClient, error)
+}
+
+// retainer is a Reps that closes the connections of cells that departed (*reppool.Pool).
+type retainer interface {
+	Retain(present []*modelsv1.CellPresence)
 }
 
 // Defaults of Config's zero fields.
@@ -87,18 +93,18 @@ type Runner struct {
 	stack  *placement.Stack
 	cfg    Config
 	logger hclog.Logger
-	// retain, when set, is told the rep addresses of each round (Pool.Retain).
-	retain func(map[string]bool)
+	// retain, when set, is told the cells of each round (reppool.Pool.Retain).
+	retain func([]*modelsv1.CellPresence)
 }
 
-// NewRunner builds a runner. When reps is a *Pool, connections to cells that left are closed
-// after each round's listing.
+// NewRunner builds a runner. When reps can retain (a *reppool.Pool), connections to cells that
+// left or moved are closed after each round's listing.
 func NewRunner(bbs BBS, reps Reps, cfg Config, logger hclog.Logger) *Runner {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
 	r := &Runner{bbs: bbs, reps: reps, stack: placement.NewStack(), cfg: cfg.withDefaults(), logger: logger}
-	if p, ok := reps.(*Pool); ok {
+	if p, ok := reps.(retainer); ok {
 		r.retain = p.Retain
 	}
 	return r
@@ -151,11 +157,7 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	}
 	presences := listed.GetCells()
 	if r.retain != nil {
-		keep := make(map[string]bool, len(presences))
-		for _, p := range presences {
-			keep[p.GetRepAddress()] = true
-		}
-		r.retain(keep)
+		r.retain(presences)
 	}
 
 	res.Timings.ListCells = time.Since(start)
@@ -274,7 +276,7 @@ func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPres
 }
 
 func (r *Runner) state(ctx context.Context, p *modelsv1.CellPresence) (*repv1.StateResponse, error) {
-	client, err := r.reps.Rep(p.GetRepAddress())
+	client, err := r.reps.Client(p.GetCellId(), p.GetRepAddress())
 	if err != nil {
 		return nil, err
 	}
@@ -339,7 +341,7 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 }
 
 func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*placement.Work) (map[string]bool, error) {
-	client, err := r.reps.Rep(c.Address)
+	client, err := r.reps.Client(c.ID, c.Address)
 	if err != nil {
 		return nil, err
 	}

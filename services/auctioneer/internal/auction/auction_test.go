@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,6 +19,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
 )
@@ -106,7 +108,7 @@ func (r *fakeRep) got() []string {
 
 type fakeReps map[string]*fakeRep
 
-func (f fakeReps) Rep(addr string) (repv1.RepServiceClient, error) {
+func (f fakeReps) Client(_, addr string) (repv1.RepServiceClient, error) {
 	r, ok := f[addr]
 	if !ok {
 		return nil, errors.New("no such rep")
@@ -229,26 +231,19 @@ func TestRoundWithoutCellList(t *testing.T) {
 	}
 }
 
-func TestPoolCachesAndRetains(t *testing.T) {
-	p := NewPool(grpcClientConfig())
-	if _, err := p.Rep("127.0.0.1:1"); err != nil {
+func TestRoundClosesConnectionsOfDepartedCells(t *testing.T) {
+	p := reppool.New(grpcClientConfig())
+	t.Cleanup(func() { _ = p.Close() })
+	if _, err := p.Client("gone", "127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Rep("127.0.0.1:1"); err != nil {
+	bbs := &fakeBBS{cells: []*modelsv1.CellPresence{{CellId: "a", RepAddress: "127.0.0.1:2"}}}
+	if _, err := NewRunner(bbs, p, Config{StateTimeout: time.Second}, logging.NewTest(t)).Run(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Rep("127.0.0.1:2"); err != nil {
-		t.Fatal(err)
-	}
-	if p.Len() != 2 {
-		t.Fatalf("%d connections, want 2", p.Len())
-	}
-	p.Retain(map[string]bool{"127.0.0.1:2": true})
+	// The round dialled cell a for its state; the connection of the cell that left is closed.
 	if p.Len() != 1 {
-		t.Fatalf("%d connections after retain, want 1", p.Len())
-	}
-	if err := p.Close(); err != nil || p.Len() != 0 {
-		t.Fatalf("close: %v, %d left", err, p.Len())
+		t.Fatalf("%d connections after the round, want 1 (cell a)", p.Len())
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 )
 
@@ -230,38 +231,22 @@ func (a *Auctioneer) send(ctx context.Context, call func(context.Context, auctio
 	return errors.Join(errs...)
 }
 
-// Reps reaches the rep of a cell at the address it registered. It implements core.CellClient.
+// Reps reaches the rep of a cell at the address it registered, over a shared rep connection
+// pool. It implements core.CellClient.
 type Reps struct {
-	cfg   grpcx.ClientConfig
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	pool *reppool.Pool
 }
 
 var _ core.CellClient = (*Reps)(nil)
 
-// NewReps returns a rep client pool dialling with cfg.
-func NewReps(cfg grpcx.ClientConfig) *Reps {
-	return &Reps{cfg: cfg, conns: map[string]*grpc.ClientConn{}}
-}
-
-func (r *Reps) client(cell *modelsv1.CellPresence) (repv1.RepServiceClient, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	addr := cell.GetRepAddress()
-	conn, ok := r.conns[addr]
-	if !ok {
-		var err error
-		if conn, err = grpcx.Dial(addr, r.cfg); err != nil {
-			return nil, fmt.Errorf("dial rep of cell %s at %s: %w", cell.GetCellId(), addr, err)
-		}
-		r.conns[addr] = conn
-	}
-	return repv1.NewRepServiceClient(conn), nil
+// NewReps returns a rep client over pool.
+func NewReps(pool *reppool.Pool) *Reps {
+	return &Reps{pool: pool}
 }
 
 // StopLRPInstance asks a cell's rep to stop an instance.
 func (r *Reps) StopLRPInstance(ctx context.Context, cell *modelsv1.CellPresence, key *modelsv1.ActualLRPKey, instance *modelsv1.ActualLRPInstanceKey) error {
-	c, err := r.client(cell)
+	c, err := r.pool.Presence(cell)
 	if err != nil {
 		return err
 	}
@@ -271,20 +256,10 @@ func (r *Reps) StopLRPInstance(ctx context.Context, cell *modelsv1.CellPresence,
 
 // CancelTask asks a cell's rep to stop a task's container.
 func (r *Reps) CancelTask(ctx context.Context, cell *modelsv1.CellPresence, guid string) error {
-	c, err := r.client(cell)
+	c, err := r.pool.Presence(cell)
 	if err != nil {
 		return err
 	}
 	_, err = c.CancelTask(ctx, &repv1.CancelTaskRequest{TaskGuid: guid})
 	return err
-}
-
-// Close closes every rep connection.
-func (r *Reps) Close() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for addr, c := range r.conns {
-		c.Close()
-		delete(r.conns, addr)
-	}
 }

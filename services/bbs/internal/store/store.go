@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
@@ -30,6 +31,11 @@ type Options struct {
 	ListPageSize int64
 	// ReadYourWritesTimeout bounds how long a write waits for the cache to reflect it (default 5s).
 	ReadYourWritesTimeout time.Duration
+	// CellsLeft, when set, is called with the cells still registered whenever the watch sees a
+	// cell's presence disappear and after every full listing (which may have missed a
+	// departure); the BBS closes its connections to the reps of departed cells. It is called
+	// from the store's goroutine and must not block.
+	CellsLeft func(present []*modelsv1.CellPresence)
 }
 
 func (o *Options) defaults() {
@@ -116,6 +122,7 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 		if err != nil {
 			return nil // only the end of ctx stops the retries
 		}
+		s.cellsLeft()
 		s.once.Do(func() {
 			close(s.synced)
 			ready()
@@ -249,6 +256,15 @@ func (s *Store) apply(evs []*clientv3.Event) {
 		case s.cellGone <- struct{}{}:
 		default:
 		}
+		s.cellsLeft()
+	}
+}
+
+// cellsLeft tells Options.CellsLeft the registered cells.
+func (s *Store) cellsLeft() {
+	if s.opts.CellsLeft != nil {
+		cells, _ := s.Cells()
+		s.opts.CellsLeft(cells)
 	}
 }
 
