@@ -22,9 +22,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
@@ -61,7 +61,7 @@ func run(args []string, out io.Writer) error {
 	var g globals
 	fs := flag.NewFlagSet("gavel", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	fs.StringVar(&g.bbs, "bbs", "127.0.0.1:8889", "BBS gRPC address, or several comma-separated BBS addresses")
+	fs.StringVar(&g.bbs, "bbs", bbsclient.DefaultAddress, "BBS gRPC address, or several comma-separated BBS addresses")
 	fs.StringVar(&g.tls.CertFile, "tls-cert", "", "client certificate (PEM)")
 	fs.StringVar(&g.tls.KeyFile, "tls-key", "", "client key (PEM)")
 	fs.StringVar(&g.tls.CAFile, "tls-ca", "", "CA of the BBS certificate (PEM)")
@@ -92,7 +92,7 @@ func run(args []string, out io.Writer) error {
 	}
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
-	conn, err := grpcx.DialMulti([]string{g.bbs}, grpcx.ClientConfig{TLS: g.tls})
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: g.bbs, BBSTLS: g.tls})
 	if err != nil {
 		return err
 	}

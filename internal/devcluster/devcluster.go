@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -138,12 +139,19 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			conn.Close()
 		}
 	}()
-	dial := func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-		conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure}, opts...)
+	keep := func(conn *grpc.ClientConn, err error) (*grpc.ClientConn, error) {
 		if err == nil {
 			conns = append(conns, conn)
 		}
 		return conn, err
+	}
+	dial := func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+		return keep(grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure}, opts...))
+	}
+	// Every component reaches the BBS with the same client configuration and dial.
+	bbsCfg := bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: insecure}
+	dialBBS := func(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+		return keep(bbsclient.Dial(bbsCfg, opts...))
 	}
 
 	members := []lifecycle.Member{
@@ -171,7 +179,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			conn, err := dial(c.BBSAddress)
+			conn, err := dialBBS()
 			if err != nil {
 				return err
 			}
@@ -180,8 +188,8 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		})},
 		{Name: "auctioneer", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := auctioneer.Default()
-			cfg.ListenAddress, cfg.BBSAddress = c.AuctioneerAddress, c.BBSAddress
-			cfg.TLS, cfg.BBSTLS, cfg.RepTLS, cfg.EtcdTLS = insecure, insecure, insecure, insecure
+			cfg.ListenAddress, cfg.Config = c.AuctioneerAddress, bbsCfg
+			cfg.TLS, cfg.RepTLS, cfg.EtcdTLS = insecure, insecure, insecure
 			cfg.EtcdEndpoints = c.EtcdEndpoints
 			if c.cfg.ConfigureAuctioneer != nil {
 				c.cfg.ConfigureAuctioneer(&cfg)
@@ -198,7 +206,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		if c.cfg.RepBBSInterceptor == nil {
 			return c.BBS, nil
 		}
-		conn, err := dial(c.BBSAddress, grpc.WithChainUnaryInterceptor(c.cfg.RepBBSInterceptor))
+		conn, err := dialBBS(grpc.WithChainUnaryInterceptor(c.cfg.RepBBSInterceptor))
 		if err != nil {
 			return nil, err
 		}
@@ -207,8 +215,8 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 	for i := range c.cfg.Cells {
 		cell := c.cfg.Cells[i].Config
 		members = append(members, lifecycle.Member{Name: "rep-" + cell.CellID, Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-			cell.BBSAddress, cell.EtcdEndpoints = c.BBSAddress, c.EtcdEndpoints
-			cell.TLS, cell.BBSTLS, cell.EtcdTLS = insecure, insecure, insecure
+			cell.Config, cell.EtcdEndpoints = bbsCfg, c.EtcdEndpoints
+			cell.TLS, cell.EtcdTLS = insecure, insecure
 			if cell.ListenAddress == "" || cell.ListenAddress == rep.Default().ListenAddress {
 				cell.ListenAddress = "127.0.0.1:0"
 			}
@@ -273,8 +281,8 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.Dia
 	return []lifecycle.Member{
 		{Name: "route-emitter", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := routeemitter.Default()
-			cfg.ListenAddress, cfg.BBSAddress = c.RouteEmitterAddress, c.BBSAddress
-			cfg.TLS, cfg.BBSTLS = insecure, insecure
+			cfg.ListenAddress, cfg.Config = c.RouteEmitterAddress, bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: insecure}
+			cfg.TLS = insecure
 			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), c.BBS)
 			if err != nil {
 				return err

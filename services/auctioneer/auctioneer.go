@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/retry"
@@ -58,14 +59,8 @@ type Config struct {
 	ListenAddress string `json:"listen_address"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
-	// BBSAddress is the BBS's gRPC address (cells are listed there and placement failures
-	// reported there), or several comma-separated addresses of BBS instances (calls go
-	// round-robin to those that answer).
-	BBSAddress string `json:"bbs_address"`
-	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
-	BBSAddresses []string `json:"bbs_addresses,omitempty"`
-	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
-	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
+	bbsclient.Config
 	// RepTLS is the client certificate, key and CA for calling reps (State, Perform); or
 	// insecure for plaintext.
 	RepTLS tlsx.Config `json:"rep_tls"`
@@ -104,7 +99,7 @@ type Duration = config.Duration
 func Default() Config {
 	return Config{
 		ListenAddress:    "127.0.0.1:8890",
-		BBSAddress:       "127.0.0.1:8889",
+		Config:           bbsclient.Default(),
 		EtcdEndpoints:    []string{"http://127.0.0.1:2379"},
 		BatchInterval:    Duration(50 * time.Millisecond),
 		CellStateTimeout: Duration(2 * time.Second),
@@ -117,23 +112,14 @@ func Default() Config {
 // LoadFile overlays the JSON config file at path on c.
 func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
-// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
-// comma-separated bbs_address.
-func (c Config) BBSTargets() []string {
-	if len(c.BBSAddresses) > 0 {
-		return grpcx.SplitTargets(c.BBSAddresses...)
-	}
-	return grpcx.SplitTargets(c.BBSAddress)
-}
-
 // Validate reports every problem that would stop the auctioneer from starting.
 func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddress == "" {
 		errs = append(errs, errors.New("listen_address is required"))
 	}
-	if len(c.BBSTargets()) == 0 {
-		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
+	if err := c.Config.Validate(); err != nil { // the BBS client's fields
+		errs = append(errs, err)
 	}
 	if len(c.EtcdEndpoints) == 0 {
 		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
@@ -141,7 +127,7 @@ func (c Config) Validate() error {
 	for _, t := range []struct {
 		name string
 		cfg  tlsx.Config
-	}{{"tls", c.TLS}, {"bbs_tls", c.BBSTLS}, {"rep_tls", c.RepTLS}, {"etcd_tls", c.EtcdTLS}} {
+	}{{"tls", c.TLS}, {"rep_tls", c.RepTLS}, {"etcd_tls", c.EtcdTLS}} {
 		if err := t.cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", t.name, err))
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -73,13 +74,8 @@ type Config struct {
 	AdvertiseAddress string `json:"advertise_address"`
 	// CellAddress is the address instances are reached on (net_info.address).
 	CellAddress string `json:"cell_address"`
-	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
-	// instances (any of them serves any request; calls go round-robin to those that answer).
-	BBSAddress string `json:"bbs_address"`
-	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
-	BBSAddresses []string `json:"bbs_addresses,omitempty"`
-	// BBSTLS is the client certificate, key and CA for the BBS; or insecure for plaintext.
-	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
+	bbsclient.Config
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
 	// EtcdEndpoints are the etcd client URLs (the presence is written there).
@@ -155,7 +151,7 @@ func Default() Config {
 		Backend:           BackendProcess,
 		ListenAddress:     "127.0.0.1:1800",
 		CellAddress:       "127.0.0.1",
-		BBSAddress:        "127.0.0.1:8889",
+		Config:            bbsclient.Default(),
 		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
 		LeaseTTL:          Duration(10 * time.Second),
 		PortRange:         "61000-61999",
@@ -238,11 +234,8 @@ func (c Config) Validate() error {
 	if c.CellAddress == "" {
 		errs = append(errs, errors.New("cell_address is required"))
 	}
-	if len(c.BBSTargets()) == 0 {
-		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
-	}
-	if err := c.BBSTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	if err := c.Config.Validate(); err != nil { // the BBS client's fields
+		errs = append(errs, err)
 	}
 	if err := c.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("tls: %w", err))
@@ -291,15 +284,6 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
-// comma-separated bbs_address.
-func (c Config) BBSTargets() []string {
-	if len(c.BBSAddresses) > 0 {
-		return grpcx.SplitTargets(c.BBSAddresses...)
-	}
-	return grpcx.SplitTargets(c.BBSAddress)
 }
 
 // checkExecutable fails unless path is an executable regular file.

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
@@ -54,7 +55,7 @@ func startEmitter(t testing.TB, bbsAddr string, configure ...func(*routeemitter.
 	for _, f := range configure {
 		f(&cfg)
 	}
-	bbsConn, err := routeemitter.DialBBS(cfg)
+	bbsConn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
@@ -35,13 +34,8 @@ type Config struct {
 	ListenAddress string `json:"listen_address"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
-	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
-	// instances (any of them serves any request; calls go round-robin to those that answer).
-	BBSAddress string `json:"bbs_address"`
-	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
-	BBSAddresses []string `json:"bbs_addresses,omitempty"`
-	// BBSTLS is the client certificate, key and CA used to reach the BBS; or insecure.
-	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
+	bbsclient.Config
 	// SyncInterval is how often the whole BBS is listed again and diffed against the table, to
 	// repair anything the event stream missed.
 	SyncInterval Duration `json:"sync_interval"`
@@ -65,7 +59,7 @@ type Duration = config.Duration
 func Default() Config {
 	return Config{
 		ListenAddress: "127.0.0.1:8893",
-		BBSAddress:    "127.0.0.1:8889",
+		Config:        bbsclient.Default(),
 		SyncInterval:  Duration(60 * time.Second),
 		Log:           logging.Config{Level: "info", Format: "text"},
 		WatchHistory:  api.DefaultHistory,
@@ -85,11 +79,8 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("tls: %w", err))
 	}
-	if len(c.BBSTargets()) == 0 {
-		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
-	}
-	if err := c.BBSTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	if err := c.Config.Validate(); err != nil { // the BBS client's fields
+		errs = append(errs, err)
 	}
 	if c.SyncInterval <= 0 {
 		errs = append(errs, errors.New("sync_interval must be positive"))
@@ -104,33 +95,6 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("watch_queue must be positive, got %d", c.WatchQueue))
 	}
 	return errors.Join(errs...)
-}
-
-// bbsKeepalive pings an idle BBS connection so a vanished BBS breaks the event stream.
-const bbsKeepalive = 30 * time.Second
-
-// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
-// comma-separated bbs_address.
-func (c Config) BBSTargets() []string {
-	if len(c.BBSAddresses) > 0 {
-		return grpcx.SplitTargets(c.BBSAddresses...)
-	}
-	return grpcx.SplitTargets(c.BBSAddress)
-}
-
-// DialBBS connects to the BBS instances of cfg.BBSTargets (round-robin over those that answer) with cfg.BBSTLS, keepalives and a reconnect
-// backoff capped at 5 s (gRPC's default grows to 2 minutes), so a restarted BBS is followed
-// quickly.
-func DialBBS(cfg Config) (*grpc.ClientConn, error) {
-	conn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: bbsKeepalive},
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
-			MinConnectTimeout: 5 * time.Second,
-		}))
-	if err != nil {
-		return nil, fmt.Errorf("bbs client: %w", err)
-	}
-	return conn, nil
 }
 
 // Service is a running route-emitter.

@@ -9,9 +9,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
@@ -75,7 +75,7 @@ func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configur
 		t.Fatalf("new bbs: %v", err)
 	}
 	testkit.Start(t, "bbs", svc)
-	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: svc.Addr().String(), BBSTLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatalf("dial bbs: %v", err)
 	}

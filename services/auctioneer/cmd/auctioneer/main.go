@@ -15,10 +15,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/services/auctioneer"
@@ -37,8 +37,7 @@ func run(args []string) error {
 	fs.String("config", "", "JSON config file (see services/auctioneer/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
+	bbsclient.Flags(fs, &cfg.Config)
 	config.TLSFlags(fs, &cfg.RepTLS, "rep", "rep-insecure", "rep client")
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
 	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
@@ -62,9 +61,9 @@ func run(args []string) error {
 		return err
 	}
 	defer etcd.Close()
-	bbsConn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS})
+	bbsConn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
-		return fmt.Errorf("bbs client: %w", err)
+		return err // bbsclient.Dial names the BBS client
 	}
 	defer bbsConn.Close()
 	svc, err := auctioneer.New(cfg, logger, etcd, bbsv1.NewBBSServiceClient(bbsConn))

@@ -21,10 +21,10 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -54,9 +54,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", cfg.AdvertiseAddress, "rep address registered in the cell presence (default: the bound listen address)")
 	fs.StringVar(&cfg.CellAddress, "cell-address", cfg.CellAddress, "address instances are reached on")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
-	fs.StringVar(&cfg.BBSTLS.ServerName, "bbs-server-name", "", "name checked against the BBS's certificate (default: its host)")
+	bbsclient.Flags(fs, &cfg.Config)
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
 	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(&cfg.LeaseTTL, "lease-ttl", "TTL of the cell presence's lease")
@@ -89,9 +87,9 @@ func run(args []string) error {
 		return err
 	}
 	defer etcd.Close()
-	bbsConn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS})
+	bbsConn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
-		return fmt.Errorf("bbs client: %w", err)
+		return err // bbsclient.Dial names the BBS client
 	}
 	defer bbsConn.Close()
 	backend, err := rep.NewBackend(cfg)

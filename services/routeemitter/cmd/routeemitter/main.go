@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
@@ -32,8 +33,7 @@ func run(args []string) error {
 	fs.String("config", "", "JSON config file (see services/routeemitter/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
+	bbsclient.Flags(fs, &cfg.Config)
 	fs.Var(&cfg.SyncInterval, "sync-interval", "how often the whole BBS is listed again")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	config.LogFlags(fs, &cfg.Log)
@@ -45,7 +45,7 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("routeemitter", cfg.Log)
-	conn, err := routeemitter.DialBBS(cfg)
+	conn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
 		return err
 	}
