@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -199,7 +200,19 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 				return err
 			}
 			c.Auctioneer = svc
-			return svc.Run(ctx, func() { waitLeader(ctx, svc); ready() })
+			// The auctioneer calls ready from its election member just before campaigning:
+			// waiting for the leadership there would hold the campaign back until waitLeader
+			// gave up. Wait beside it instead, and join that wait before returning.
+			lctx, cancel := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer cancel()
+			return svc.Run(lctx, func() {
+				wg.Go(func() {
+					waitLeader(lctx, svc)
+					ready()
+				})
+			})
 		})},
 	}
 	repBBS := func() (bbsv1.BBSServiceClient, error) {
