@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -157,41 +158,48 @@ func TestRun(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec := &recorder{}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			var members []Member
-			for _, name := range []string{"a", "b", "c"} {
-				members = append(members, fake(rec, name, tt.members[name]))
-			}
-			if tt.cancelWhen != "" {
-				go func() {
-					for !slices.Contains(rec.get(), tt.cancelWhen) {
-						time.Sleep(time.Millisecond)
-					}
-					cancel()
-				}()
-			}
+			// On synctest's fake clock: the members' delays are exact and cost no time.
+			synctest.Test(t, func(t *testing.T) {
+				rec := &recorder{}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var members []Member
+				for _, name := range []string{"a", "b", "c"} {
+					members = append(members, fake(rec, name, tt.members[name]))
+				}
+				if tt.cancelWhen != "" {
+					go func() {
+						for ctx.Err() == nil && !slices.Contains(rec.get(), tt.cancelWhen) {
+							time.Sleep(time.Millisecond)
+						}
+						cancel()
+					}()
+				}
 
-			err := runWithTimeout(t, ctx, members...)
+				err := runWithTimeout(t, ctx, members...)
 
-			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
-				t.Errorf("Run() = %v, want errors.Is %v", err, tt.wantErr)
-			}
-			if tt.wantErrMsg == "" && err != nil {
-				t.Errorf("Run() = %v, want nil", err)
-			}
-			if tt.wantErrMsg != "" && (err == nil || err.Error() != tt.wantErrMsg) {
-				t.Errorf("Run() = %v, want %q", err, tt.wantErrMsg)
-			}
-			if got := rec.get(); !reflect.DeepEqual(got, tt.wantEvents) {
-				t.Errorf("events:\n got  %v\n want %v", got, tt.wantEvents)
-			}
+				if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+					t.Errorf("Run() = %v, want errors.Is %v", err, tt.wantErr)
+				}
+				if tt.wantErrMsg == "" && err != nil {
+					t.Errorf("Run() = %v, want nil", err)
+				}
+				if tt.wantErrMsg != "" && (err == nil || err.Error() != tt.wantErrMsg) {
+					t.Errorf("Run() = %v, want %q", err, tt.wantErrMsg)
+				}
+				if got := rec.get(); !reflect.DeepEqual(got, tt.wantEvents) {
+					t.Errorf("events:\n got  %v\n want %v", got, tt.wantEvents)
+				}
+			})
 		})
 	}
 }
 
 func TestRunEarlierMemberFailsDuringStart(t *testing.T) {
+	synctest.Test(t, testRunEarlierMemberFailsDuringStart)
+}
+
+func testRunEarlierMemberFailsDuringStart(t *testing.T) {
 	rec := &recorder{}
 	members := []Member{
 		fake(rec, "a", behaviour{failAfter: 20 * time.Millisecond, failErr: errBoom}),
