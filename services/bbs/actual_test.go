@@ -3,6 +3,7 @@ package bbs_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
@@ -87,18 +89,13 @@ func lrpRegisterCell(t *testing.T, env *bbstest.Env, id, zone string) {
 		t.Fatalf("register cell %s: %v", id, err)
 	}
 	// The cache follows etcd's watch; wait for it to see the cell.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		resp, err := env.Client.Cells(ctx, &bbsv1.CellsRequest{})
 		if err != nil {
 			t.Fatalf("Cells: %v", err)
 		}
-		for _, c := range resp.GetCells() {
-			if c.GetCellId() == id {
-				return
-			}
-		}
-	}
-	t.Fatalf("cell %s not visible within 10s of its registration", id)
+		return slices.ContainsFunc(resp.GetCells(), func(c *modelsv1.CellPresence) bool { return c.GetCellId() == id })
+	}, fmt.Sprintf("cell %s visible after its registration", id))
 }
 
 func lrpDesire(t *testing.T, env *bbstest.Env, guid string, instances int32) {

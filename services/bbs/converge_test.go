@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -83,11 +84,10 @@ func (a *convAuctioneer) count(key string) int {
 // waitCount waits until key has been requested at least n times.
 func (a *convAuctioneer) waitCount(t *testing.T, key string, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); a.count(key) < n; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("auctioneer got %s %d times within 10s, want %d", key, a.count(key), n)
-		}
-	}
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
+		got := a.count(key)
+		return got >= n, fmt.Sprintf("%d requests", got)
+	}, fmt.Sprintf("auctioneer got %s %d times", key, n))
 }
 
 func startConvAuctioneer(t *testing.T) (*convAuctioneer, string) {
@@ -142,23 +142,23 @@ func convPut(t *testing.T, env *bbstest.Env, a *modelsv1.ActualLRP) {
 	if _, err := env.Etcd.Put(ctxT(t), store.ActualKey(k.GetProcessGuid(), k.GetIndex(), a.GetPresence()), string(b)); err != nil {
 		t.Fatal(err)
 	}
-	domWaitFor(t, "record visible", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		for _, got := range actuals(t, env, k.GetProcessGuid()) {
 			if got.GetKey().GetIndex() == k.GetIndex() && got.GetPresence() == a.GetPresence() && proto.Equal(got, a) {
 				return true
 			}
 		}
 		return false
-	})
+	}, "record visible")
 }
 
 // convCellVisible waits until the BBS does (or does not) see a cell.
 func convCellVisible(t *testing.T, env *bbstest.Env, id string, want bool) {
 	t.Helper()
-	domWaitFor(t, fmt.Sprintf("cell %s visible=%v", id, want), func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		_, ids := domCells(t, env)
 		return strings.Contains(ids, id) == want
-	})
+	}, fmt.Sprintf("cell %s visible=%v", id, want))
 }
 
 func convRegister(t *testing.T, env *bbstest.Env, id string) clientv3.LeaseID {
@@ -186,7 +186,7 @@ func TestConvergeMissingAndStaleUnclaimed(t *testing.T) {
 	if _, err := e.Etcd.Delete(ctxT(t), store.ActualKey("miss", 1, lrpOrdinary)); err != nil {
 		t.Fatal(err)
 	}
-	domWaitFor(t, "record deleted", func() bool { return len(actuals(t, e.Env, "miss")) == 1 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(actuals(t, e.Env, "miss")) == 1 }, "record deleted")
 	r := e.converge(t)
 	if r.LRPsMissing != 1 || r.Created != 1 || r.Reauctioned != 0 {
 		t.Fatalf("report %+v, want 1 missing created and nothing re-auctioned", r)
@@ -496,13 +496,13 @@ func TestConvergeTasks(t *testing.T) {
 	e.auc.waitCount(t, "task:t-pending", 2)
 	// The worker may still be finishing the first delivery (a task in flight is not queued
 	// twice); every later pass retries again until the callback is delivered.
-	domWaitFor(t, "callback retried", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		if len(cb.got()) >= 2 {
 			return true
 		}
 		e.converge(t)
 		return false
-	})
+	}, "callback retried")
 	taskWaitGone(t, e.Env, "t-callback", 10*time.Second)
 
 	// 2 min after completion: completed and resolving tasks are deleted.
@@ -537,7 +537,7 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 	withMetrics := func(c *bbs.Config) { c.MetricsAddress = "127.0.0.1:0" }
 	a := bbstest.StartWith(t, nil, withMetrics)
 	b := bbstest.StartOnWith(t, a.Etcd, nil, withMetrics)
-	domWaitFor(t, "one leader", func() bool { return a.Service.IsLeader() != b.Service.IsLeader() })
+	testkit.Eventually(t, 10*time.Second, func() bool { return a.Service.IsLeader() != b.Service.IsLeader() }, "one leader")
 	leader := a
 	if b.Service.IsLeader() {
 		leader = b
@@ -549,10 +549,10 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 	if _, err := a.Etcd.Revoke(ctxT(t), lease); err != nil {
 		t.Fatal(err)
 	}
-	domWaitFor(t, "suspect created by the leader", func() bool { return lrpStored(t, a, "lead", 0, lrpSuspect) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return lrpStored(t, a, "lead", 0, lrpSuspect) != nil }, "suspect created by the leader")
 
 	var body string
-	domWaitFor(t, "metrics after a convergence", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		resp, err := http.Get("http://" + leader.Service.MetricsAddr().String() + "/metrics")
 		if err != nil {
 			t.Fatalf("GET /metrics: %v", err)
@@ -561,7 +561,7 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
 		return strings.Contains(body, "gavel_bbs_convergence_runs_total ") && !strings.Contains(body, "gavel_bbs_convergence_runs_total 0")
-	})
+	}, "metrics after a convergence")
 	for _, name := range []string{"gavel_bbs_convergence_duration_seconds_count", "gavel_bbs_lrps_missing", "gavel_bbs_lrps_extra",
 		"gavel_bbs_crashed_actual_lrps", "gavel_bbs_suspect_actual_lrps", `gavel_bbs_auctions_requested_total{kind="lrp"}`,
 		`gavel_bbs_auctions_failed_total{kind="lrp"}`} {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
@@ -118,13 +119,7 @@ func TestDomainRefresh(t *testing.T) {
 		t.Fatalf("first lease still alive: %v %v", ttl, err)
 	}
 	// Left alone, it expires.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(domNames(t, env)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("domain not expired 10s after its last refresh")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(domNames(t, env)) == 0 }, "domain expired after its last refresh")
 }
 
 func TestDomainValidation(t *testing.T) {
@@ -198,18 +193,6 @@ func domTags(t *testing.T, env *bbstest.Env) string {
 	return fmt.Sprint(resp.GetTags())
 }
 
-// domWaitFor polls cond for up to 10s.
-func domWaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestCellsAndTags(t *testing.T) {
 	env := bbstest.Start(t)
 	ctx := ctxT(t)
@@ -235,7 +218,7 @@ func TestCellsAndTags(t *testing.T) {
 		leases[id] = domRegisterCell(t, env, cells[id])
 	}
 	registered := storeRevision(t, env)
-	domWaitFor(t, "cells listed", func() bool { _, ids := domCells(t, env); return ids == "[cell-a cell-b cell-c]" })
+	testkit.Eventually(t, 10*time.Second, func() bool { _, ids := domCells(t, env); return ids == "[cell-a cell-b cell-c]" }, "cells listed")
 	if resp, err := env.Client.Cells(ctx, &bbsv1.CellsRequest{}); err != nil || resp.GetRevision() < registered {
 		t.Fatalf("Cells revision %d, want at least %d (the last registration) (%v)", resp.GetRevision(), registered, err)
 	}
@@ -253,14 +236,14 @@ func TestCellsAndTags(t *testing.T) {
 	if _, err := env.Etcd.Revoke(ctx, leases["cell-c"]); err != nil {
 		t.Fatal(err)
 	}
-	domWaitFor(t, "cell-c removed", func() bool { _, ids := domCells(t, env); return ids == "[cell-a cell-b]" })
+	testkit.Eventually(t, 10*time.Second, func() bool { _, ids := domCells(t, env); return ids == "[cell-a cell-b]" }, "cell-c removed")
 	if got, want := domTags(t, env), "[skynet staging]"; got != want {
 		t.Fatalf("tags %s, want %s", got, want)
 	}
 	if _, err := env.Etcd.Revoke(ctx, leases["cell-b"]); err != nil {
 		t.Fatal(err)
 	}
-	domWaitFor(t, "cell-b removed", func() bool { _, ids := domCells(t, env); return ids == "[cell-a]" })
+	testkit.Eventually(t, 10*time.Second, func() bool { _, ids := domCells(t, env); return ids == "[cell-a]" }, "cell-b removed")
 	if got, want := domTags(t, env), "[staging]"; got != want {
 		t.Fatalf("tags %s, want %s", got, want)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
@@ -535,20 +536,13 @@ func (s *taskCallbackServer) waitRequests(t *testing.T, n int, within time.Durat
 // taskWaitGone polls TaskByGuid until NotFound.
 func taskWaitGone(t *testing.T, env *bbstest.Env, guid string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	testkit.Eventually(t, within, func() bool {
 		_, err := env.Client.TaskByGuid(ctxT(t), &bbsv1.TaskByGuidRequest{TaskGuid: guid})
-		if status.Code(err) == codes.NotFound {
-			return
-		}
-		if err != nil {
+		if err != nil && status.Code(err) != codes.NotFound {
 			t.Fatalf("TaskByGuid: %v", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s not deleted within %v after its callback", guid, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return status.Code(err) == codes.NotFound
+	}, fmt.Sprintf("task %s deleted after its callback", guid))
 }
 
 // taskDecodeCallback checks one callback request and decodes its task.

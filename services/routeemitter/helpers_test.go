@@ -474,11 +474,8 @@ func (p *proxy) up(t testing.TB, target string) {
 // waitStats waits until cond holds for the emitter's syncer counters.
 func waitStats(t testing.TB, e *emitter, what string, cond func(routeemitter.Stats) bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond(e.svc.Stats()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: stats %+v", what, e.svc.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyState(t, waitTimeout, func() (bool, string) {
+		st := e.svc.Stats()
+		return cond(st), fmt.Sprintf("stats %+v", st)
+	}, what)
 }
