@@ -69,7 +69,8 @@ type Config struct {
 
 // Cluster is a running cluster; its fields are valid once Run has called ready.
 type Cluster struct {
-	cfg Config
+	cfg       Config
+	listeners []net.Listener // bound by Run for the services; closed when Run returns
 
 	// Etcd is a client of the cluster's etcd.
 	Etcd *clientv3.Client
@@ -101,35 +102,37 @@ func New(cfg Config) *Cluster {
 
 var insecure = tlsx.Config{Insecure: true}
 
-// freeAddr resolves a ":0" port to a concrete free one, since peers must know each other's
-// addresses before they start.
-func freeAddr(addr string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
+// listen binds addr now (a ":0" port becomes a concrete one), so that peers can be told each
+// other's addresses before they start; the listener is handed to the service that serves it
+// (never closed and bound again, which another process could take meanwhile). Run closes the
+// listeners that no service took.
+func (c *Cluster) listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if port != "0" {
-		return addr, nil
-	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	c.listeners = append(c.listeners, l)
+	return l, nil
 }
 
 // Run starts etcd, the BBS, the auctioneer and the reps in that order, calls ready, and stops
 // them in reverse order when ctx ends.
 func (c *Cluster) Run(ctx context.Context, ready func()) error {
 	log := c.cfg.Logger
-	var err error
-	if c.BBSAddress, err = freeAddr(c.cfg.BBSAddress); err != nil {
+	defer func() {
+		for _, l := range c.listeners {
+			_ = l.Close() // already closed by the service that served it, or never used
+		}
+	}()
+	bbsListener, err := c.listen(c.cfg.BBSAddress)
+	if err != nil {
 		return fmt.Errorf("bbs address: %w", err)
 	}
-	if c.AuctioneerAddress, err = freeAddr(c.cfg.AuctioneerAddress); err != nil {
+	auctioneerListener, err := c.listen(c.cfg.AuctioneerAddress)
+	if err != nil {
 		return fmt.Errorf("auctioneer address: %w", err)
 	}
+	c.BBSAddress, c.AuctioneerAddress = bbsListener.Addr().String(), auctioneerListener.Addr().String()
 	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true})
 	if err != nil {
 		return err
@@ -176,7 +179,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if c.cfg.ConfigureBBS != nil {
 				c.cfg.ConfigureBBS(&cfg)
 			}
-			svc, err := bbs.New(cfg, log.Named("bbs"), c.Etcd)
+			svc, err := bbs.New(cfg, log.Named("bbs"), c.Etcd, bbs.WithListener(bbsListener))
 			if err != nil {
 				return err
 			}
@@ -195,7 +198,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if c.cfg.ConfigureAuctioneer != nil {
 				c.cfg.ConfigureAuctioneer(&cfg)
 			}
-			svc, err := auctioneer.New(cfg, log.Named("auctioneer"), c.Etcd, c.BBS)
+			svc, err := auctioneer.New(cfg, log.Named("auctioneer"), c.Etcd, c.BBS, auctioneer.WithListener(auctioneerListener))
 			if err != nil {
 				return err
 			}
@@ -282,10 +285,11 @@ func waitLeader(ctx context.Context, svc *auctioneer.Service) {
 
 // routingMembers runs the route-emitter over the BBS and the router over the route-emitter.
 func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)) ([]lifecycle.Member, error) {
-	var err error
-	if c.RouteEmitterAddress, err = freeAddr(c.cfg.RouteEmitterAddress); err != nil {
+	emitterListener, err := c.listen(c.cfg.RouteEmitterAddress)
+	if err != nil {
 		return nil, fmt.Errorf("route-emitter address: %w", err)
 	}
+	c.RouteEmitterAddress = emitterListener.Addr().String()
 	pki, err := tlsx.GenerateDevPKI(filepath.Join(c.cfg.Dir, "pki"), "router")
 	if err != nil {
 		return nil, fmt.Errorf("router certificate: %w", err)
@@ -296,7 +300,7 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.Dia
 			cfg := routeemitter.Default()
 			cfg.ListenAddress, cfg.Config = c.RouteEmitterAddress, bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: insecure}
 			cfg.TLS = insecure
-			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), c.BBS)
+			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), c.BBS, routeemitter.WithListener(emitterListener))
 			if err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -601,5 +602,27 @@ func TestRunErrors(t *testing.T) {
 	err = taken.Run(context.Background(), func() { readyCalled = true })
 	if err == nil || !strings.Contains(err.Error(), "listen on") || readyCalled {
 		t.Errorf("Run on a taken port = %v (ready called: %v), want listen error", err, readyCalled)
+	}
+}
+
+func TestWithListenerServesTheHandedOverListener(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, ServerConfig{TLS: tlsx.Config{Insecure: true}}, nil, WithListener(l))
+	if r.srv.Addr().String() != l.Addr().String() {
+		t.Fatalf("Addr() = %v, want the handed-over listener's %v", r.srv.Addr(), l.Addr())
+	}
+	conn := dial(t, r, insecureClient)
+	if _, err := healthpb.NewHealthClient(conn).Check(testContext(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("Check over the handed-over listener: %v", err)
+	}
+	r.stop()
+	if err := r.wait(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Run returned: %v, want the listener closed", err)
 	}
 }

@@ -89,6 +89,7 @@ type serverOptions struct {
 	unary       []grpc.UnaryServerInterceptor
 	stream      []grpc.StreamServerInterceptor
 	grpcOptions []grpc.ServerOption
+	listener    net.Listener
 }
 
 // ServerOption customises NewServer.
@@ -121,6 +122,14 @@ func WithServerOptions(opts ...grpc.ServerOption) ServerOption {
 	return func(o *serverOptions) { o.grpcOptions = append(o.grpcOptions, opts...) }
 }
 
+// WithListener makes Run serve l instead of listening on ListenAddress (which then only names
+// the address in logs and must still be set). A caller that must know the address before the
+// server starts binds the port itself and hands the listener over, rather than picking a free
+// port for the server to bind later, which another process may take meanwhile. Run closes l.
+func WithListener(l net.Listener) ServerOption {
+	return func(o *serverOptions) { o.listener = l }
+}
+
 // Server is a gRPC server with health and reflection registered. Register
 // services on GRPC before calling Run.
 type Server struct {
@@ -131,9 +140,10 @@ type Server struct {
 	// stopping.
 	Health *health.Server
 
-	cfg     ServerConfig
-	logger  hclog.Logger
-	started atomic.Bool
+	cfg      ServerConfig
+	logger   hclog.Logger
+	listener net.Listener // from WithListener; nil: listen on cfg.ListenAddress
+	started  atomic.Bool
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -182,10 +192,11 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		grpc.ChainStreamInterceptor(stream...),
 	}
 	s := &Server{
-		GRPC:   grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),
-		Health: health.NewServer(),
-		cfg:    cfg,
-		logger: logger,
+		GRPC:     grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),
+		Health:   health.NewServer(),
+		cfg:      cfg,
+		logger:   logger,
+		listener: o.listener,
 	}
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
@@ -203,9 +214,12 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("grpc server: Run called more than once")
 	}
-	lis, err := net.Listen("tcp", s.cfg.ListenAddress)
-	if err != nil {
-		return fmt.Errorf("grpc server: listen on %s: %w", s.cfg.ListenAddress, err)
+	lis := s.listener
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", s.cfg.ListenAddress); err != nil {
+			return fmt.Errorf("grpc server: listen on %s: %w", s.cfg.ListenAddress, err)
+		}
 	}
 	addr := lis.Addr()
 	s.mu.Lock()

@@ -169,9 +169,25 @@ type Service struct {
 	metricsServer *metrics.Server // nil without metrics_address
 }
 
+// Option adjusts an auctioneer beyond its Config (tests and embedding).
+type Option func(*options)
+
+type options struct {
+	listener net.Listener
+}
+
+// WithListener makes the auctioneer serve its API on l, bound by the caller, instead of
+// listening on listen_address (which then only names the address): callers that must know the
+// address before the auctioneer starts bind first instead of picking a free port for later.
+func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
+
 // New builds an auctioneer that elects its leader over etcd and talks to the BBS through bbs;
 // Run starts it. Reps are dialled with cfg.RepTLS as cells appear. logger may be nil.
-func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient) (*Service, error) {
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, opts ...Option) (*Service, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("auctioneer config: %w", err)
 	}
@@ -196,6 +212,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		}, logger.Named("auction")),
 	}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(api.Validate),

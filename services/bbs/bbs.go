@@ -187,8 +187,9 @@ type Service struct {
 type Option func(*options)
 
 type options struct {
-	now    func() time.Time
-	manual bool
+	now      func() time.Time
+	manual   bool
+	listener net.Listener
 }
 
 // WithClock makes the BBS read time from now (lifecycle timestamps, crash backoff and
@@ -198,6 +199,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // WithManualConvergence runs no convergence loop and campaigns for no leadership: the caller
 // drives convergence through Converger().Converge (tests).
 func WithManualConvergence() Option { return func(o *options) { o.manual = true } }
+
+// WithListener makes the BBS serve its API on l, bound by the caller, instead of listening on
+// listen_address (which then only names the address): callers that must know the address
+// before the BBS starts bind first instead of picking a free port for later.
+func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
 
 // New builds a BBS over an etcd client; Run starts it.
 func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option) (*Service, error) {
@@ -250,6 +256,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	callbacks.SetResolver(c.Tasks)
 	v := validate.Validator{Limits: limits}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(), api.RepScope()),
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),

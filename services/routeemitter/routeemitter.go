@@ -107,8 +107,24 @@ type Service struct {
 	metricsServer *metrics.Server // nil without metrics_address
 }
 
+// Option adjusts a route-emitter beyond its Config (tests and embedding).
+type Option func(*options)
+
+type options struct {
+	listener net.Listener
+}
+
+// WithListener makes the route-emitter serve its API on l, bound by the caller, instead of
+// listening on listen_address (which then only names the address): callers that must know the
+// address before the route-emitter starts bind first instead of picking a free port for later.
+func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
+
 // New builds a route-emitter reading the BBS through bbs; Run starts it.
-func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service, error) {
+func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Option) (*Service, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("route-emitter config: %w", err)
 	}
@@ -132,6 +148,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient) (*Service,
 		return nil, fmt.Errorf("route-emitter: %w", err)
 	}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
 	)
