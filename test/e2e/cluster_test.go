@@ -142,17 +142,17 @@ func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
 		startProc(t, "auctioneer", auctioneerBin, "-listen", auctioneerAddr, "-insecure",
 			"-bbs-address", bbsAddr, "-bbs-insecure", "-rep-insecure",
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms"))
-	for i, zone := range []string{"z1", "z2", "z3"} {
+	for _, zone := range []string{"z1", "z2", "z3"} {
 		id := "cell-" + zone
 		workDir := filepath.Join(dir, id)
-		base := 20000 + os.Getpid()%40*600 + 200*i // distinct per rep, and likely per test run
+		first, last := testkit.PortBlock(t, 200) // private to this rep among every test running
 		args := []string{
 			"--cell-id", id, "--zone", zone, "--tags", "e2e,rack-" + zone,
 			"--preloaded-rootfses", preloaded, "--backend", "process",
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
 			"--listen", freeAddr(t), "--insecure", "--bbs-address", bbsAddr, "--bbs-insecure",
 			"--etcd-endpoints", etcd, "--etcd-insecure",
-			"--port-range", fmt.Sprintf("%d-%d", base, base+199), "--work-dir", workDir,
+			"--port-range", fmt.Sprintf("%d-%d", first, last), "--work-dir", workDir,
 			"--on-create-hooks", hook,
 		}
 		if id == dockerCell {
