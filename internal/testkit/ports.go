@@ -3,8 +3,10 @@ package testkit
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 )
@@ -45,4 +47,21 @@ func PortBlock(t testing.TB, n int) (first, last int) {
 	}
 	t.Fatalf("no free block of %d host ports in %d-%d", n, portBlocksFirst, portBlocksEnd-1)
 	return 0, 0
+}
+
+// ReservedPort is a port of a one-port PortBlock: for a server the test cannot hand a listener
+// to (a route port the router binds itself, a process started by the test), which binds it
+// later. No other test using PortBlock gets it while the test runs, and no listener on port 0
+// gets it either (it is outside the ephemeral range).
+func ReservedPort(t testing.TB) int {
+	t.Helper()
+	port, _ := PortBlock(t, 1)
+	return port
+}
+
+// ReservedAddr is 127.0.0.1 with a ReservedPort, for a server in another process that must be
+// told its address before it starts.
+func ReservedAddr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(ReservedPort(t)))
 }

@@ -368,28 +368,5 @@ func get(t testing.TB, client *http.Client, base, host, path string) (int, strin
 // httpBase is the router's plain HTTP base URL.
 func httpBase(r *Router) string { return "http://" + r.HTTPAddr().String() }
 
-// freePort returns a loopback port that was free a moment ago for network ("tcp" or "udp").
-func freePort(t testing.TB, network string) uint32 {
-	t.Helper()
-	switch network {
-	case "tcp":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return uint32(ln.Addr().(*net.TCPAddr).Port)
-	default:
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return uint32(c.LocalAddr().(*net.UDPAddr).Port)
-	}
-}
-
-// deadAddr is a loopback address nothing listens on.
-func deadAddr(t testing.TB) string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(int(freePort(t, "tcp"))))
-}
+// deadAddr is a loopback address nothing listens on: a reserved port the test never binds.
+func deadAddr(t testing.TB) string { return testkit.ReservedAddr(t) }

@@ -65,7 +65,7 @@ func dialTCP(t testing.TB, port uint32) (*net.TCPConn, *bufio.Reader, string) {
 
 func TestTCPEchoRoundRobinAndHalfClose(t *testing.T) {
 	a, b := tcpEcho(t, "a"), tcpEcho(t, "b")
-	port := freePort(t, "tcp")
+	port := uint32(testkit.ReservedPort(t))
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a, b))
 	r := startRouter(t, testConfig(fake.addr))
 	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
@@ -97,7 +97,7 @@ func TestTCPEchoRoundRobinAndHalfClose(t *testing.T) {
 
 func TestTCPRouteRemovalClosesListenerAndConnections(t *testing.T) {
 	a := tcpEcho(t, "a")
-	port := freePort(t, "tcp")
+	port := uint32(testkit.ReservedPort(t))
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a))
 	r := startRouter(t, testConfig(fake.addr))
 	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
@@ -124,7 +124,7 @@ func TestTCPRouteRemovalClosesListenerAndConnections(t *testing.T) {
 
 func TestTCPEndpointChangeAppliesToNewConnections(t *testing.T) {
 	a, b := tcpEcho(t, "a"), tcpEcho(t, "b")
-	port := freePort(t, "tcp")
+	port := uint32(testkit.ReservedPort(t))
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(tcpProto, port, a))
 	r := startRouter(t, testConfig(fake.addr))
 	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(port) != nil }, "tcp port open")
@@ -187,7 +187,7 @@ func udpAsk(t testing.TB, c *net.UDPConn, msg string) string {
 
 func TestUDPEchoSessions(t *testing.T) {
 	a, b := udpEcho(t, "a"), udpEcho(t, "b")
-	port := freePort(t, "udp")
+	port := uint32(testkit.ReservedPort(t))
 	fake := startFake(t, "127.0.0.1:0", "t1", portRoute(udpProto, port, a, b))
 	cfg := testConfig(fake.addr)
 	cfg.UDPSessionIdleTimeout = Duration(300 * time.Millisecond)

@@ -134,7 +134,7 @@ func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
 	}
 	preloaded := fmt.Sprintf(`{"cflinuxfs4":%q}`, rootfs)
 
-	bbsAddr, auctioneerAddr := freeAddr(t), freeAddr(t)
+	bbsAddr, auctioneerAddr := testkit.ReservedAddr(t), testkit.ReservedAddr(t)
 	c.bbsAddr = bbsAddr
 	c.procs = append(c.procs,
 		startProc(t, "bbs", bbsBin, append([]string{"-listen", bbsAddr, "-insecure",
@@ -150,7 +150,7 @@ func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
 			"--cell-id", id, "--zone", zone, "--tags", "e2e,rack-" + zone,
 			"--preloaded-rootfses", preloaded, "--backend", "process",
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
-			"--listen", freeAddr(t), "--insecure", "--bbs-address", bbsAddr, "--bbs-insecure",
+			"--listen", testkit.ReservedAddr(t), "--insecure", "--bbs-address", bbsAddr, "--bbs-insecure",
 			"--etcd-endpoints", etcd, "--etcd-insecure",
 			"--port-range", fmt.Sprintf("%d-%d", first, last), "--work-dir", workDir,
 			"--on-create-hooks", hook,

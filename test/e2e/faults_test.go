@@ -138,10 +138,10 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 
 	c := &haCluster{reps: map[string]*haProc{}, etcd: etcdClient}
 	for range o.bbs {
-		c.bbsAddrs = append(c.bbsAddrs, freeAddr(t))
+		c.bbsAddrs = append(c.bbsAddrs, testkit.ReservedAddr(t))
 	}
 	for range o.auctioneers {
-		c.auctioneerAddrs = append(c.auctioneerAddrs, freeAddr(t))
+		c.auctioneerAddrs = append(c.auctioneerAddrs, testkit.ReservedAddr(t))
 	}
 	bbsList, auctioneerList := strings.Join(c.bbsAddrs, ","), strings.Join(c.auctioneerAddrs, ",")
 	for i, addr := range c.bbsAddrs {
@@ -163,7 +163,7 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 			"--preloaded-rootfses", fmt.Sprintf(`{"cflinuxfs4":%q}`, rootfs),
 			"--backend", "sim", "--sim-start-latency", "100ms",
 			"--memory-mb", fmt.Sprint(o.memoryMB), "--disk-mb", "65536", "--containers", fmt.Sprint(o.containers),
-			"--listen", freeAddr(t), "--insecure", "--bbs-address", bbsList, "--bbs-insecure",
+			"--listen", testkit.ReservedAddr(t), "--insecure", "--bbs-address", bbsList, "--bbs-insecure",
 			"--etcd-endpoints", etcd, "--etcd-insecure", "--lease-ttl", o.leaseTTL.String(),
 			"--port-range", fmt.Sprintf("%d-%d", base, base+99), "--work-dir", filepath.Join(dir, id),
 			"--bulk-interval", "2s", "--evacuation-timeout", "60s")

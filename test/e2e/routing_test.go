@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
@@ -49,11 +50,11 @@ func startRouting(t *testing.T, c *cluster) *routing {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &routing{httpAddr: freeAddr(t), httpsAddr: freeAddr(t), caPool: x509.NewCertPool()}
+	r := &routing{httpAddr: testkit.ReservedAddr(t), httpsAddr: testkit.ReservedAddr(t), caPool: x509.NewCertPool()}
 	if !r.caPool.AppendCertsFromPEM(caPEM) {
 		t.Fatal("dev CA: no certificate")
 	}
-	emitterAddr, adminAddr := freeAddr(t), freeAddr(t)
+	emitterAddr, adminAddr := testkit.ReservedAddr(t), testkit.ReservedAddr(t)
 	c.procs = append(c.procs,
 		startProc(t, "route-emitter", binary(t, "routeemitter"), "-listen", emitterAddr,
 			"-tls-cert", pki["route-emitter"].CertFile, "-tls-key", pki["route-emitter"].KeyFile,
@@ -206,32 +207,6 @@ func (r *routing) mustApp(t *testing.T, host string, secure bool, containerPort 
 	return *a.app
 }
 
-// freeIncomingPort returns a port that was free for network ("tcp" or "udp") on 127.0.0.1
-// and lies above the reps' host port ranges (at most 44,000; see startCluster), so that no
-// instance is given it.
-func freeIncomingPort(t *testing.T, network string) int {
-	t.Helper()
-	for range 100 {
-		var port int
-		if network == "udp" {
-			pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port = pc.LocalAddr().(*net.UDPAddr).Port
-			pc.Close()
-		} else {
-			_, p, _ := net.SplitHostPort(freeAddr(t))
-			port, _ = strconv.Atoi(p)
-		}
-		if port > 44000 {
-			return port
-		}
-	}
-	t.Fatalf("no free %s port above 44000", network)
-	return 0
-}
-
 func tcpEcho(addr, msg string) (string, error) {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
@@ -281,7 +256,7 @@ func TestRoutingThroughRouter(t *testing.T) {
 		t.Skip("the process backend needs Linux")
 	}
 	c := startCluster(t)
-	tcpPort, udpPort := freeIncomingPort(t, "tcp"), freeIncomingPort(t, "udp")
+	tcpPort, udpPort := testkit.ReservedPort(t), testkit.ReservedPort(t)
 	tcpIn, udpIn := fmt.Sprintf("127.0.0.1:%d", tcpPort), fmt.Sprintf("127.0.0.1:%d", udpPort)
 
 	// Three LRPs, desired together so they start together: a web app with two routed ports
