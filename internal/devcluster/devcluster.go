@@ -133,7 +133,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("auctioneer address: %w", err)
 	}
 	c.BBSAddress, c.AuctioneerAddress = bbsListener.Addr().String(), auctioneerListener.Addr().String()
-	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true})
+	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true, FastElection: true})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 // startTimeout bounds how long Start waits for the server.
 const startTimeout = 60 * time.Second
 
-// Start runs a single-node etcd with fsync disabled in a fresh temporary
+// Start runs a single-node etcd with fsync disabled and fast elections in a fresh temporary
 // directory and returns it with a client connected to it. Both are closed
 // when the test ends; etcd client errors are logged to t.
 func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
@@ -28,6 +28,7 @@ func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
 		Dir:           t.TempDir(),
 		UnsafeNoFsync: true,
 		Quiet:         true,
+		FastElection:  true,
 	})
 	if err != nil {
 		t.Fatalf("start embedded etcd: %v", err)
