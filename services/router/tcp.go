@@ -10,13 +10,15 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/gavel-sched/gavel/pkg/retry"
 )
 
 // relistenInterval is how often ports that could not be opened are tried again.
 const relistenInterval = 5 * time.Second
 
-// maxAcceptDelay caps the pause after a failed Accept or ReadFrom.
-const maxAcceptDelay = time.Second
+// acceptPolicy is the pause after failed Accepts or ReadFroms in a row: 5ms doubling up to 1s.
+var acceptPolicy = retry.Policy{Initial: 5 * time.Millisecond, Max: time.Second}
 
 // portSet opens one listener per TCP or UDP route of the table and closes it when the route
 // goes. reconcile runs on every table change and, while some port could not be opened, every
@@ -167,19 +169,19 @@ func (l *tcpListener) addr() net.Addr { return l.ln.Addr() }
 // serve accepts until the listener is closed.
 func (l *tcpListener) serve() {
 	defer l.wg.Done()
-	var delay time.Duration
+	wait := acceptPolicy.BackOff()
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			delay = min(max(2*delay, 5*time.Millisecond), maxAcceptDelay)
+			delay := wait.NextBackOff()
 			l.log.Warn("accept failed", "port", l.port, "error", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
-		delay = 0
+		wait.Reset()
 		if !l.track(c) {
 			c.Close()
 			return

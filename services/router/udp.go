@@ -69,19 +69,19 @@ func (l *udpListener) addr() net.Addr { return l.conn.LocalAddr() }
 func (l *udpListener) serve() {
 	defer l.wg.Done()
 	buf := make([]byte, maxDatagram)
-	var delay time.Duration
+	wait := acceptPolicy.BackOff()
 	for {
 		n, from, err := l.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			delay = min(max(2*delay, 5*time.Millisecond), maxAcceptDelay)
+			delay := wait.NextBackOff()
 			l.log.Debug("udp read failed", "port", l.port, "error", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
-		delay = 0
+		wait.Reset()
 		s := l.session(from)
 		if s == nil {
 			l.metrics.udpDropped.Inc()
