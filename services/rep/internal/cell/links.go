@@ -18,6 +18,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/links"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -104,19 +105,17 @@ func (c *Cell) addLinks(ctx context.Context, d *modelsv1.DesiredLRP, spec *execu
 // consumer, for the changes it may have missed) whenever the stream breaks.
 func (c *Cell) FollowLinks(ctx context.Context, ready func()) error {
 	ready()
-	backoff := 100 * time.Millisecond
+	wait := retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.BackOff()
 	for {
 		err := c.followLinks(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
+		backoff := wait.NextBackOff()
 		c.log.Warn("links event stream ended; subscribing again", "error", err, "backoff", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, backoff) {
 			return nil
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
