@@ -1,6 +1,7 @@
 package process
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -31,17 +33,10 @@ func TestFilesDirAndSignal(t *testing.T) {
 	}
 	waitFile := func(name, want string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 			b, err := os.ReadFile(filepath.Join(dir, name))
-			if err == nil && strings.Contains(string(b), want) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %q, %v; want %q", name, b, err, want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil && strings.Contains(string(b), want), fmt.Sprintf("%q, %v", b, err)
+		}, fmt.Sprintf("%s holds %q", name, want))
 	}
 	waitFile("seen-at-start", `{"nodes":[]}`)
 	waitFile("ready", "trapped")
