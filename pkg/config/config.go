@@ -64,6 +64,28 @@ func (l List) Set(s string) error {
 	return nil
 }
 
+// JSONMap is a flag holding a JSON object of strings, e.g. '{"cflinuxfs4":"/path"}'.
+type JSONMap struct{ Values *map[string]string }
+
+// String implements flag.Value.
+func (j JSONMap) String() string {
+	if j.Values == nil || *j.Values == nil {
+		return ""
+	}
+	b, _ := json.Marshal(*j.Values)
+	return string(b)
+}
+
+// Set implements flag.Value: it replaces the map with the JSON object s.
+func (j JSONMap) Set(s string) error {
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return fmt.Errorf(`want a JSON object of strings, e.g. '{"cflinuxfs4":"/path"}': %w`, err)
+	}
+	*j.Values = m
+	return nil
+}
+
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration time.Duration
 

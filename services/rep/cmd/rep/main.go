@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -44,7 +43,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.CellID, "cell-id", cfg.CellID, "cell id")
 	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "availability zone")
 	fs.Var(config.List{Values: &cfg.Tags}, "tags", "comma-separated placement tags (case-insensitive)")
-	fs.Var(jsonMap{&cfg.PreloadedRootfses}, "preloaded-rootfses", `preloaded rootfses as JSON name→path, e.g. '{"cflinuxfs4":"/path"}'`)
+	fs.Var(config.JSONMap{Values: &cfg.PreloadedRootfses}, "preloaded-rootfses", `preloaded rootfses as JSON name→path, e.g. '{"cflinuxfs4":"/path"}'`)
 	fs.Var(config.List{Values: &cfg.SupportedRootfsProviders}, "supported-root-fs-providers", "comma-separated rootfs providers, e.g. docker")
 	fs.Var(int32Flag{&cfg.Capacity.MemoryMB}, "memory-mb", "memory capacity in MiB")
 	fs.Var(int32Flag{&cfg.Capacity.DiskMB}, "disk-mb", "disk capacity in MiB")
@@ -140,28 +139,6 @@ func run(args []string) error {
 			ready()
 		})
 	})})
-}
-
-// jsonMap is a flag holding a JSON object of strings.
-type jsonMap struct{ m *map[string]string }
-
-// String implements flag.Value.
-func (j jsonMap) String() string {
-	if j.m == nil || *j.m == nil {
-		return ""
-	}
-	b, _ := json.Marshal(*j.m)
-	return string(b)
-}
-
-// Set implements flag.Value.
-func (j jsonMap) Set(s string) error {
-	m := map[string]string{}
-	if err := json.Unmarshal([]byte(s), &m); err != nil {
-		return fmt.Errorf(`want a JSON object of strings, e.g. '{"cflinuxfs4":"/path"}': %w`, err)
-	}
-	*j.m = m
-	return nil
 }
 
 // int32Flag is an int32 flag.

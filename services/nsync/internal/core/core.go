@@ -1,0 +1,417 @@
+// Package core is nsync's domain logic: apps become DesiredLRPs and tasks (through the
+// transformer chain), placement pools become their placement constraints, restarts bring a new
+// version up before the old one goes, and the bulk pass keeps the BBS in step with the records.
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/nsync/internal/build"
+	"github.com/gavel-sched/gavel/services/nsync/internal/store"
+)
+
+// Transformer augments the work nsync builds before it is sent to the BBS (the chain of
+// pkg/transform). It may refuse an object with an error carrying a gRPC code.
+type Transformer interface {
+	// DesiredLRP returns the transformed LRP.
+	DesiredLRP(ctx context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error)
+	// Task returns the transformed task.
+	Task(ctx context.Context, t *modelsv1.Task) (*modelsv1.Task, error)
+}
+
+// Identity is the Transformer of an nsync without plugins.
+type Identity struct{}
+
+// DesiredLRP implements Transformer.
+func (Identity) DesiredLRP(_ context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error) {
+	return d, nil
+}
+
+// Task implements Transformer.
+func (Identity) Task(_ context.Context, t *modelsv1.Task) (*modelsv1.Task, error) { return t, nil }
+
+// Observer is told what nsync did (the service's metrics).
+type Observer interface {
+	// BulkPass reports a finished bulk pass, its duration and whether it completed.
+	BulkPass(d time.Duration, ok bool)
+	// Reconciled counts LRPs the bulk pass desired again, updated and removed.
+	Reconciled(desired, updated, removed int)
+	// Restart reports how a restart ended: "completed", "cell_mismatch" or "timed_out".
+	Restart(outcome string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) BulkPass(time.Duration, bool) {}
+func (nopObserver) Reconciled(int, int, int)     {}
+func (nopObserver) Restart(string)               {}
+
+// Config is what Core needs besides its store and BBS.
+type Config struct {
+	// Stacks maps stack names to rootfs URIs.
+	Stacks build.Stacks
+	// Limits are the BBS's limits on work, checked before anything is stored.
+	Limits models.Limits
+	// Transformer runs on every LRP and task built; nil is Identity.
+	Transformer Transformer
+	// RestartTimeout bounds how long a restart waits for the new version to run before it is
+	// abandoned (the old version keeps running).
+	RestartTimeout time.Duration
+	// RestartPoll is how often a restart checks the new version's instances.
+	RestartPoll time.Duration
+	// DomainTTL is how long the cf-apps domain stays fresh after a complete bulk pass.
+	DomainTTL time.Duration
+	// Logger receives the logs; nil discards them.
+	Logger hclog.Logger
+	// Observer is told about passes and restarts; nil ignores them.
+	Observer Observer
+	// Now reads the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Core implements nsync's API over its store and the BBS.
+type Core struct {
+	cfg   Config
+	store *store.Store
+	bbs   bbsv1.BBSServiceClient
+	log   hclog.Logger
+}
+
+// New returns a Core.
+func New(st *store.Store, bbs bbsv1.BBSServiceClient, cfg Config) *Core {
+	if cfg.Transformer == nil {
+		cfg.Transformer = Identity{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.RestartPoll <= 0 {
+		cfg.RestartPoll = 200 * time.Millisecond
+	}
+	return &Core{cfg: cfg, store: st, bbs: bbs, log: cfg.Logger}
+}
+
+// lrp builds version of the recorded app with rootfs and constraint, runs the transformer
+// chain over it and validates the result as the BBS would.
+func (c *Core) lrp(ctx context.Context, app *nsyncv1.App, version int64, rootfs string, constraint *modelsv1.PlacementConstraint) (*modelsv1.DesiredLRP, error) {
+	d, err := build.LRP(app, version, build.Work{Rootfs: rootfs, Constraint: constraint})
+	if err != nil {
+		return nil, err
+	}
+	d, err = c.cfg.Transformer.DesiredLRP(ctx, d)
+	if err != nil {
+		return nil, fmt.Errorf("transform %s: %w", build.ProcessGuid(app.GetGuid(), version), err)
+	}
+	if err := models.ValidateDesiredLRP("desired_lrp", d, c.cfg.Limits); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// placement resolves the rootfs and the constraint of new work of app: its stack (or docker
+// image) and its space's pool (or the default pool).
+func (c *Core) placement(ctx context.Context, field string, app *nsyncv1.App) (string, *modelsv1.PlacementConstraint, error) {
+	rootfs, err := c.cfg.Stacks.Rootfs(field, app)
+	if err != nil {
+		return "", nil, err
+	}
+	pools, err := c.store.AllPools(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return rootfs, build.Constraint(pools.For(app.GetSpaceGuid())), nil
+}
+
+// DesireApp records a new app as version 1 and desires its LRP. Once the record is stored the
+// app is accepted: when the BBS cannot be reached the bulk loop desires the LRP later.
+func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, string, error) {
+	if err := build.ValidateApp("app", in, c.cfg.Limits); err != nil {
+		return nil, "", err
+	}
+	app := proto.Clone(in).(*nsyncv1.App)
+	app.Version = 1
+	rootfs, constraint, err := c.placement(ctx, "app", app)
+	if err != nil {
+		return nil, "", err
+	}
+	d, err := c.lrp(ctx, app, app.GetVersion(), rootfs, constraint)
+	if err != nil {
+		return nil, "", err
+	}
+	rec := &nsyncv1.AppRecord{App: app, State: nsyncv1.AppState_APP_STATE_STARTED, Rootfs: rootfs, PlacementConstraint: constraint}
+	if _, err := c.store.CreateApp(ctx, rec); err != nil {
+		return nil, "", err
+	}
+	if err := c.desire(ctx, d); err != nil {
+		if status.Code(err) == codes.InvalidArgument {
+			// The BBS refused what nsync accepted: forget the app so nothing stays stored.
+			if cur, gerr := c.store.GetApp(ctx, app.GetGuid()); gerr == nil {
+				_ = c.store.DeleteApp(ctx, app.GetGuid(), cur.ModRevision)
+			}
+			return nil, "", err
+		}
+		c.log.Warn("desire at the BBS failed; the bulk loop retries", "app_guid", app.GetGuid(), "error", err)
+	}
+	return app, d.GetProcessGuid(), nil
+}
+
+// desire desires d at the BBS; an LRP that already exists counts as desired.
+func (c *Core) desire(ctx context.Context, d *modelsv1.DesiredLRP) error {
+	_, err := c.bbs.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
+	if status.Code(err) == codes.AlreadyExists {
+		return nil
+	}
+	return err
+}
+
+// remove removes an LRP at the BBS; one that is already gone counts as removed.
+func (c *Core) remove(ctx context.Context, processGuid string) error {
+	_, err := c.bbs.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: processGuid})
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	return err
+}
+
+// liveVersions are the versions of a started app that should be desired at the BBS.
+func liveVersions(rec *nsyncv1.AppRecord) []int64 {
+	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
+		return nil
+	}
+	v := []int64{rec.GetApp().GetVersion()}
+	if p := rec.GetPendingVersion(); p != 0 {
+		v = append(v, p)
+	}
+	return v
+}
+
+// update changes the recorded app with f under compare-and-swap, retrying lost races.
+func (c *Core) update(ctx context.Context, guid string, f func(rec *nsyncv1.AppRecord) error) (*nsyncv1.AppRecord, error) {
+	for attempt := 0; ; attempt++ {
+		cur, err := c.store.GetApp(ctx, guid)
+		if err != nil {
+			return nil, err
+		}
+		rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
+		if err := f(rec); err != nil {
+			return nil, err
+		}
+		_, err = c.store.PutApp(ctx, rec, cur.ModRevision)
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, rpcerr.ErrAborted) || attempt >= 5 {
+			return nil, err
+		}
+	}
+}
+
+// UpdateApp changes an app's instances and routes, in the record and in place at the BBS.
+func (c *Core) UpdateApp(ctx context.Context, req *nsyncv1.UpdateAppRequest) (*nsyncv1.App, error) {
+	e := &rpcerr.InvalidError{}
+	e.Merge("guid", models.ValidateGuid("guid", req.GetGuid()))
+	if req.Instances != nil && (req.GetInstances() < 0 || req.GetInstances() > c.limits().MaxInstances) {
+		e.Add("instances", "must be between 0 and %d, got %d", c.limits().MaxInstances, req.GetInstances())
+	}
+	e.Merge("routes", build.ValidateRoutes("routes", req.GetRoutes()))
+	if err := e.Err(); err != nil {
+		return nil, err
+	}
+	if req.Instances == nil && req.Routes == nil {
+		return nil, rpcerr.Invalid("instances", "nothing to update: set instances or routes")
+	}
+	rec, err := c.update(ctx, req.GetGuid(), func(rec *nsyncv1.AppRecord) error {
+		if req.Instances != nil {
+			rec.App.Instances = req.GetInstances()
+		}
+		if req.Routes != nil {
+			rec.App.Routes = req.GetRoutes()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	u, err := lrpUpdate(rec.GetApp())
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range liveVersions(rec) {
+		pg := build.ProcessGuid(rec.GetApp().GetGuid(), v)
+		if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u}); err != nil {
+			c.log.Warn("update at the BBS failed; the bulk loop corrects it", "process_guid", pg, "error", err)
+		}
+	}
+	return rec.GetApp(), nil
+}
+
+func (c *Core) limits() models.Limits {
+	l := c.cfg.Limits
+	if l.MaxInstances <= 0 {
+		l.MaxInstances = models.DefaultMaxInstances
+	}
+	return l
+}
+
+// lrpUpdate is the in-place update that brings an LRP to the app's instances and routes.
+func lrpUpdate(app *nsyncv1.App) (*modelsv1.DesiredLRPUpdate, error) {
+	routes, err := build.RoutesJSON(app.GetRoutes())
+	if err != nil {
+		return nil, err
+	}
+	n := app.GetInstances()
+	return &modelsv1.DesiredLRPUpdate{Instances: &n, Routes: &modelsv1.RoutesUpdate{Routes: routes}}, nil
+}
+
+// StopApp marks the app stopped (or forgets it) and removes its LRPs from the BBS.
+func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
+	if err := models.ValidateGuid("guid", guid); err != nil {
+		return err
+	}
+	cur, err := c.store.GetApp(ctx, guid)
+	if err != nil {
+		return err
+	}
+	live := liveVersions(cur.Record)
+	if del {
+		err = c.store.DeleteApp(ctx, guid, cur.ModRevision)
+	} else {
+		rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
+		rec.State, rec.PendingVersion, rec.PendingConstraint, rec.PendingRootfs, rec.PendingSinceUnixMs = nsyncv1.AppState_APP_STATE_STOPPED, 0, nil, "", 0
+		_, err = c.store.PutApp(ctx, rec, cur.ModRevision)
+	}
+	if err != nil {
+		return err
+	}
+	for _, v := range live {
+		if err := c.remove(ctx, build.ProcessGuid(guid, v)); err != nil {
+			c.log.Warn("remove at the BBS failed; the bulk loop removes it", "app_guid", guid, "version", v, "error", err)
+		}
+	}
+	return nil
+}
+
+// RunTask desires a task with the app's rootfs, environment and its space's current pool.
+func (c *Core) RunTask(ctx context.Context, req *nsyncv1.RunTaskRequest) (string, error) {
+	e := &rpcerr.InvalidError{}
+	e.Merge("app_guid", models.ValidateGuid("app_guid", req.GetAppGuid()))
+	if req.GetTaskGuid() != "" {
+		e.Merge("task_guid", models.ValidateGuid("task_guid", req.GetTaskGuid()))
+	}
+	if req.GetCommand() == "" {
+		e.Add("command", "is required")
+	}
+	if req.GetMemoryMb() < 0 || req.GetDiskMb() < 0 {
+		e.Add("memory_mb", "memory_mb and disk_mb must not be negative")
+	}
+	if err := e.Err(); err != nil {
+		return "", err
+	}
+	cur, err := c.store.GetApp(ctx, req.GetAppGuid())
+	if err != nil {
+		return "", err
+	}
+	app := cur.Record.GetApp()
+	rootfs, constraint, err := c.placement(ctx, "app", app)
+	if err != nil {
+		return "", err
+	}
+	r := proto.Clone(req).(*nsyncv1.RunTaskRequest)
+	if r.TaskGuid == "" {
+		r.TaskGuid = uuid.NewString()
+	}
+	t, err := c.cfg.Transformer.Task(ctx, build.Task(app, r, build.Work{Rootfs: rootfs, Constraint: constraint}))
+	if err != nil {
+		return "", fmt.Errorf("transform task %s: %w", r.GetTaskGuid(), err)
+	}
+	if err := models.ValidateTaskDefinition("definition", t.GetDefinition(), c.cfg.Limits); err != nil {
+		return "", err
+	}
+	if _, err := c.bbs.DesireTask(ctx, &bbsv1.DesireTaskRequest{TaskGuid: t.GetTaskGuid(), Domain: t.GetDomain(), Definition: t.GetDefinition()}); err != nil {
+		return "", err
+	}
+	return t.GetTaskGuid(), nil
+}
+
+// Apps lists the recorded apps (of space, or the given guids) with what runs of them.
+func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.AppInfo, error) {
+	recs, _, err := c.store.Apps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pools, err := c.store.AllPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	actuals, err := c.bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{Domain: build.AppsDomain}})
+	if err != nil {
+		return nil, err
+	}
+	byGuid := map[string][]*modelsv1.ActualLRP{}
+	for _, a := range actuals.GetActualLrps() {
+		pg := a.GetKey().GetProcessGuid()
+		byGuid[pg] = append(byGuid[pg], a)
+	}
+	var out []*nsyncv1.AppInfo
+	for _, r := range recs {
+		rec := r.Record
+		app := rec.GetApp()
+		if req.GetSpaceGuid() != "" && app.GetSpaceGuid() != req.GetSpaceGuid() {
+			continue
+		}
+		if len(req.GetGuids()) > 0 && !slices.Contains(req.GetGuids(), app.GetGuid()) {
+			continue
+		}
+		info := &nsyncv1.AppInfo{
+			App:                 app,
+			State:               rec.GetState(),
+			PlacementConstraint: rec.GetPlacementConstraint(),
+			PendingVersion:      rec.GetPendingVersion(),
+			PlacementError:      rec.GetLastError(),
+			RestartToApply:      !models.SameConstraint(rec.GetPlacementConstraint(), build.Constraint(pools.For(app.GetSpaceGuid()))),
+		}
+		if rec.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
+			info.ProcessGuid = build.ProcessGuid(app.GetGuid(), app.GetVersion())
+			info.Desired = app.GetInstances()
+		}
+		for _, v := range liveVersions(rec) {
+			for _, a := range byGuid[build.ProcessGuid(app.GetGuid(), v)] {
+				if pe := a.GetPlacementError(); pe.GetCode() != modelsv1.PlacementError_CODE_UNSPECIFIED && v == app.GetVersion() {
+					info.PlacementError = pe
+				}
+				if v != app.GetVersion() || a.GetPresence() != modelsv1.ActualLRP_PRESENCE_ORDINARY {
+					continue
+				}
+				switch a.GetState() {
+				case modelsv1.ActualLRP_STATE_RUNNING:
+					info.Running++
+				case modelsv1.ActualLRP_STATE_CRASHED:
+					info.Crashed++
+				}
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
