@@ -1,0 +1,79 @@
+// Command nsync runs Gavel's nsync: the bridge from a platform's apps, stacks and placement
+// pools to the BBS.
+//
+//	nsync -config nsync.json
+//	nsync -listen :8895 -tls-cert nsync.crt -tls-key nsync.key -tls-ca ca.crt \
+//	    -bbs-address bbs:8889 -bbs-cert nsync-bbs.crt -bbs-key nsync-bbs.key -bbs-ca ca.crt \
+//	    -etcd-endpoints https://etcd:2379 -etcd-cert … \
+//	    -stacks '{"cflinuxfs4":"preloaded:cflinuxfs4"}'
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/services/nsync"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "nsync:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg := nsync.Default()
+	fs := flag.NewFlagSet("nsync", flag.ContinueOnError)
+	fs.String("config", "", "JSON config file (see services/nsync/README.md); flags override it")
+	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
+	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
+	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
+	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
+	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs (nsync's records)")
+	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
+	fs.Var(config.JSONMap{Values: &cfg.Stacks}, "stacks", `stacks as JSON name→rootfs URI, e.g. '{"cflinuxfs4":"preloaded:cflinuxfs4"}'`)
+	fs.Var(&cfg.BulkInterval, "bulk-interval", "time between bulk passes of the leader")
+	fs.Var(&cfg.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
+	fs.Var(&cfg.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
+	fs.Var(&cfg.LockTTL, "lock-ttl", "lease of the bulk loop's leadership")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
+	config.LogFlags(fs, &cfg.Log)
+	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	logger := logging.New("nsync", cfg.Log)
+	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	conn, err := nsync.DialBBS(cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	svc, err := nsync.New(cfg, logger, etcd, bbsv1.NewBBSServiceClient(conn), nil)
+	if err != nil {
+		return err
+	}
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "nsync", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+		return svc.Run(ctx, func() {
+			logger.Info("nsync serving", "address", svc.Addr().String())
+			ready()
+		})
+	})})
+}

@@ -1,0 +1,293 @@
+// Package nsync is Gavel's bridge from a platform to the BBS: it speaks in apps, spaces, stacks
+// and placement pools (nsyncv1.NsyncService), turns them into DesiredLRPs (domain cf-apps) and
+// tasks (domain cf-tasks) through the transformer chain, restarts apps without downtime, and
+// keeps the BBS in step with its own records in etcd by a leader-elected bulk loop that
+// refreshes the cf-apps domain only after a complete pass.
+package nsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
+	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/nsync/internal/api"
+	"github.com/gavel-sched/gavel/services/nsync/internal/build"
+	"github.com/gavel-sched/gavel/services/nsync/internal/core"
+	"github.com/gavel-sched/gavel/services/nsync/internal/store"
+)
+
+// Config is nsync's configuration. Fields are set from a JSON config file and flags.
+type Config struct {
+	// ListenAddress is where the gRPC API (NsyncService) listens.
+	ListenAddress string `json:"listen_address"`
+	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
+	TLS tlsx.Config `json:"tls"`
+	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
+	// instances.
+	BBSAddress string `json:"bbs_address"`
+	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
+	BBSAddresses []string `json:"bbs_addresses,omitempty"`
+	// BBSTLS is the client certificate, key and CA used to reach the BBS; or insecure.
+	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// EtcdEndpoints are the etcd client URLs of nsync's own records (and its election).
+	EtcdEndpoints []string `json:"etcd_endpoints"`
+	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
+	EtcdTLS tlsx.Config `json:"etcd_tls"`
+	// Stacks maps each stack a platform may name to its rootfs URI, e.g.
+	// {"cflinuxfs4": "preloaded:cflinuxfs4"}. Stack names are lower case.
+	Stacks map[string]string `json:"stacks"`
+	// BulkInterval is the time between bulk passes of the leader.
+	BulkInterval Duration `json:"bulk_interval"`
+	// DomainTTL is how long the cf-apps domain stays fresh after a complete bulk pass; longer
+	// than bulk_interval, so that one slow pass does not let it lapse.
+	DomainTTL Duration `json:"domain_ttl"`
+	// RestartTimeout bounds how long RestartApp waits for the new version to run before it
+	// gives up (the old version keeps serving).
+	RestartTimeout Duration `json:"restart_timeout"`
+	// LockTTL is the lease of the bulk loop's leadership: a vanished leader is replaced this
+	// long afterwards.
+	LockTTL Duration `json:"lock_ttl"`
+	// MaxInstances is the largest instance count of an app (the BBS's max_instances).
+	MaxInstances int32 `json:"max_instances"`
+	// Log sets the log level and format.
+	Log logging.Config `json:"log"`
+	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
+	MetricsAddress string `json:"metrics_address,omitempty"`
+}
+
+// Duration is a time.Duration written as a string ("10s") in config files and flags.
+type Duration = config.Duration
+
+// Default is the configuration of an nsync next to a local BBS and etcd.
+func Default() Config {
+	return Config{
+		ListenAddress:  "127.0.0.1:8895",
+		BBSAddress:     "127.0.0.1:8889",
+		EtcdEndpoints:  []string{"http://127.0.0.1:2379"},
+		Stacks:         map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4"},
+		BulkInterval:   Duration(30 * time.Second),
+		DomainTTL:      Duration(2 * time.Minute),
+		RestartTimeout: Duration(2 * time.Minute),
+		LockTTL:        Duration(etcdx.DefaultElectionTTL),
+		MaxInstances:   models.DefaultMaxInstances,
+		Log:            logging.Config{Level: "info", Format: "text"},
+	}
+}
+
+// LoadFile overlays the JSON config file at path on c.
+func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
+
+// Validate reports every problem that would stop nsync from starting.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ListenAddress == "" {
+		errs = append(errs, errors.New("listen_address is required"))
+	}
+	if err := c.TLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tls: %w", err))
+	}
+	if len(c.BBSTargets()) == 0 {
+		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
+	}
+	if err := c.BBSTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
+	}
+	if err := c.EtcdTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
+	}
+	if len(c.Stacks) == 0 {
+		errs = append(errs, errors.New("stacks: at least one stack is required"))
+	}
+	for name, rootfs := range c.Stacks {
+		if name == "" || name != strings.ToLower(name) {
+			errs = append(errs, fmt.Errorf("stacks: stack name %q must be non-empty and lower case", name))
+		}
+		if err := models.ValidateRootfs("stacks["+name+"]", rootfs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"lock_ttl", c.LockTTL}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
+		}
+	}
+	if c.DomainTTL > 0 && c.DomainTTL <= c.BulkInterval {
+		errs = append(errs, fmt.Errorf("domain_ttl (%s) must be longer than bulk_interval (%s)", c.DomainTTL, c.BulkInterval))
+	}
+	if c.MaxInstances <= 0 {
+		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
+// comma-separated bbs_address.
+func (c Config) BBSTargets() []string {
+	if len(c.BBSAddresses) > 0 {
+		return grpcx.SplitTargets(c.BBSAddresses...)
+	}
+	return grpcx.SplitTargets(c.BBSAddress)
+}
+
+// DialBBS connects to the BBS instances of cfg.BBSTargets (round-robin over those that
+// answer) with cfg.BBSTLS and a reconnect backoff capped at 5 s, so a restarted BBS is
+// followed quickly.
+func DialBBS(cfg Config) (*grpc.ClientConn, error) {
+	conn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: 30 * time.Second},
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("bbs client: %w", err)
+	}
+	return conn, nil
+}
+
+// Transformer augments the LRPs and tasks nsync builds before they reach the BBS (the
+// transformer chain); nil runs none.
+type Transformer = core.Transformer
+
+// LeaderService is the election nsync instances campaign in (key /gavel/v1/lock/nsync); the
+// leader runs the bulk loop. Every instance serves the API.
+const LeaderService = "nsync"
+
+// Service is a running nsync.
+type Service struct {
+	cfg      Config
+	log      hclog.Logger
+	core     *core.Core
+	etcd     *clientv3.Client
+	server   *grpcx.Server
+	metrics  *metrics.Server // nil without metrics_address
+	m        *serviceMetrics
+	election atomic.Pointer[etcdx.Election]
+}
+
+// New builds nsync over an etcd client (its records and election) and a BBS client; tr, when
+// not nil, is the transformer chain. Run starts it.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, tr Transformer) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("nsync config: %w", err)
+	}
+	if etcd == nil || bbs == nil {
+		return nil, errors.New("nsync: an etcd client and a BBS client are required")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	m := newServiceMetrics()
+	st := store.New(etcd)
+	limits := models.DefaultLimits()
+	limits.MaxInstances = cfg.MaxInstances
+	c := core.New(st, bbs, core.Config{
+		Stacks:         build.Stacks(cfg.Stacks),
+		Limits:         limits,
+		Transformer:    tr,
+		RestartTimeout: time.Duration(cfg.RestartTimeout),
+		DomainTTL:      time.Duration(cfg.DomainTTL),
+		Logger:         logger.Named("core"),
+		Observer:       m,
+	})
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("nsync: %w", err)
+	}
+	nsyncv1.RegisterNsyncServiceServer(server.GRPC, api.New(c, st))
+	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m}
+	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
+	return svc, nil
+}
+
+// Run serves the API and campaigns for the bulk loop until ctx ends; ready is called once the
+// API is serving.
+func (s *Service) Run(ctx context.Context, ready func()) error {
+	return lifecycle.Run(ctx, s.log, append(s.metrics.Members(),
+		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(s.runBulk)},
+		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			return s.server.Run(ctx, func() {
+				r()
+				ready()
+			})
+		})},
+	)...)
+}
+
+// runBulk campaigns for the leadership and, while leading, runs a bulk pass at once and then
+// every bulk_interval.
+func (s *Service) runBulk(ctx context.Context, ready func()) error {
+	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s/%s/%s", host, s.cfg.ListenAddress, uuid.NewString())
+	e, err := etcdx.NewElection(s.etcd, LeaderService, id, time.Duration(s.cfg.LockTTL), s.log.Named("election"))
+	if err != nil {
+		return err
+	}
+	s.election.Store(e)
+	ready()
+	return e.Run(ctx, func(ctx context.Context) error {
+		t := time.NewTicker(time.Duration(s.cfg.BulkInterval))
+		defer t.Stop()
+		for {
+			pctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.BulkInterval))
+			res, err := s.core.Bulk(pctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("bulk pass incomplete; cf-apps not refreshed", "error", err)
+			} else if err == nil {
+				s.log.Debug("bulk pass", "desired", res.Desired, "updated", res.Updated, "removed", res.Removed)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// IsLeader reports whether this instance leads (and so runs the bulk loop).
+func (s *Service) IsLeader() bool {
+	e := s.election.Load()
+	return e != nil && e.IsLeader()
+}
+
+// Addr is the API's bound address once Run has called ready.
+func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// MetricsAddr is the metrics listener's bound address once Run has called ready (nil when
+// metrics are off).
+func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
