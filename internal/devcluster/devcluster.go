@@ -1,6 +1,7 @@
 // Package devcluster runs a whole Gavel cluster in one process: an embedded etcd, the BBS, the
-// auctioneer and any number of reps. `gavel dev` runs it with process-backed cells; integration
-// tests and the scale benchmark run it with simulated cells.
+// auctioneer, any number of reps, and optionally nsync and the routing tier. `gavel dev` runs
+// it with process-backed cells; integration tests and the scale benchmark run it with
+// simulated cells.
 package devcluster
 
 import (
@@ -19,6 +20,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
@@ -26,6 +28,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/nsync"
 	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/routeemitter"
 	"github.com/gavel-sched/gavel/services/router"
@@ -65,6 +68,13 @@ type Config struct {
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
 	ConfigureBBS        func(*bbs.Config)
 	ConfigureAuctioneer func(*auctioneer.Config)
+	// Nsync runs nsync too, on NsyncAddress ("127.0.0.1:0" picks a port), with NsyncStacks as
+	// its stack → rootfs map (nil: nsync's default).
+	Nsync        bool
+	NsyncAddress string
+	NsyncStacks  map[string]string
+	// ConfigureNsync, when set, adjusts nsync's configuration last.
+	ConfigureNsync func(*nsync.Config)
 }
 
 // Cluster is a running cluster; its fields are valid once Run has called ready.
@@ -86,6 +96,9 @@ type Cluster struct {
 	Router *router.Router
 	// RouterCA is the CA file of the router's HTTPS certificate (with Config.Routing).
 	RouterCA string
+	// Nsync is a client of nsync and NsyncAddress where it listens (with Config.Nsync).
+	Nsync        nsyncv1.NsyncServiceClient
+	NsyncAddress string
 	// Auctioneer is the running auctioneer.
 	Auctioneer *auctioneer.Service
 	// Reps are the running reps, in start order.
@@ -259,6 +272,9 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			return svc.Run(ctx, ready)
 		})})
 	}
+	if c.cfg.Nsync {
+		members = append(members, c.nsyncMember(log, dial))
+	}
 	if c.cfg.Routing {
 		routing, err := c.routingMembers(log, dial)
 		if err != nil {
@@ -273,6 +289,37 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		return nil
 	})})
 	return lifecycle.Run(ctx, log, members...)
+}
+
+// nsyncMember runs nsync over the cluster's etcd and BBS.
+func (c *Cluster) nsyncMember(log hclog.Logger, dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)) lifecycle.Member {
+	return lifecycle.Member{Name: "nsync", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+		cfg := nsync.Default()
+		cfg.ListenAddress, cfg.BBSAddress = c.cfg.NsyncAddress, c.BBSAddress
+		if cfg.ListenAddress == "" {
+			cfg.ListenAddress = "127.0.0.1:0"
+		}
+		cfg.TLS, cfg.BBSTLS, cfg.EtcdTLS = insecure, insecure, insecure
+		cfg.EtcdEndpoints = c.EtcdEndpoints
+		if c.cfg.NsyncStacks != nil {
+			cfg.Stacks = c.cfg.NsyncStacks
+		}
+		if c.cfg.ConfigureNsync != nil {
+			c.cfg.ConfigureNsync(&cfg)
+		}
+		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, c.BBS, nil)
+		if err != nil {
+			return err
+		}
+		return svc.Run(ctx, func() {
+			c.NsyncAddress = svc.Addr().String()
+			conn, err := dial(c.NsyncAddress)
+			if err == nil {
+				c.Nsync = nsyncv1.NewNsyncServiceClient(conn)
+			}
+			ready()
+		})
+	})}
 }
 
 // waitLeader waits (bounded) until the auctioneer leads, so work sent at once is placed.
