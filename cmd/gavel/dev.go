@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +29,14 @@ import (
 // sampleRoutes routes hello.gavel.local to port 8080 and 0.hello.gavel.local etc. to each index.
 const sampleRoutes = `[{"port": 8080, "routes": ["hello.gavel.local"], "route_to_instances": true}]`
 
+// devStacks maps the stacks nsync accepts in `gavel dev` onto the dev cells' preloaded
+// rootfses: cflinuxfs4 on every cell, cflinuxfs3 on cell-1, lucid64 on cell-2.
+var devStacks = map[string]string{
+	"cflinuxfs4": "preloaded:cflinuxfs4",
+	"cflinuxfs3": "preloaded:cflinuxfs3",
+	"lucid64":    "preloaded:lucid64",
+}
+
 // runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
 // the route-emitter and the router in one process, and desires the sample app.
 func runDev(args []string, out io.Writer) error {
@@ -35,6 +45,7 @@ func runDev(args []string, out io.Writer) error {
 	bbsAddr := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
 	auctioneerAddr := fs.String("auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
 	emitterAddr := fs.String("routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
+	nsyncAddr := fs.String("nsync-listen", "127.0.0.1:8895", "nsync gRPC address")
 	routerHTTP := fs.String("router-http", "127.0.0.1:8080", "router HTTP address")
 	routerHTTPS := fs.String("router-https", "127.0.0.1:8443", "router HTTPS address")
 	routerAdmin := fs.String("router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
@@ -119,12 +130,16 @@ func runDev(args []string, out io.Writer) error {
 		RouterAdminAddress:  *routerAdmin,
 		Transformers:        plugins,
 		Logger:              logger,
+		Nsync:               true,
+		NsyncAddress:        *nsyncAddr,
+		NsyncStacks:         devStacks,
 	})
 	return lifecycle.Run(ctx, logger,
 		lifecycle.Member{Name: "cluster", Runner: cluster},
 		lifecycle.Member{Name: "sample", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			fmt.Fprintf(out, "\nGavel dev cluster is up (state in %s).\n", abs)
 			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
+			fmt.Fprintf(out, "  nsync:           %s (stacks %s)\n", cluster.NsyncAddress, strings.Join(slices.Sorted(maps.Keys(devStacks)), ", "))
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
 			for _, p := range plugins {
@@ -144,7 +159,11 @@ func runDev(args []string, out io.Writer) error {
 				fmt.Fprintf(out, "\nThrough the router:\n  curl -H 'Host: hello.gavel.local' http://%s/      (round-robin)\n  curl -H 'Host: 0.hello.gavel.local' http://%s/    (index 0 only)\n",
 					cluster.Router.HTTPAddr(), cluster.Router.HTTPAddr())
 			}
-			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\nStop with Ctrl-C.\n")
+			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\n  go run ./cmd/gavel -insecure pools create staging -require staging && go run ./cmd/gavel -insecure pools bind dev-space staging\n")
+			if samplePath != "" {
+				fmt.Fprintf(out, "  sed 's|@HELLO@|%s|' examples/app.yaml | go run ./cmd/gavel -insecure app push - && go run ./cmd/gavel -insecure apps\n", samplePath)
+			}
+			fmt.Fprintf(out, "Stop with Ctrl-C.\n")
 			ready()
 			<-ctx.Done()
 			return nil

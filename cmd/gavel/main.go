@@ -8,6 +8,7 @@
 //	gavel events [-since REV]         follow the event stream
 //	gavel links [-cell C] [-json] GUID  print the resolution of the links an LRP consumes
 //	gavel certs DIR NAME...           write a development CA and certificates
+//	gavel apps | app push|scale|restart|stop | pools ...   apps and placement pools (nsync)
 package main
 
 import (
@@ -25,11 +26,13 @@ import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
-const usage = `usage: gavel [-bbs ADDR[,ADDR...]] [-tls-cert F -tls-key F -tls-ca F | -insecure] COMMAND [ARGS]
+const usage = `usage: gavel [-bbs ADDR[,ADDR...]] [-nsync ADDR] [-tls-cert F -tls-key F -tls-ca F | -insecure] COMMAND [ARGS]
 
 commands:
   dev                              run a local cluster (embedded etcd, BBS) until Ctrl-C
@@ -43,7 +46,9 @@ commands:
   events [-since REV]              follow the event stream (one JSON line per revision)
   links [-cell C] [-json] GUID     the resolution of the links an LRP consumes (table or JSON)
   certs DIR NAME...                write a development CA and one certificate per NAME
-`
+
+apps and placement pools (talk to nsync at -nsync):
+` + appsUsage + poolsUsage
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -53,8 +58,9 @@ func main() {
 }
 
 type globals struct {
-	bbs string
-	tls tlsx.Config
+	bbs   string
+	nsync string
+	tls   tlsx.Config
 }
 
 func run(args []string, out io.Writer) error {
@@ -62,6 +68,7 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("gavel", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
 	fs.StringVar(&g.bbs, "bbs", bbsclient.DefaultAddress, "BBS gRPC address, or several comma-separated BBS addresses")
+	fs.StringVar(&g.nsync, "nsync", "127.0.0.1:8895", "nsync gRPC address (apps, app, pools)")
 	fs.StringVar(&g.tls.CertFile, "tls-cert", "", "client certificate (PEM)")
 	fs.StringVar(&g.tls.KeyFile, "tls-key", "", "client key (PEM)")
 	fs.StringVar(&g.tls.CAFile, "tls-ca", "", "CA of the BBS certificate (PEM)")
@@ -92,6 +99,23 @@ func run(args []string, out io.Writer) error {
 	}
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
+	switch cmd {
+	case "apps", "app", "pools":
+		conn, err := grpcx.Dial(g.nsync, grpcx.ClientConfig{TLS: g.tls})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		c := nsyncv1.NewNsyncServiceClient(conn)
+		switch cmd {
+		case "apps":
+			return appsCommand(ctx, c, rest, out)
+		case "app":
+			return appCommand(ctx, c, rest, out)
+		default:
+			return poolsCommand(ctx, c, rest, out)
+		}
+	}
 	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: g.bbs, BBSTLS: g.tls})
 	if err != nil {
 		return err

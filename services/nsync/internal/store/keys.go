@@ -1,10 +1,14 @@
 package store
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+)
 
 // Root is the prefix of every key nsync writes. nsync's records are its own: the BBS never
 // reads them, and nsync reads the BBS's only through its API.
-const Root = "/gavel/v1/nsync/"
+const Root = etcdx.Root + "nsync/"
 
 // Key layout (values are binary protobuf unless noted):
 //
