@@ -157,7 +157,9 @@ func etcdState(t *testing.T, cli *clientv3.Client) (int64, map[string]int64) {
 // TestBadInputStoresNothing: each bad request is refused with a message naming the field, and
 // neither nsync's records nor the BBS change.
 func TestBadInputStoresNothing(t *testing.T) {
-	e := startEnv(t, func(c *nsync.Config) { c.BulkInterval, c.DomainTTL = nsync.Duration(time.Hour), nsync.Duration(2*time.Hour) }, nil)
+	e := startEnv(t, func(c *nsync.Config) {
+		c.BulkInterval, c.DomainTTL = nsync.Duration(time.Hour), nsync.Duration(2*time.Hour)
+	}, nil)
 	ctx := ctxT(t)
 	mustPool(t, e, "bound", []string{"staging"}, nil)
 	bind(t, e, "space-a", "bound")
