@@ -93,6 +93,7 @@ func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer)
 	e.cfg.Stacks = map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4", "lucid64": "preloaded:lucid64"}
 	e.cfg.BulkInterval, e.cfg.DomainTTL = nsync.Duration(time.Second), nsync.Duration(3*time.Second)
 	e.cfg.RestartTimeout, e.cfg.LockTTL = nsync.Duration(30*time.Second), nsync.Duration(2*time.Second)
+	e.cfg.RouteDrain = nsync.Duration(500 * time.Millisecond)
 	if configure != nil {
 		configure(&e.cfg)
 	}

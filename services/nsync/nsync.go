@@ -66,6 +66,9 @@ type Config struct {
 	// RestartTimeout bounds how long RestartApp waits for the new version to run before it
 	// gives up (the old version keeps serving).
 	RestartTimeout Duration `json:"restart_timeout"`
+	// RouteDrain is how long a restart's old version keeps running without routes before it
+	// is removed: long enough for routers to drop it and for its requests in flight to finish.
+	RouteDrain Duration `json:"route_drain"`
 	// LockTTL is the lease of the bulk loop's leadership: a vanished leader is replaced this
 	// long afterwards.
 	LockTTL Duration `json:"lock_ttl"`
@@ -90,6 +93,7 @@ func Default() Config {
 		BulkInterval:   Duration(30 * time.Second),
 		DomainTTL:      Duration(2 * time.Minute),
 		RestartTimeout: Duration(2 * time.Minute),
+		RouteDrain:     Duration(5 * time.Second),
 		LockTTL:        Duration(etcdx.DefaultElectionTTL),
 		MaxInstances:   models.DefaultMaxInstances,
 		Log:            logging.Config{Level: "info", Format: "text"},
@@ -134,7 +138,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"lock_ttl", c.LockTTL}} {
+	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"lock_ttl", c.LockTTL}, {"route_drain", c.RouteDrain}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
 		}
@@ -216,6 +220,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Limits:         limits,
 		Transformer:    tr,
 		RestartTimeout: time.Duration(cfg.RestartTimeout),
+		RouteDrain:     time.Duration(cfg.RouteDrain),
 		DomainTTL:      time.Duration(cfg.DomainTTL),
 		Logger:         logger.Named("core"),
 		Observer:       m,

@@ -43,6 +43,7 @@ func run(args []string) error {
 	fs.Var(&cfg.BulkInterval, "bulk-interval", "time between bulk passes of the leader")
 	fs.Var(&cfg.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
 	fs.Var(&cfg.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
+	fs.Var(&cfg.RouteDrain, "route-drain", "how long a restarted app's old version runs unrouted before it is removed")
 	fs.Var(&cfg.LockTTL, "lock-ttl", "lease of the bulk loop's leadership")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
 	config.LogFlags(fs, &cfg.Log)

@@ -90,6 +90,23 @@ func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
 			res.Updated++
 		}
 	}
+	now := c.cfg.Now()
+	for _, r := range recs {
+		rec := r.Record
+		d := rec.GetDrainingVersion()
+		if d == 0 {
+			continue
+		}
+		if now.Before(time.UnixMilli(rec.GetDrainUntilUnixMs())) {
+			expected[build.ProcessGuid(rec.GetApp().GetGuid(), d)] = true
+			continue
+		}
+		if err := c.finishDrain(ctx, rec.GetApp().GetGuid(), d); err != nil {
+			errs = append(errs, fmt.Errorf("remove drained %s: %w", build.ProcessGuid(rec.GetApp().GetGuid(), d), err))
+			continue
+		}
+		expected[build.ProcessGuid(rec.GetApp().GetGuid(), d)] = true // removed just now
+	}
 	for pg := range atBBS {
 		if expected[pg] {
 			continue

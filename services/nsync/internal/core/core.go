@@ -72,6 +72,9 @@ type Config struct {
 	// RestartTimeout bounds how long a restart waits for the new version to run before it is
 	// abandoned (the old version keeps running).
 	RestartTimeout time.Duration
+	// RouteDrain is how long a restart's old version stays up without routes before it is
+	// removed, so that routers have dropped it and its requests in flight finish.
+	RouteDrain time.Duration
 	// RestartPoll is how often a restart checks the new version's instances.
 	RestartPoll time.Duration
 	// DomainTTL is how long the cf-apps domain stays fresh after a complete bulk pass.
@@ -294,11 +297,15 @@ func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 		return err
 	}
 	live := liveVersions(cur.Record)
+	if d := cur.Record.GetDrainingVersion(); d != 0 {
+		live = append(live, d)
+	}
 	if del {
 		err = c.store.DeleteApp(ctx, guid, cur.ModRevision)
 	} else {
 		rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
 		rec.State, rec.PendingVersion, rec.PendingConstraint, rec.PendingRootfs, rec.PendingSinceUnixMs = nsyncv1.AppState_APP_STATE_STOPPED, 0, nil, "", 0
+		rec.DrainingVersion, rec.DrainUntilUnixMs = 0, 0
 		_, err = c.store.PutApp(ctx, rec, cur.ModRevision)
 	}
 	if err != nil {

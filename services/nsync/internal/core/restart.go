@@ -20,7 +20,9 @@ import (
 //  1. record the next version as pending, with the space's current pool and the app's stack,
 //     and desire it at the BBS (the serving version is untouched);
 //  2. wait until every instance of the pending version is RUNNING;
-//  3. make it the serving version in the record, then remove the old version's LRP.
+//  3. make it the serving version in the record and take the old version's routes away, so
+//     that routers stop sending it requests;
+//  4. after the route drain time, remove the old version's LRP.
 //
 // When the pending version cannot be placed because no cell satisfies its rootfs and pool
 // (CELL_MISMATCH), or it does not run within the restart timeout, it is removed, the old version
@@ -78,7 +80,12 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 			return nil, "", err
 		}
 		if done {
-			return c.restartResult(ctx, guid, next)
+			app, pg, err := c.restartResult(ctx, guid, next)
+			if err != nil {
+				return nil, "", err
+			}
+			c.drain(ctx, guid, app.GetVersion()-1)
+			return app, pg, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -145,14 +152,20 @@ func (c *Core) advanceRestart(ctx context.Context, guid string, version int64) (
 	case running >= rec.GetApp().GetInstances():
 		old := rec.GetApp().GetVersion()
 		next.App.Version, next.Rootfs, next.PlacementConstraint, next.LastError = version, rec.GetPendingRootfs(), rec.GetPendingConstraint(), nil
+		if prev := rec.GetDrainingVersion(); prev != 0 {
+			// A previous restart's old version is still draining: it has been unrouted for a
+			// while already, so it goes now.
+			if err := c.remove(ctx, build.ProcessGuid(guid, prev)); err != nil {
+				return false, err
+			}
+		}
+		next.DrainingVersion, next.DrainUntilUnixMs = old, c.cfg.Now().Add(c.cfg.RouteDrain).UnixMilli()
 		if _, err := c.store.PutApp(ctx, next, cur.ModRevision); err != nil {
 			return false, err
 		}
 		c.cfg.Observer.Restart("completed")
-		c.log.Info("restart completed", "app_guid", guid, "version", version, "old_version", old)
-		if err := c.remove(ctx, build.ProcessGuid(guid, old)); err != nil {
-			c.log.Warn("remove of the old version failed; the bulk loop removes it", "app_guid", guid, "version", old, "error", err)
-		}
+		c.log.Info("restart completed; draining the old version", "app_guid", guid, "version", version, "old_version", old, "drain", c.cfg.RouteDrain)
+		c.unroute(ctx, build.ProcessGuid(guid, old))
 		return true, nil
 	case mismatch != nil:
 		next.LastError = mismatch
@@ -166,6 +179,43 @@ func (c *Core) advanceRestart(ctx context.Context, guid string, version int64) (
 		return true, c.abandon(ctx, next, cur.ModRevision, pg, "timed_out")
 	}
 	return false, nil
+}
+
+// unroute takes every route away from an LRP (its instances keep running).
+func (c *Core) unroute(ctx context.Context, pg string) {
+	u := &modelsv1.DesiredLRPUpdate{Routes: &modelsv1.RoutesUpdate{Routes: map[string][]byte{}}}
+	if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u}); err != nil {
+		c.log.Warn("unroute of the old version failed", "process_guid", pg, "error", err)
+	}
+}
+
+// drain waits the route drain time, then removes the draining version of guid (when ctx ends
+// first, the bulk loop removes it once its drain time has passed).
+func (c *Core) drain(ctx context.Context, guid string, version int64) {
+	t := time.NewTimer(c.cfg.RouteDrain)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	if err := c.finishDrain(ctx, guid, version); err != nil {
+		c.log.Warn("removing the drained version failed; the bulk loop removes it", "app_guid", guid, "version", version, "error", err)
+	}
+}
+
+// finishDrain removes the drained version of guid and forgets it in the record.
+func (c *Core) finishDrain(ctx context.Context, guid string, version int64) error {
+	if err := c.remove(ctx, build.ProcessGuid(guid, version)); err != nil {
+		return err
+	}
+	_, err := c.update(ctx, guid, func(rec *nsyncv1.AppRecord) error {
+		if rec.GetDrainingVersion() == version {
+			rec.DrainingVersion, rec.DrainUntilUnixMs = 0, 0
+		}
+		return nil
+	})
+	return err
 }
 
 // abandon records a failed restart (the old version keeps serving) and removes the new LRP.

@@ -395,9 +395,14 @@ type AppRecord struct {
 	// PendingSinceUnixMs is when the restart began.
 	PendingSinceUnixMs int64 `protobuf:"varint,8,opt,name=pending_since_unix_ms,json=pendingSinceUnixMs,proto3" json:"pending_since_unix_ms,omitempty"`
 	// LastError is the latest failure of a restart (e.g. CELL_MISMATCH under a new pool).
-	LastError     *v1.PlacementError `protobuf:"bytes,9,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastError *v1.PlacementError `protobuf:"bytes,9,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// DrainingVersion is the version a completed restart replaced: its routes are removed and
+	// it is removed once drain_until_unix_ms has passed (zero: none).
+	DrainingVersion int64 `protobuf:"varint,10,opt,name=draining_version,json=drainingVersion,proto3" json:"draining_version,omitempty"`
+	// DrainUntilUnixMs is when the draining version is removed.
+	DrainUntilUnixMs int64 `protobuf:"varint,11,opt,name=drain_until_unix_ms,json=drainUntilUnixMs,proto3" json:"drain_until_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AppRecord) Reset() {
@@ -491,6 +496,20 @@ func (x *AppRecord) GetLastError() *v1.PlacementError {
 		return x.LastError
 	}
 	return nil
+}
+
+func (x *AppRecord) GetDrainingVersion() int64 {
+	if x != nil {
+		return x.DrainingVersion
+	}
+	return 0
+}
+
+func (x *AppRecord) GetDrainUntilUnixMs() int64 {
+	if x != nil {
+		return x.DrainUntilUnixMs
+	}
+	return 0
 }
 
 // AppInfo is an app with what runs of it.
@@ -2035,7 +2054,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\aversion\x18\x0e \x01(\x03R\aversion\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x04\n" +
 	"\tAppRecord\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12W\n" +
@@ -2046,7 +2065,10 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x0epending_rootfs\x18\a \x01(\tR\rpendingRootfs\x121\n" +
 	"\x15pending_since_unix_ms\x18\b \x01(\x03R\x12pendingSinceUnixMs\x12>\n" +
 	"\n" +
-	"last_error\x18\t \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\tlastError\"\xc7\x03\n" +
+	"last_error\x18\t \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\tlastError\x12)\n" +
+	"\x10draining_version\x18\n" +
+	" \x01(\x03R\x0fdrainingVersion\x12-\n" +
+	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\"\xc7\x03\n" +
 	"\aAppInfo\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12!\n" +
