@@ -34,6 +34,7 @@ import (
 // 10s).
 type proc struct {
 	name   string
+	pid    int
 	out    *syncBuffer
 	exited chan struct{}
 	err    error // once exited is closed
@@ -47,6 +48,7 @@ func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	p.pid = cmd.Process.Pid
 	go func() {
 		p.err = cmd.Wait()
 		close(p.exited)
