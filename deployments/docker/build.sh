@@ -11,6 +11,6 @@ mkdir -p "$ctx/bin" "$ctx/fs/tmp" "$ctx/fs/var/lib/etcd" "$ctx/fs/var/gavel/rep"
 chmod 1777 "$ctx/fs/tmp"
 (cd "$root" && CGO_ENABLED=0 go build -trimpath -o "$ctx/bin/" \
 	./services/bbs/cmd/bbs ./services/auctioneer/cmd/auctioneer ./services/rep/cmd/rep \
-	./services/routeemitter/cmd/routeemitter ./services/router/cmd/router \
+	./services/routeemitter/cmd/routeemitter ./services/router/cmd/router ./services/nsync/cmd/nsync \
 	./cmd/gavel ./cmd/gavel-etcd ./examples/hello)
 docker build -q -f "$here/Dockerfile" -t "$tag" "$ctx"
