@@ -100,8 +100,20 @@ func Default() Config {
 	}
 }
 
-// LoadFile overlays the JSON config file at path on c.
-func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
+// LoadFile overlays the JSON config file at path on c. A file that sets stacks replaces the
+// default stacks (JSON would merge the maps).
+func (c *Config) LoadFile(path string) error {
+	defaults := c.Stacks
+	c.Stacks = nil
+	if err := config.LoadJSON(path, c); err != nil {
+		c.Stacks = defaults
+		return err
+	}
+	if c.Stacks == nil {
+		c.Stacks = defaults
+	}
+	return nil
+}
 
 // Validate reports every problem that would stop nsync from starting.
 func (c Config) Validate() error {
