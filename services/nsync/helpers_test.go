@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
@@ -104,7 +105,7 @@ func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer)
 // startNsync runs nsync with e.cfg; e.stop stops it.
 func (e *env) startNsync(t *testing.T) {
 	t.Helper()
-	conn, err := nsync.DialBBS(e.cfg)
+	conn, err := bbsclient.Dial(e.cfg.Config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,9 +18,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -44,13 +43,8 @@ type Config struct {
 	ListenAddress string `json:"listen_address"`
 	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
 	TLS tlsx.Config `json:"tls"`
-	// BBSAddress is the BBS's gRPC address, or several comma-separated addresses of BBS
-	// instances.
-	BBSAddress string `json:"bbs_address"`
-	// BBSAddresses lists the BBS instances' gRPC addresses; when set it replaces bbs_address.
-	BBSAddresses []string `json:"bbs_addresses,omitempty"`
-	// BBSTLS is the client certificate, key and CA used to reach the BBS; or insecure.
-	BBSTLS tlsx.Config `json:"bbs_tls"`
+	// Config is how nsync reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
+	bbsclient.Config
 	// EtcdEndpoints are the etcd client URLs of nsync's own records (and its election).
 	EtcdEndpoints []string `json:"etcd_endpoints"`
 	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
@@ -87,7 +81,7 @@ type Duration = config.Duration
 func Default() Config {
 	return Config{
 		ListenAddress:  "127.0.0.1:8895",
-		BBSAddress:     "127.0.0.1:8889",
+		Config:         bbsclient.Default(),
 		EtcdEndpoints:  []string{"http://127.0.0.1:2379"},
 		Stacks:         map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4"},
 		BulkInterval:   Duration(30 * time.Second),
@@ -124,11 +118,8 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("tls: %w", err))
 	}
-	if len(c.BBSTargets()) == 0 {
-		errs = append(errs, errors.New("bbs_address (or bbs_addresses) is required"))
-	}
-	if err := c.BBSTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("bbs_tls: %w", err))
+	if err := c.Config.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(c.EtcdEndpoints) == 0 {
 		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
@@ -165,30 +156,6 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// BBSTargets returns the BBS addresses to dial: bbs_addresses when set, otherwise the
-// comma-separated bbs_address.
-func (c Config) BBSTargets() []string {
-	if len(c.BBSAddresses) > 0 {
-		return grpcx.SplitTargets(c.BBSAddresses...)
-	}
-	return grpcx.SplitTargets(c.BBSAddress)
-}
-
-// DialBBS connects to the BBS instances of cfg.BBSTargets (round-robin over those that
-// answer) with cfg.BBSTLS and a reconnect backoff capped at 5 s, so a restarted BBS is
-// followed quickly.
-func DialBBS(cfg Config) (*grpc.ClientConn, error) {
-	conn, err := grpcx.DialMulti(cfg.BBSTargets(), grpcx.ClientConfig{TLS: cfg.BBSTLS, KeepaliveTime: 30 * time.Second},
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
-			MinConnectTimeout: 5 * time.Second,
-		}))
-	if err != nil {
-		return nil, fmt.Errorf("bbs client: %w", err)
-	}
-	return conn, nil
 }
 
 // Transformer augments the LRPs and tasks nsync builds before they reach the BBS (the

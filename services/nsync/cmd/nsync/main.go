@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -35,8 +36,7 @@ func run(args []string) error {
 	fs.String("config", "", "JSON config file (see services/nsync/README.md); flags override it")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	fs.StringVar(&cfg.BBSAddress, "bbs-address", cfg.BBSAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	config.TLSFlags(fs, &cfg.BBSTLS, "bbs", "bbs-insecure", "BBS client")
+	bbsclient.Flags(fs, &cfg.Config)
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs (nsync's records)")
 	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(config.JSONMap{Values: &cfg.Stacks}, "stacks", `stacks as JSON name→rootfs URI, e.g. '{"cflinuxfs4":"preloaded:cflinuxfs4"}'`)
@@ -60,7 +60,7 @@ func run(args []string) error {
 		return err
 	}
 	defer etcd.Close()
-	conn, err := nsync.DialBBS(cfg)
+	conn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
 		return err
 	}
