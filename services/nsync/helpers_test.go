@@ -39,6 +39,7 @@ type env struct {
 	cfg     nsync.Config
 	tr      nsync.Transformer
 	nsync   nsyncv1.NsyncServiceClient
+	svc     *nsync.Service
 	stop    func()
 }
 
@@ -126,7 +127,7 @@ func (e *env) startNsync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.nsync = nsyncv1.NewNsyncServiceClient(client)
+	e.nsync, e.svc = nsyncv1.NewNsyncServiceClient(client), svc
 	var once sync.Once
 	e.stop = func() {
 		once.Do(func() {
