@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -396,4 +397,44 @@ func TestTransformerRunsOnWhatNsyncBuilds(t *testing.T) {
 	if err != nil || task.GetTask().GetDefinition().GetProperties()["network.network_id"] != "net-task" {
 		t.Errorf("task %v %v", task, err)
 	}
+}
+
+// TestBulkLoopFinishesARestart: a restart whose caller got an error (the BBS was unreachable)
+// is completed by the bulk loop from the record once the BBS is back: the new version runs, the
+// old one drains and goes.
+func TestBulkLoopFinishesARestart(t *testing.T) {
+	e := startEnv(t, nil, nil)
+	ctx := ctxT(t)
+	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("web", "space", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRunning(t, "web-v1", 2)
+	e.proxy.Cut()
+	_, err := e.nsync.RestartApp(ctx, &nsyncv1.RestartAppRequest{Guid: "web"})
+	if err == nil || !strings.Contains(err.Error(), "continues in the background") {
+		t.Fatalf("RestartApp with the BBS away: %v", err)
+	}
+	// Apps needs the BBS for its counts: read the record itself.
+	got, err := e.cluster.Etcd.Get(ctx, "/gavel/v1/nsync/app/web")
+	if err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("read the record: %v %v", got, err)
+	}
+	rec := &nsyncv1.AppRecord{}
+	if err := proto.Unmarshal(got.Kvs[0].Value, rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.GetPendingVersion() != 2 || rec.GetApp().GetVersion() != 1 {
+		t.Fatalf("after the interrupted restart: %v", rec)
+	}
+	e.proxy.Restore()
+	waitFor(t, 20*time.Second, "the bulk loop to finish the restart", func() (bool, string) {
+		resp, err := e.nsync.Apps(ctx, &nsyncv1.AppsRequest{Guids: []string{"web"}})
+		if err != nil || len(resp.GetApps()) != 1 {
+			return false, fmt.Sprint(resp, err) // nsync reconnects to the BBS
+		}
+		info := resp.GetApps()[0]
+		_, old := e.desired(t, "web-v1")
+		return info.GetApp().GetVersion() == 2 && info.GetPendingVersion() == 0 && info.GetRunning() == 2 && !old,
+			fmt.Sprintf("version %d pending %d running %d, v1 desired %v", info.GetApp().GetVersion(), info.GetPendingVersion(), info.GetRunning(), old)
+	})
 }

@@ -77,7 +77,7 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 	for {
 		done, err := c.advanceRestart(ctx, guid, next)
 		if err != nil {
-			return nil, "", err
+			return nil, "", fmt.Errorf("restart of %s to version %d continues in the background: %w", guid, next, err)
 		}
 		if done {
 			app, pg, err := c.restartResult(ctx, guid, next)
