@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -432,4 +433,47 @@ func TestNsyncEndToEnd(t *testing.T) {
 	}
 	within(t, "worker desired again", cellsOf(c.waitRunning(t, "worker-v1", 3, 30*time.Second)), 9)
 	routed("web still routed")
+}
+
+// TestNsyncBinaryMutualTLSAndBadConfig: the nsync binary serves its API over mutual TLS only,
+// and refuses a bad configuration before starting.
+func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
+	bin := binary(t, "nsync")
+	out, err := exec.Command(bin, "-insecure", "-bbs-insecure", "-etcd-insecure", "-stacks", `{"CFLinuxFS4":"preloaded:cflinuxfs4"}`).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `stack name "CFLinuxFS4" must be non-empty and lower case`) {
+		t.Fatalf("want a refusal naming the stack, got %v: %s", err, out)
+	}
+
+	emb, _ := etcdtest.Start(t)
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "nsync", "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	c := &cluster{}
+	c.procs = append(c.procs, startProc(t, "nsync", bin, "-listen", addr,
+		"-tls-cert", pki["nsync"].CertFile, "-tls-key", pki["nsync"].KeyFile, "-tls-ca", pki["nsync"].CAFile,
+		"-bbs-address", freeAddr(t), "-bbs-insecure", "-etcd-endpoints", strings.Join(emb.Endpoints(), ","), "-etcd-insecure"))
+	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["client"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := nsyncv1.NewNsyncServiceClient(conn)
+	c.waitFor(t, 20*time.Second, "nsync over mTLS", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := client.CreatePlacementPool(ctx, &nsyncv1.CreatePlacementPoolRequest{Pool: &nsyncv1.PlacementPool{Name: "p", Require: []string{"staging"}}})
+		return err == nil, fmt.Sprint(err)
+	})
+	plain, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := nsyncv1.NewNsyncServiceClient(plain).PlacementPools(ctx, &nsyncv1.PlacementPoolsRequest{}); err == nil {
+		t.Fatal("a plaintext client reached the mTLS nsync")
+	}
 }
