@@ -438,3 +438,77 @@ func TestBulkLoopFinishesARestart(t *testing.T) {
 			fmt.Sprintf("version %d pending %d running %d, v1 desired %v", info.GetApp().GetVersion(), info.GetPendingVersion(), info.GetRunning(), old)
 	})
 }
+
+// TestRestartOrderOnTheEventStream: what routers see of a restart, on the BBS event stream:
+// every instance of the new version RUNNING, then the old version losing its routes, then
+// (after the drain) the old version removed — never an old instance gone while still routed.
+func TestRestartOrderOnTheEventStream(t *testing.T) {
+	e := startEnv(t, nil, nil)
+	ctx := ctxT(t)
+	a := app("web", "space", 2)
+	a.Routes, _ = structpb.NewValue([]any{map[string]any{"port": 8080, "routes": []any{"web.example.com"}}})
+	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: a}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRunning(t, "web-v1", 2)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	list, err := e.bbs.DesiredLRPs(ctx, &bbsv1.DesiredLRPsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every event after the listing, even those committed before the stream opens.
+	stream, err := e.bbs.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{SinceRevision: list.GetRevision(), Filter: &bbsv1.Filter{Domain: "cf-apps"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := make(chan error, 1)
+	go func() {
+		_, err := e.nsync.RestartApp(ctx, &nsyncv1.RestartAppRequest{Guid: "web"})
+		restarted <- err
+	}()
+	var steps []string
+	newRunning, oldUnrouted := 0, false
+	for done := false; !done; {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("event stream: %v (so far %v)", err, steps)
+		}
+		for _, ev := range msg.GetEvents() {
+			switch {
+			case ev.GetActualLrpChanged() != nil:
+				after := ev.GetActualLrpChanged().GetAfter()
+				if after.GetKey().GetProcessGuid() == "web-v2" && after.GetState() == modelsv1.ActualLRP_STATE_RUNNING &&
+					ev.GetActualLrpChanged().GetBefore().GetState() != modelsv1.ActualLRP_STATE_RUNNING {
+					newRunning++
+					steps = append(steps, "v2 running")
+				}
+			case ev.GetActualLrpRemoved() != nil:
+				if ev.GetActualLrpRemoved().GetActualLrp().GetKey().GetProcessGuid() == "web-v1" && !oldUnrouted {
+					t.Fatalf("a v1 instance went while v1 was still routed (steps %v)", steps)
+				}
+			case ev.GetDesiredLrpChanged() != nil:
+				ch := ev.GetDesiredLrpChanged()
+				if ch.GetAfter().GetProcessGuid() == "web-v1" && len(ch.GetAfter().GetRoutes()) == 0 && len(ch.GetBefore().GetRoutes()) > 0 {
+					if newRunning != 2 {
+						t.Fatalf("v1 unrouted with %d v2 instances running (steps %v)", newRunning, steps)
+					}
+					oldUnrouted = true
+					steps = append(steps, "v1 unrouted")
+				}
+			case ev.GetDesiredLrpRemoved() != nil:
+				if ev.GetDesiredLrpRemoved().GetDesiredLrp().GetProcessGuid() == "web-v1" {
+					if !oldUnrouted {
+						t.Fatalf("v1 removed while routed (steps %v)", steps)
+					}
+					steps = append(steps, "v1 removed")
+					done = true
+				}
+			}
+		}
+	}
+	if err := <-restarted; err != nil {
+		t.Fatalf("RestartApp: %v", err)
+	}
+	t.Logf("restart as the event stream saw it: %v", steps)
+}
