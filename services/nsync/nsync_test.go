@@ -512,3 +512,36 @@ func TestRestartOrderOnTheEventStream(t *testing.T) {
 	}
 	t.Logf("restart as the event stream saw it: %v", steps)
 }
+
+// TestRecreatedAppGetsItsNewDefinition: an app deleted while the BBS was unreachable and
+// desired again under the same guid ends up with its new definition at the BBS, and nothing of
+// the old one.
+func TestRecreatedAppGetsItsNewDefinition(t *testing.T) {
+	e := startEnv(t, nil, nil)
+	ctx := ctxT(t)
+	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("re", "space", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	e.proxy.Cut()
+	if _, err := e.nsync.StopApp(ctx, &nsyncv1.StopAppRequest{Guid: "re", Delete: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.proxy.Restore()
+	again := app("re", "space", 1)
+	again.Command = "/bin/new-app"
+	waitFor(t, 10*time.Second, "DesireApp with the BBS back", func() (bool, string) {
+		_, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: again})
+		return err == nil, fmt.Sprint(err)
+	})
+	waitFor(t, 20*time.Second, "only the new definition at the BBS", func() (bool, string) {
+		resp, err := e.bbs.DesiredLRPs(ctx, &bbsv1.DesiredLRPsRequest{Filter: &bbsv1.Filter{LabelSelector: "app=re"}})
+		if err != nil {
+			return false, err.Error()
+		}
+		var paths []string
+		for _, d := range resp.GetDesiredLrps() {
+			paths = append(paths, d.GetProcessGuid()+":"+d.GetAction().GetRun().GetPath())
+		}
+		return len(paths) == 1 && strings.HasSuffix(paths[0], ":/bin/new-app"), fmt.Sprint(paths)
+	})
+}

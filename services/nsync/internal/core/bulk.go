@@ -11,6 +11,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
 )
 
@@ -122,6 +123,19 @@ func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
 		if p := r.Record.GetPendingVersion(); p != 0 && r.Record.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
 			if _, err := c.advanceRestart(ctx, r.Record.GetApp().GetGuid(), p); err != nil {
 				errs = append(errs, fmt.Errorf("restart of %s: %w", r.Record.GetApp().GetGuid(), err))
+			}
+		}
+	}
+	// Tombstones of deleted apps go once none of their LRPs was listed (those listed were just
+	// removed above; the next pass confirms they are gone).
+	listedApps := map[string]bool{}
+	for _, si := range atBBS {
+		listedApps[si.GetLabels()[build.LabelApp]] = true
+	}
+	for _, r := range recs {
+		if r.Record.GetState() == nsyncv1.AppState_APP_STATE_DELETED && !listedApps[r.Record.GetApp().GetGuid()] {
+			if err := c.store.DeleteApp(ctx, r.Record.GetApp().GetGuid(), r.ModRevision); err != nil && !errors.Is(err, rpcerr.ErrAborted) {
+				errs = append(errs, err)
 			}
 		}
 	}

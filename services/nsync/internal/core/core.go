@@ -154,6 +154,17 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 	}
 	app := proto.Clone(in).(*nsyncv1.App)
 	app.Version = 1
+	// A deleted app's record stays until its LRPs are gone: a new app of the same guid takes
+	// it over past every version it had, so no old LRP is mistaken for the new one.
+	deleted, err := c.store.GetApp(ctx, app.GetGuid())
+	switch {
+	case err == nil && deleted.Record.GetState() != nsyncv1.AppState_APP_STATE_DELETED:
+		return nil, "", rpcerr.AlreadyExists("app %q already exists", app.GetGuid())
+	case err == nil:
+		app.Version = lastVersion(deleted.Record) + 1
+	case !errors.Is(err, rpcerr.ErrNotFound):
+		return nil, "", err
+	}
 	rootfs, constraint, err := c.placement(ctx, "app", app)
 	if err != nil {
 		return nil, "", err
@@ -163,7 +174,12 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 		return nil, "", err
 	}
 	rec := &nsyncv1.AppRecord{App: app, State: nsyncv1.AppState_APP_STATE_STARTED, Rootfs: rootfs, PlacementConstraint: constraint}
-	if _, err := c.store.CreateApp(ctx, rec); err != nil {
+	if deleted.Record != nil {
+		_, err = c.store.PutApp(ctx, rec, deleted.ModRevision)
+	} else {
+		_, err = c.store.CreateApp(ctx, rec)
+	}
+	if err != nil {
 		return nil, "", err
 	}
 	if err := c.desire(ctx, d); err != nil {
@@ -197,6 +213,20 @@ func (c *Core) remove(ctx context.Context, processGuid string) error {
 	return err
 }
 
+// lastVersion is the highest version a record knows of.
+func lastVersion(rec *nsyncv1.AppRecord) int64 {
+	return max(rec.GetApp().GetVersion(), rec.GetPendingVersion(), rec.GetDrainingVersion())
+}
+
+// getApp reads the app guid; a deleted app is NotFound.
+func (c *Core) getApp(ctx context.Context, guid string) (store.App, error) {
+	cur, err := c.store.GetApp(ctx, guid)
+	if err == nil && cur.Record.GetState() == nsyncv1.AppState_APP_STATE_DELETED {
+		return store.App{}, rpcerr.NotFound("app %q not found", guid)
+	}
+	return cur, err
+}
+
 // liveVersions are the versions of a started app that should be desired at the BBS.
 func liveVersions(rec *nsyncv1.AppRecord) []int64 {
 	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
@@ -212,7 +242,7 @@ func liveVersions(rec *nsyncv1.AppRecord) []int64 {
 // update changes the recorded app with f under compare-and-swap, retrying lost races.
 func (c *Core) update(ctx context.Context, guid string, f func(rec *nsyncv1.AppRecord) error) (*nsyncv1.AppRecord, error) {
 	for attempt := 0; ; attempt++ {
-		cur, err := c.store.GetApp(ctx, guid)
+		cur, err := c.getApp(ctx, guid)
 		if err != nil {
 			return nil, err
 		}
@@ -292,7 +322,7 @@ func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 	if err := models.ValidateGuid("guid", guid); err != nil {
 		return err
 	}
-	cur, err := c.store.GetApp(ctx, guid)
+	cur, err := c.getApp(ctx, guid)
 	if err != nil {
 		return err
 	}
@@ -300,20 +330,29 @@ func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 	if d := cur.Record.GetDrainingVersion(); d != 0 {
 		live = append(live, d)
 	}
+	rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
+	rec.State = nsyncv1.AppState_APP_STATE_STOPPED
 	if del {
-		err = c.store.DeleteApp(ctx, guid, cur.ModRevision)
-	} else {
-		rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
-		rec.State, rec.PendingVersion, rec.PendingConstraint, rec.PendingRootfs, rec.PendingSinceUnixMs = nsyncv1.AppState_APP_STATE_STOPPED, 0, nil, "", 0
-		rec.DrainingVersion, rec.DrainUntilUnixMs = 0, 0
-		_, err = c.store.PutApp(ctx, rec, cur.ModRevision)
+		// Kept as a tombstone until its LRPs are gone (see DesireApp and the bulk pass).
+		rec.State = nsyncv1.AppState_APP_STATE_DELETED
+		rec.App.Version = lastVersion(cur.Record)
 	}
+	rec.PendingVersion, rec.PendingConstraint, rec.PendingRootfs, rec.PendingSinceUnixMs = 0, nil, "", 0
+	rec.DrainingVersion, rec.DrainUntilUnixMs = 0, 0
+	modRev, err := c.store.PutApp(ctx, rec, cur.ModRevision)
 	if err != nil {
 		return err
 	}
+	removed := true
 	for _, v := range live {
 		if err := c.remove(ctx, build.ProcessGuid(guid, v)); err != nil {
+			removed = false
 			c.log.Warn("remove at the BBS failed; the bulk loop removes it", "app_guid", guid, "version", v, "error", err)
+		}
+	}
+	if del && removed {
+		if err := c.store.DeleteApp(ctx, guid, modRev); err != nil {
+			c.log.Debug("tombstone left for the bulk loop", "app_guid", guid, "error", err)
 		}
 	}
 	return nil
@@ -335,7 +374,7 @@ func (c *Core) RunTask(ctx context.Context, req *nsyncv1.RunTaskRequest) (string
 	if err := e.Err(); err != nil {
 		return "", err
 	}
-	cur, err := c.store.GetApp(ctx, req.GetAppGuid())
+	cur, err := c.getApp(ctx, req.GetAppGuid())
 	if err != nil {
 		return "", err
 	}
@@ -384,6 +423,9 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 	for _, r := range recs {
 		rec := r.Record
 		app := rec.GetApp()
+		if rec.GetState() == nsyncv1.AppState_APP_STATE_DELETED {
+			continue
+		}
 		if req.GetSpaceGuid() != "" && app.GetSpaceGuid() != req.GetSpaceGuid() {
 			continue
 		}

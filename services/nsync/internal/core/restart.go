@@ -34,7 +34,7 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 	if err := models.ValidateGuid("guid", guid); err != nil {
 		return nil, "", err
 	}
-	cur, err := c.store.GetApp(ctx, guid)
+	cur, err := c.getApp(ctx, guid)
 	if err != nil {
 		return nil, "", err
 	}

@@ -36,6 +36,9 @@ const (
 	AppState_APP_STATE_STARTED AppState = 1
 	// APP_STATE_STOPPED means the app has no LRP at the BBS.
 	AppState_APP_STATE_STOPPED AppState = 2
+	// APP_STATE_DELETED marks a deleted app whose LRPs may still be at the BBS; the record is
+	// dropped once they are gone, and an app desired again under its guid continues its versions.
+	AppState_APP_STATE_DELETED AppState = 3
 )
 
 // Enum value maps for AppState.
@@ -44,11 +47,13 @@ var (
 		0: "APP_STATE_UNSPECIFIED",
 		1: "APP_STATE_STARTED",
 		2: "APP_STATE_STOPPED",
+		3: "APP_STATE_DELETED",
 	}
 	AppState_value = map[string]int32{
 		"APP_STATE_UNSPECIFIED": 0,
 		"APP_STATE_STARTED":     1,
 		"APP_STATE_STOPPED":     2,
+		"APP_STATE_DELETED":     3,
 	}
 )
 
@@ -2153,11 +2158,12 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x1bUnbindPlacementPoolResponse\"4\n" +
 	"\x1eSetDefaultPlacementPoolRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\"!\n" +
-	"\x1fSetDefaultPlacementPoolResponse*S\n" +
+	"\x1fSetDefaultPlacementPoolResponse*j\n" +
 	"\bAppState\x12\x19\n" +
 	"\x15APP_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11APP_STATE_STARTED\x10\x01\x12\x15\n" +
-	"\x11APP_STATE_STOPPED\x10\x022\xe9\t\n" +
+	"\x11APP_STATE_STOPPED\x10\x02\x12\x15\n" +
+	"\x11APP_STATE_DELETED\x10\x032\xe9\t\n" +
 	"\fNsyncService\x12P\n" +
 	"\tDesireApp\x12 .gavel.nsync.v1.DesireAppRequest\x1a!.gavel.nsync.v1.DesireAppResponse\x12P\n" +
 	"\tUpdateApp\x12 .gavel.nsync.v1.UpdateAppRequest\x1a!.gavel.nsync.v1.UpdateAppResponse\x12S\n" +
