@@ -31,6 +31,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync/internal/api"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
 	"github.com/gavel-sched/gavel/services/nsync/internal/core"
@@ -66,6 +67,10 @@ type Config struct {
 	// LockTTL is the lease of the bulk loop's leadership: a vanished leader is replaced this
 	// long afterwards.
 	LockTTL Duration `json:"lock_ttl"`
+	// Plugins is the transformer chain every LRP and task nsync builds passes through, in
+	// order, before it is validated and sent to the BBS (CF apps only; the BBS has its own
+	// chain for everything). See pkg/transform and docs/plugins.md.
+	Plugins []transform.PluginConfig `json:"plugins,omitempty"`
 	// MaxInstances is the largest instance count of an app (the BBS's max_instances).
 	MaxInstances int32 `json:"max_instances"`
 	// Log sets the log level and format.
@@ -152,14 +157,17 @@ func (c Config) Validate() error {
 	if c.MaxInstances <= 0 {
 		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
 	}
+	if err := transform.ValidateChain(c.Plugins); err != nil {
+		errs = append(errs, fmt.Errorf("plugins: %w", err))
+	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
 	return errors.Join(errs...)
 }
 
-// Transformer augments the LRPs and tasks nsync builds before they reach the BBS (the
-// transformer chain); nil runs none.
+// Transformer augments the LRPs and tasks nsync builds before they reach the BBS; the chain
+// loaded from Config.Plugins is one.
 type Transformer = core.Transformer
 
 // LeaderService is the election nsync instances campaign in (key /gavel/v1/lock/nsync); the
@@ -175,11 +183,13 @@ type Service struct {
 	server   *grpcx.Server
 	metrics  *metrics.Server // nil without metrics_address
 	m        *serviceMetrics
+	chain    *transform.Chain
 	election atomic.Pointer[etcdx.Election]
 }
 
-// New builds nsync over an etcd client (its records and election) and a BBS client; tr, when
-// not nil, is the transformer chain. Run starts it.
+// New builds nsync over an etcd client (its records and election) and a BBS client. It loads
+// the transformer chain of cfg.Plugins (describing every plugin, so a bad one stops nsync
+// here); tr, when not nil, is used instead (tests and embedding). Run starts it.
 func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, tr Transformer) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("nsync config: %w", err)
@@ -194,6 +204,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	st := store.New(etcd)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
+	chain, err := transform.Load(context.Background(), cfg.Plugins, logger.Named("transform"), m.registry, transform.WithLimits(limits))
+	if err != nil {
+		return nil, fmt.Errorf("nsync plugins: %w", err)
+	}
+	if tr == nil && chain.Len() > 0 {
+		tr = chain
+	}
 	c := core.New(st, bbs, core.Config{
 		Stacks:         build.Stacks(cfg.Stacks),
 		Limits:         limits,
@@ -209,10 +226,11 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
 	)
 	if err != nil {
+		_ = chain.Close()
 		return nil, fmt.Errorf("nsync: %w", err)
 	}
 	nsyncv1.RegisterNsyncServiceServer(server.GRPC, api.New(c, st))
-	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m}
+	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m, chain: chain}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
 	return svc, nil
 }
@@ -220,6 +238,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 // Run serves the API and campaigns for the bulk loop until ctx ends; ready is called once the
 // API is serving.
 func (s *Service) Run(ctx context.Context, ready func()) error {
+	defer s.chain.Close()
 	return lifecycle.Run(ctx, s.log, append(s.metrics.Members(),
 		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(s.runBulk)},
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {

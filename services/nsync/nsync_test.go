@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,8 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/transform"
+	"github.com/gavel-sched/gavel/pkg/transform/plugin"
 	"github.com/gavel-sched/gavel/services/nsync"
 )
 
@@ -139,7 +143,8 @@ func TestPlacementPoolsAndZeroDowntimeRestart(t *testing.T) {
 	}
 }
 
-// etcdState is what nsync and the BBS store: every key with its mod revision.
+// etcdState is what nsync and the BBS store (every key with its mod revision) and the
+// revision read at.
 func etcdState(t *testing.T, cli *clientv3.Client) (int64, map[string]int64) {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), "/gavel/v1/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -148,8 +153,10 @@ func etcdState(t *testing.T, cli *clientv3.Client) (int64, map[string]int64) {
 	}
 	out := map[string]int64{}
 	for _, kv := range resp.Kvs {
-		if !strings.HasPrefix(string(kv.Key), "/gavel/v1/cell/") && !strings.HasPrefix(string(kv.Key), "/gavel/v1/lock/") {
-			out[string(kv.Key)] = kv.ModRevision
+		// Presence, elections and the bulk loop's domain refreshes are not the request's doing.
+		k := string(kv.Key)
+		if !strings.HasPrefix(k, "/gavel/v1/cell/") && !strings.HasPrefix(k, "/gavel/v1/lock/") && !strings.HasPrefix(k, "/gavel/v1/domain/") {
+			out[k] = kv.ModRevision
 		}
 	}
 	return resp.Header.Revision, out
@@ -358,23 +365,48 @@ func TestRestartOfNsyncLosesNothing(t *testing.T) {
 	}
 }
 
-// stamp is a transformer that adds a property to every LRP and task.
-type stamp struct{}
-
-func (stamp) DesiredLRP(_ context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error) {
-	d.Properties["network.network_id"] = "net-" + d.GetProperties()["space_guid"]
-	return d, nil
+// stampPlugin is a transformer plugin, served on a UNIX socket, that adds a network id
+// property to every LRP and task.
+func stampPlugin(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gvns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "stamp.sock")
+	l, err := plugin.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &plugin.Plugin{Name: "stamp", Version: "test",
+		DesiredLRP: func(_ context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error) {
+			if d.GetProperties()["app_name"] == "refused-name" {
+				return nil, &plugin.Error{Message: "no network for this app", External: true}
+			}
+			d.Properties["network.network_id"] = "net-" + d.GetProperties()["space_guid"]
+			return d, nil
+		},
+		Task: func(_ context.Context, task *modelsv1.Task) (*modelsv1.Task, error) {
+			task.Definition.Properties["network.network_id"] = "net-task"
+			return task, nil
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.ServeListener(ctx, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return path
 }
 
-func (stamp) Task(_ context.Context, t *modelsv1.Task) (*modelsv1.Task, error) {
-	t.Definition.Properties["network.network_id"] = "net-task"
-	return t, nil
-}
-
-// TestTransformerRunsOnWhatNsyncBuilds: the chain's output is what reaches the BBS, for apps
-// (also when the bulk loop desires them again) and for tasks.
+// TestTransformerRunsOnWhatNsyncBuilds: with a plugin configured in nsync's plugins, the
+// chain's output is what reaches the BBS, for apps (also when the bulk loop desires them again)
+// and for tasks.
 func TestTransformerRunsOnWhatNsyncBuilds(t *testing.T) {
-	e := startEnv(t, nil, stamp{})
+	socket := stampPlugin(t)
+	e := startEnv(t, func(c *nsync.Config) {
+		c.Plugins = []transform.PluginConfig{{Name: "stamp", Socket: socket}}
+	}, nil)
 	ctx := ctxT(t)
 	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("web", "space-x", 1)}); err != nil {
 		t.Fatal(err)
@@ -389,6 +421,15 @@ func TestTransformerRunsOnWhatNsyncBuilds(t *testing.T) {
 		d, ok := e.desired(t, "web-v1")
 		return ok && d.GetProperties()["network.network_id"] == "net-space-x", fmt.Sprint(d.GetProperties())
 	})
+	// A plugin refusing an app: the caller's fault, nothing stored.
+	_, before := etcdState(t, e.cluster.Etcd)
+	_, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("refused", "space-x", 1)})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "no network for this app") {
+		t.Errorf("DesireApp refused by the plugin: %v", err)
+	}
+	if _, after := etcdState(t, e.cluster.Etcd); !maps.Equal(before, after) {
+		t.Errorf("a refused app changed what is stored: before %v, after %v", before, after)
+	}
 	tr, err := e.nsync.RunTask(ctx, &nsyncv1.RunTaskRequest{AppGuid: "web", Command: "/bin/true"})
 	if err != nil {
 		t.Fatal(err)

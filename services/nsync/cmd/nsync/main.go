@@ -20,6 +20,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync"
 )
 
@@ -40,6 +41,7 @@ func run(args []string) error {
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs (nsync's records)")
 	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(config.JSONMap{Values: &cfg.Stacks}, "stacks", `stacks as JSON name→rootfs URI, e.g. '{"cflinuxfs4":"preloaded:cflinuxfs4"}'`)
+	fs.Var(transform.Flag{Plugins: &cfg.Plugins}, "plugin", "transformer plugin NAME=SOCKET[,kinds=desired_lrp+task][,timeout=2s][,failure_policy=fail|ignore][,check_determinism=true][,max_concurrency=32] run on what nsync builds; repeat for a chain, in order (see docs/plugins.md)")
 	fs.Var(&cfg.BulkInterval, "bulk-interval", "time between bulk passes of the leader")
 	fs.Var(&cfg.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
 	fs.Var(&cfg.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
