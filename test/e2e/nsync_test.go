@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -63,8 +64,8 @@ func startNsyncCluster(t *testing.T) *nsyncCluster {
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	bbsAddr, auctioneerAddr, nsyncAddr, emitterAddr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	c.bbsAddr, c.router = bbsAddr, freeAddr(t)
+	bbsAddr, auctioneerAddr, nsyncAddr, emitterAddr := testkit.ReservedAddr(t), testkit.ReservedAddr(t), testkit.ReservedAddr(t), testkit.ReservedAddr(t)
+	c.bbsAddr, c.router = bbsAddr, testkit.ReservedAddr(t)
 	c.procs = append(c.procs,
 		startProc(t, "bbs", binary(t, "bbs"), "-listen", bbsAddr, "-insecure",
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-auctioneer-address", auctioneerAddr,
@@ -74,14 +75,14 @@ func startNsyncCluster(t *testing.T) *nsyncCluster {
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms"))
 	for i, cell := range poolCells {
 		id := fmt.Sprintf("cell-%d", i+1)
-		base := 40000 + os.Getpid()%40*600 + 60*i
+		first, last := testkit.PortBlock(t, 60) // private to this rep among every test running
 		args := []string{
 			"--cell-id", id, "--zone", fmt.Sprintf("z%d", i%3), "--tags", cell.tags,
 			"--preloaded-rootfses", fmt.Sprintf(`{"cflinuxfs4":%q}`, rootfs),
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
-			"--listen", freeAddr(t), "--insecure", "--bbs-address", bbsAddr, "--bbs-insecure",
+			"--listen", testkit.ReservedAddr(t), "--insecure", "--bbs-address", bbsAddr, "--bbs-insecure",
 			"--etcd-endpoints", etcd, "--etcd-insecure",
-			"--port-range", fmt.Sprintf("%d-%d", base, base+59), "--work-dir", filepath.Join(dir, id),
+			"--port-range", fmt.Sprintf("%d-%d", first, last), "--work-dir", filepath.Join(dir, id),
 		}
 		if cell.process {
 			args = append(args, "--backend", "process")
@@ -449,11 +450,11 @@ func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testkit.ReservedAddr(t)
 	c := &cluster{}
 	c.procs = append(c.procs, startProc(t, "nsync", bin, "-listen", addr,
 		"-tls-cert", pki["nsync"].CertFile, "-tls-key", pki["nsync"].KeyFile, "-tls-ca", pki["nsync"].CAFile,
-		"-bbs-address", freeAddr(t), "-bbs-insecure", "-etcd-endpoints", strings.Join(emb.Endpoints(), ","), "-etcd-insecure"))
+		"-bbs-address", testkit.ReservedAddr(t), "-bbs-insecure", "-etcd-endpoints", strings.Join(emb.Endpoints(), ","), "-etcd-insecure"))
 	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["client"]})
 	if err != nil {
 		t.Fatal(err)
