@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -143,19 +144,10 @@ func (e *env) startNsync(t *testing.T) {
 	waitFor(t, 20*time.Second, "nsync to lead", func() (bool, string) { return svc.IsLeader(), "not leading" })
 }
 
+// waitFor is testkit.EventuallyState with the description first, as the tests read.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, state)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	testkit.EventuallyState(t, timeout, cond, what)
 }
 
 func ctxT(t *testing.T) context.Context {
