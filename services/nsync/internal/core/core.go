@@ -154,17 +154,6 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 	}
 	app := proto.Clone(in).(*nsyncv1.App)
 	app.Version = 1
-	// A deleted app's record stays until its LRPs are gone: a new app of the same guid takes
-	// it over past every version it had, so no old LRP is mistaken for the new one.
-	deleted, err := c.store.GetApp(ctx, app.GetGuid())
-	switch {
-	case err == nil && deleted.Record.GetState() != nsyncv1.AppState_APP_STATE_DELETED:
-		return nil, "", rpcerr.AlreadyExists("app %q already exists", app.GetGuid())
-	case err == nil:
-		app.Version = lastVersion(deleted.Record) + 1
-	case !errors.Is(err, rpcerr.ErrNotFound):
-		return nil, "", err
-	}
 	rootfs, constraint, err := c.placement(ctx, "app", app)
 	if err != nil {
 		return nil, "", err
@@ -174,10 +163,22 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 		return nil, "", err
 	}
 	rec := &nsyncv1.AppRecord{App: app, State: nsyncv1.AppState_APP_STATE_STARTED, Rootfs: rootfs, PlacementConstraint: constraint}
-	if deleted.Record != nil {
+	_, err = c.store.CreateApp(ctx, rec)
+	if errors.Is(err, rpcerr.ErrAlreadyExists) {
+		// A deleted app's record stays until its LRPs are gone: a new app of the same guid
+		// takes it over past every version it had, so no old LRP is mistaken for the new one.
+		deleted, gerr := c.store.GetApp(ctx, app.GetGuid())
+		if gerr != nil {
+			return nil, "", gerr
+		}
+		if deleted.Record.GetState() != nsyncv1.AppState_APP_STATE_DELETED {
+			return nil, "", err
+		}
+		app.Version = lastVersion(deleted.Record) + 1
+		if d, err = c.lrp(ctx, app, app.GetVersion(), rootfs, constraint); err != nil {
+			return nil, "", err
+		}
 		_, err = c.store.PutApp(ctx, rec, deleted.ModRevision)
-	} else {
-		_, err = c.store.CreateApp(ctx, rec)
 	}
 	if err != nil {
 		return nil, "", err
