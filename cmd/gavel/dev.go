@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -29,28 +30,56 @@ const sampleRoutes = `[{"port": 8080, "routes": ["hello.gavel.local"], "route_to
 
 // runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
 // the route-emitter and the router in one process, and desires the sample app.
-func runDev(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	dir := fs.String("dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
-	bbsAddr := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
-	auctioneerAddr := fs.String("auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
-	emitterAddr := fs.String("routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
-	routerHTTP := fs.String("router-http", "127.0.0.1:8080", "router HTTP address")
-	routerHTTPS := fs.String("router-https", "127.0.0.1:8443", "router HTTPS address")
-	routerAdmin := fs.String("router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
-	sample := fs.String("sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
-	level := fs.String("log-level", "warn", "trace|debug|info|warn|error")
-	var plugins []transform.PluginConfig
-	fs.Var(transform.Flag{Plugins: &plugins}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. -plugin networking=/tmp/gavel-networking.sock")
-	keep := fs.Bool("keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
-	if err := fs.Parse(args); err != nil {
-		return err
+func (c *cli) devCommand() *cobra.Command {
+	var o devOptions
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a local cluster (embedded etcd and every service) until Ctrl-C",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), o, c.out)
+		},
 	}
-	abs, err := filepath.Abs(*dir)
+	fs := cmd.Flags()
+	fs.StringVar(&o.dir, "dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
+	fs.StringVar(&o.bbsAddr, "bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
+	fs.StringVar(&o.auctioneerAddr, "auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
+	fs.StringVar(&o.emitterAddr, "routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
+	fs.StringVar(&o.routerHTTP, "router-http", "127.0.0.1:8080", "router HTTP address")
+	fs.StringVar(&o.routerHTTPS, "router-https", "127.0.0.1:8443", "router HTTPS address")
+	fs.StringVar(&o.routerAdmin, "router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
+	fs.StringVar(&o.sample, "sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
+	fs.StringVar(&o.level, "log-level", "warn", "trace|debug|info|warn|error")
+	fs.Var(goFlag{transform.Flag{Plugins: &o.plugins}, "NAME=SOCKET"}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. --plugin networking=/tmp/gavel-networking.sock")
+	fs.BoolVar(&o.keep, "keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
+	fs.BoolVar(&o.insecure, "insecure", false, "serve plaintext gRPC (default: mutual TLS with a development PKI under --dir/pki)")
+	return cmd
+}
+
+// devOptions are `gavel dev`'s flags.
+type devOptions struct {
+	dir, bbsAddr, auctioneerAddr, emitterAddr, routerHTTP, routerHTTPS, routerAdmin, sample, level string
+	keep, insecure                                                                                 bool
+	plugins                                                                                        []transform.PluginConfig
+}
+
+// goFlag adapts a standard library flag.Value to pflag's, which also names its type.
+type goFlag struct {
+	flag.Value
+	typ string
+}
+
+// Type implements pflag.Value.
+func (g goFlag) Type() string { return g.typ }
+
+// runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
+// the route-emitter and the router in one process, and desires the sample app.
+func runDev(ctx context.Context, o devOptions, out io.Writer) error {
+	abs, err := filepath.Abs(o.dir)
 	if err != nil {
 		return err
 	}
-	if !*keep {
+	if !o.keep {
 		// Containers die with this process, so a previous run's actual state is stale.
 		for _, sub := range []string{"etcd", "cells"} {
 			if err := os.RemoveAll(filepath.Join(abs, sub)); err != nil {
@@ -63,8 +92,8 @@ func runDev(args []string, out io.Writer) error {
 		return err
 	}
 	var samplePath string
-	if *sample != "" {
-		if samplePath, err = filepath.Abs(*sample); err != nil {
+	if o.sample != "" {
+		if samplePath, err = filepath.Abs(o.sample); err != nil {
 			return err
 		}
 		if _, err := os.Stat(samplePath); err != nil {
@@ -104,20 +133,18 @@ func runDev(args []string, out io.Writer) error {
 		specs = append(specs, devcluster.Cell{Config: cfg})
 	}
 
-	logger := logging.New("gavel-dev", logging.Config{Level: *level})
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
+	logger := logging.New("gavel-dev", logging.Config{Level: o.level})
 	cluster := devcluster.New(devcluster.Config{
 		Dir:                 abs,
-		BBSAddress:          *bbsAddr,
-		AuctioneerAddress:   *auctioneerAddr,
+		BBSAddress:          o.bbsAddr,
+		AuctioneerAddress:   o.auctioneerAddr,
 		Cells:               specs,
 		Routing:             true,
-		RouteEmitterAddress: *emitterAddr,
-		RouterHTTPAddress:   *routerHTTP,
-		RouterHTTPSAddress:  *routerHTTPS,
-		RouterAdminAddress:  *routerAdmin,
-		Transformers:        plugins,
+		RouteEmitterAddress: o.emitterAddr,
+		RouterHTTPAddress:   o.routerHTTP,
+		RouterHTTPSAddress:  o.routerHTTPS,
+		RouterAdminAddress:  o.routerAdmin,
+		Transformers:        o.plugins,
 		Logger:              logger,
 	})
 	return lifecycle.Run(ctx, logger,
@@ -127,7 +154,7 @@ func runDev(args []string, out io.Writer) error {
 			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
-			for _, p := range plugins {
+			for _, p := range o.plugins {
 				fmt.Fprintf(out, "  transformer %s:  %s (%s)\n", p.Name, p.Socket, p.WithDefaults().FailurePolicy)
 			}
 			for _, c := range cells {
