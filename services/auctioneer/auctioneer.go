@@ -225,6 +225,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(api.Validate),
+		grpcx.WithMetrics(s.metrics.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("auctioneer: %w", err)

@@ -269,6 +269,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
+		grpcx.WithMetrics(registry),
 	)
 	if err != nil {
 		_ = transformers.Close()

@@ -405,12 +405,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		EvacuationTimeout: time.Duration(cfg.EvacuationTimeout),
 		Logger:            logger.Named("cell"),
 		Observer:          m,
-	}, observedBBS{bbs: bbs, m: m}, backend, resolver)
+	}, bbs, backend, resolver)
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(authorizer.Stream()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("rep: %w", err)

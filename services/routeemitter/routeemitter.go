@@ -160,6 +160,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Op
 		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("route-emitter: %w", err)
