@@ -32,6 +32,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				sort.Slice(resp.Cells, func(i, j int) bool { return resp.Cells[i].GetCellId() < resp.Cells[j].GetCellId() })
 				if p.structured() {
 					return p.doc(resp)
 				}
@@ -100,13 +101,12 @@ func (c *cli) clusterCommands() []*cobra.Command {
 			if err != nil {
 				return err
 			}
+			sort.Strings(resp.Tags)
 			if p.structured() {
 				return p.doc(resp)
 			}
 			t := p.table("TAG")
-			tagList := append([]string(nil), resp.GetTags()...)
-			sort.Strings(tagList)
-			for _, tag := range tagList {
+			for _, tag := range resp.GetTags() {
 				t.row(tag)
 			}
 			return t.flush()
@@ -130,13 +130,12 @@ func (c *cli) clusterCommands() []*cobra.Command {
 			if err != nil {
 				return err
 			}
+			sort.Slice(resp.Domains, func(i, j int) bool { return resp.Domains[i].GetName() < resp.Domains[j].GetName() })
 			if p.structured() {
 				return p.doc(resp)
 			}
-			ds := append([]*modelsv1.Domain(nil), resp.GetDomains()...)
-			sort.Slice(ds, func(i, j int) bool { return ds[i].GetName() < ds[j].GetName() })
 			t := p.table("DOMAIN", "TTL")
-			for _, d := range ds {
+			for _, d := range resp.GetDomains() {
 				ttl := "forever"
 				if d.GetTtlSeconds() > 0 {
 					ttl = (time.Duration(d.GetTtlSeconds()) * time.Second).String()
@@ -228,6 +227,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				sortRoutes(resp.Routes)
 				if p.structured() {
 					return p.doc(resp)
 				}
@@ -316,16 +316,7 @@ func printCellState(p *printer, st *repv1.StateResponse) error {
 // printRoutes renders the routing table sorted by protocol, hostname and port.
 func printRoutes(p *printer, routes []*routeemitterv1.Route) error {
 	sorted := append([]*routeemitterv1.Route(nil), routes...)
-	sort.Slice(sorted, func(i, j int) bool {
-		a, b := sorted[i], sorted[j]
-		if a.GetProtocol() != b.GetProtocol() {
-			return a.GetProtocol() < b.GetProtocol()
-		}
-		if a.GetHostname() != b.GetHostname() {
-			return a.GetHostname() < b.GetHostname()
-		}
-		return a.GetIncomingPort() < b.GetIncomingPort()
-	})
+	sortRoutes(sorted)
 	headers := []string{"PROTOCOL", "ROUTE", "TLS_ONLY", "ENDPOINTS"}
 	if p.wide() {
 		headers = append(headers, "INSTANCES")
@@ -350,6 +341,30 @@ func printRoutes(p *printer, routes []*routeemitterv1.Route) error {
 		t.row(row...)
 	}
 	return t.flush()
+}
+
+// sortRoutes orders routes by protocol, hostname and incoming port, and each route's
+// endpoints by process guid and index (stable output).
+func sortRoutes(routes []*routeemitterv1.Route) {
+	sort.Slice(routes, func(i, j int) bool {
+		a, b := routes[i], routes[j]
+		if a.GetProtocol() != b.GetProtocol() {
+			return a.GetProtocol() < b.GetProtocol()
+		}
+		if a.GetHostname() != b.GetHostname() {
+			return a.GetHostname() < b.GetHostname()
+		}
+		return a.GetIncomingPort() < b.GetIncomingPort()
+	})
+	for _, r := range routes {
+		eps := r.Endpoints
+		sort.Slice(eps, func(i, j int) bool {
+			if eps[i].GetProcessGuid() != eps[j].GetProcessGuid() {
+				return eps[i].GetProcessGuid() < eps[j].GetProcessGuid()
+			}
+			return eps[i].GetIndex() < eps[j].GetIndex()
+		})
+	}
 }
 
 // eventLine renders one event as "REVISION TYPE subject details".

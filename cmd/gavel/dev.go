@@ -146,12 +146,17 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 		RouterAdminAddress:  o.routerAdmin,
 		Transformers:        o.plugins,
 		Logger:              logger,
+		TLS:                 !o.insecure,
 	})
 	return lifecycle.Run(ctx, logger,
 		lifecycle.Member{Name: "cluster", Runner: cluster},
 		lifecycle.Member{Name: "sample", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			fmt.Fprintf(out, "\nGavel dev cluster is up (state in %s).\n", abs)
-			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
+			transport := "plaintext gRPC (--insecure)"
+			if !o.insecure {
+				transport = "mutual TLS, development PKI in " + filepath.Join(abs, "pki")
+			}
+			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (%s)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, transport, cluster.AuctioneerAddress)
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
 			for _, p := range o.plugins {
@@ -171,7 +176,15 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 				fmt.Fprintf(out, "\nThrough the router:\n  curl -H 'Host: hello.gavel.local' http://%s/      (round-robin)\n  curl -H 'Host: 0.hello.gavel.local' http://%s/    (index 0 only)\n",
 					cluster.Router.HTTPAddr(), cluster.Router.HTTPAddr())
 			}
-			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\nStop with Ctrl-C.\n")
+			flags := "--insecure "
+			if !o.insecure {
+				admin := cluster.PKI["admin"]
+				fmt.Fprintf(out, "\nThe CLI authenticates with a certificate (identity spiffe://gavel/admin, role admin):\n  export GAVEL_TLS_CERT=%s GAVEL_TLS_KEY=%s GAVEL_TLS_CA=%s\n",
+					admin.CertFile, admin.KeyFile, admin.CAFile)
+				flags = ""
+			}
+			fmt.Fprintf(out, "\nTry:\n  gavel %s--bbs %s cells\n  gavel %s--bbs %s actual-lrps --watch\n  gavel %s--bbs %s desire-lrp examples/lrp.yaml --wait\n  gavel %s--route-emitter %s routes\nStop with Ctrl-C.\n",
+				flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.RouteEmitterAddress)
 			ready()
 			<-ctx.Done()
 			return nil

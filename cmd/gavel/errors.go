@@ -102,7 +102,7 @@ func humanError(err error) string {
 	case codes.Aborted:
 		b.WriteString("a concurrent change won; retry")
 	case codes.Unavailable:
-		b.WriteString("unavailable")
+		b.WriteString("unavailable (is the address right? a TLS server refuses --insecure, and a certificate it does not trust)")
 	case codes.DeadlineExceeded:
 		b.WriteString("timed out")
 	default:

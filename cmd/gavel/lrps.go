@@ -108,6 +108,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				sortActualLRPs(resp.ActualLrps)
 				if p.structured() {
 					return p.doc(resp)
 				}
@@ -318,6 +319,7 @@ func parseLabels(pairs []string) (map[string]string, error) {
 
 // printDesiredLRPs renders the lrps list.
 func printDesiredLRPs(p *printer, resp *bbsv1.DesiredLRPsResponse) error {
+	sort.Slice(resp.DesiredLrps, func(i, j int) bool { return resp.DesiredLrps[i].GetProcessGuid() < resp.DesiredLrps[j].GetProcessGuid() })
 	if p.structured() {
 		return p.doc(resp, lrpsRoutes...)
 	}
@@ -362,16 +364,7 @@ func printDesiredLRP(p *printer, d *modelsv1.DesiredLRP, actuals []*modelsv1.Act
 // printActualLRPs renders instances, sorted by guid, index and presence.
 func printActualLRPs(p *printer, actuals []*modelsv1.ActualLRP) error {
 	sorted := append([]*modelsv1.ActualLRP(nil), actuals...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		a, b := sorted[i].GetKey(), sorted[j].GetKey()
-		if a.GetProcessGuid() != b.GetProcessGuid() {
-			return a.GetProcessGuid() < b.GetProcessGuid()
-		}
-		if a.GetIndex() != b.GetIndex() {
-			return a.GetIndex() < b.GetIndex()
-		}
-		return sorted[i].GetPresence() < sorted[j].GetPresence()
-	})
+	sortActualLRPs(sorted)
 	headers := []string{"PROCESS_GUID", "INDEX", "STATE", "CELL", "ADDRESS", "AGE", "DETAILS"}
 	if p.wide() {
 		headers = append(headers, "PRESENCE", "INSTANCE_GUID", "ZONE", "CRASHES", "ROUTABLE")
@@ -387,6 +380,20 @@ func printActualLRPs(p *printer, actuals []*modelsv1.ActualLRP) error {
 		t.row(r...)
 	}
 	return t.flush()
+}
+
+// sortActualLRPs orders instances by process guid, index and presence (stable output).
+func sortActualLRPs(actuals []*modelsv1.ActualLRP) {
+	sort.SliceStable(actuals, func(i, j int) bool {
+		a, b := actuals[i].GetKey(), actuals[j].GetKey()
+		if a.GetProcessGuid() != b.GetProcessGuid() {
+			return a.GetProcessGuid() < b.GetProcessGuid()
+		}
+		if a.GetIndex() != b.GetIndex() {
+			return a.GetIndex() < b.GetIndex()
+		}
+		return actuals[i].GetPresence() < actuals[j].GetPresence()
+	})
 }
 
 // actualState is the coloured state; EVACUATING and SUSPECT copies say so.

@@ -22,6 +22,9 @@ const (
 	formatYAML  = "yaml"
 )
 
+// nowFunc is the clock of ages (tests fix it).
+var nowFunc = time.Now
+
 // printer renders command results in the chosen format.
 type printer struct {
 	out    io.Writer
@@ -41,7 +44,7 @@ func newPrinter(out io.Writer, format string) (*printer, error) {
 	if f, ok := out.(*os.File); ok && term.IsTerminal(int(f.Fd())) && os.Getenv("NO_COLOR") == "" {
 		color = true
 	}
-	return &printer{out: out, format: format, color: color, now: time.Now}, nil
+	return &printer{out: out, format: format, color: color, now: nowFunc}, nil
 }
 
 // structured reports whether the format is JSON or YAML.

@@ -30,6 +30,7 @@ func (c *cli) taskCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				sort.Slice(resp.Tasks, func(i, j int) bool { return resp.Tasks[i].GetTaskGuid() < resp.Tasks[j].GetTaskGuid() })
 				if p.structured() {
 					return p.doc(resp)
 				}
