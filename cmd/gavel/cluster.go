@@ -77,6 +77,14 @@ func (c *cli) clusterCommands() []*cobra.Command {
 			if err != nil {
 				return fmt.Errorf("cell %s at %s: %w", args[0], presence.GetRepAddress(), err)
 			}
+			sort.Slice(st.Lrps, func(i, j int) bool {
+				a, b := st.Lrps[i].GetKey(), st.Lrps[j].GetKey()
+				if a.GetProcessGuid() != b.GetProcessGuid() {
+					return a.GetProcessGuid() < b.GetProcessGuid()
+				}
+				return a.GetIndex() < b.GetIndex()
+			})
+			sort.Slice(st.Tasks, func(i, j int) bool { return st.Tasks[i].GetTaskGuid() < st.Tasks[j].GetTaskGuid() })
 			if p.structured() {
 				return p.doc(st)
 			}

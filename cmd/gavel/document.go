@@ -209,11 +209,12 @@ func writeNodeJSON(buf *bytes.Buffer, n *yaml.Node) error {
 }
 
 // docJSON renders m as indented JSON with protojson's lowerCamel names and sorted keys (stable
-// across runs, unlike protojson's own output). Each routes map found at one of routesPaths
+// across runs, unlike protojson's own output); scalar fields are present even when zero, so
+// jq paths such as .key.index always resolve. Each routes map found at one of routesPaths
 // (dotted paths of field names, e.g. "desiredLrp.routes"; "*" matches every element of a list)
 // is printed with the stored bytes of each document as its value, byte for byte.
 func docJSON(m proto.Message, routesPaths ...string) ([]byte, error) {
-	b, err := protojson.MarshalOptions{EmitUnpopulated: false}.Marshal(m)
+	b, err := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
