@@ -13,10 +13,12 @@ var rpcBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 
 // clientMetrics counts and times every call made by a client of Dial or DialMulti in this
 // process (grpc_client_started_total, grpc_client_handled_total{grpc_code},
-// grpc_client_handling_seconds). One collector serves the whole process; RegisterClientMetrics
-// exposes it in a service's registry.
+// grpc_client_handling_seconds, and for long-lived streams the wait for each message,
+// grpc_client_msg_recv_handling_seconds). One collector serves the whole process;
+// RegisterClientMetrics exposes it in a service's registry.
 var clientMetrics = grpcprom.NewClientMetrics(
 	grpcprom.WithClientHandlingTimeHistogram(grpcprom.WithHistogramBuckets(rpcBuckets)),
+	grpcprom.WithClientStreamRecvHistogram(grpcprom.WithHistogramBuckets(rpcBuckets)),
 )
 
 // RegisterClientMetrics adds the per-RPC client metrics of this process to reg. Several
