@@ -336,3 +336,17 @@ func TestRoutesFromFiles(t *testing.T) {
 		t.Error("a string routes document that is not JSON was accepted")
 	}
 }
+
+// The shipped examples parse, and their routes documents are kept as written.
+func TestExamplesParse(t *testing.T) {
+	for _, path := range []string{"../../examples/lrp.yaml", "../../examples/hello-compose.yaml"} {
+		var d modelsv1.DesiredLRP
+		routes, err := readDocument(path, &d, "routes")
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if d.GetProcessGuid() == "" || !strings.HasPrefix(string(routes["cf-router"]), `[{"port": 8080, "routes": [`) {
+			t.Fatalf("%s: %v routes %q", path, &d, routes)
+		}
+	}
+}
