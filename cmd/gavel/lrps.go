@@ -319,7 +319,9 @@ func parseLabels(pairs []string) (map[string]string, error) {
 
 // printDesiredLRPs renders the lrps list.
 func printDesiredLRPs(p *printer, resp *bbsv1.DesiredLRPsResponse) error {
-	sort.Slice(resp.DesiredLrps, func(i, j int) bool { return resp.DesiredLrps[i].GetProcessGuid() < resp.DesiredLrps[j].GetProcessGuid() })
+	sort.Slice(resp.DesiredLrps, func(i, j int) bool {
+		return resp.DesiredLrps[i].GetProcessGuid() < resp.DesiredLrps[j].GetProcessGuid()
+	})
 	if p.structured() {
 		return p.doc(resp, lrpsRoutes...)
 	}

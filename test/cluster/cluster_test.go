@@ -80,7 +80,7 @@ type bed struct {
 	reps       map[string]string // cell id → container name
 	repIPs     map[string]string // cell id → address on the private network
 	bbs        []bbsv1.BBSServiceClient
-	pki        string            // host directory of the certificates, mounted at /pki
+	pki        string // host directory of the certificates, mounted at /pki
 	certs      map[string]tlsx.Config
 	metrics    map[string]string // container → its /metrics address on 127.0.0.1
 	bbsAddrs   []string          // on the private network
@@ -278,7 +278,7 @@ func (b *bed) start() {
 			"--cell-id", cell, "--zone", zone, "--backend", "process",
 			"--preloaded-rootfses", `{"cflinuxfs4":"/var/gavel/rootfs/cflinuxfs4"}`,
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
-			"--listen", ":1800", "--advertise-address", ip+":1800", "--cell-address", ip,
+			"--listen", ":1800", "--advertise-address", ip + ":1800", "--cell-address", ip,
 			"--bbs-address", repBBS, "--etcd-endpoints", etcd, "--etcd-insecure",
 			"--work-dir", "/var/gavel/rep", "--lease-ttl", "3s", "--bulk-interval", "2s", "--metrics-address", ":9090"},
 			tlsArgs("rep/"+cell, "--tls", "--bbs")...)...), ip
