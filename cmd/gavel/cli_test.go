@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
@@ -50,33 +51,14 @@ func startCluster(t *testing.T) *env {
 		TLS:                 true,
 		Logger:              logging.NewTest(t),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("cluster stopped before it was ready: %v", err)
-	case <-time.After(60 * time.Second):
-		cancel()
-		t.Fatal("cluster not ready within 60s")
-	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("cluster did not stop within 30s")
-		}
-	})
+	testkit.Start(t, "cluster", c)
 	admin := c.PKI["admin"]
 	e := &env{c: c, args: []string{"--bbs", c.BBSAddress, "--route-emitter", c.RouteEmitterAddress,
 		"--tls-cert", admin.CertFile, "--tls-key", admin.KeyFile, "--tls-ca", admin.CAFile}}
-	e.eventually(t, "the cell registered", func() (bool, string) {
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		resp, err := c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
 		return err == nil && len(resp.GetCells()) == 1, fmt.Sprint(resp, err)
-	})
+	}, "the cell registered")
 	return e
 }
 
@@ -107,21 +89,6 @@ func (e *env) ok(t *testing.T, args ...string) result {
 		t.Fatalf("gavel %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
 	}
 	return r
-}
-
-func (e *env) eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s (last: %s)", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // Normalisations of what differs between runs: guids, times, revisions, ephemeral ports.
@@ -185,10 +152,10 @@ func TestCommands(t *testing.T) {
 
 	// The routes documents, written as JSON in the YAML file, reach the router and come back
 	// byte for byte.
-	e.eventually(t, "web.example.com routed", func() (bool, string) {
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		eps := e.c.Router.Endpoints("web.example.com")
 		return len(eps) == 2, fmt.Sprint(eps)
-	})
+	}, "web.example.com routed")
 	r = e.ok(t, "lrp", "web", "-o", "json")
 	for _, want := range []string{
 		`"cf-router": [{"port": 8080, "routes": ["web.example.com"], "route_to_instances": true}]`,
@@ -208,14 +175,14 @@ func TestCommands(t *testing.T) {
 
 	e.ok(t, "set-domain", "examples")
 	e.ok(t, "desire-task", "testdata/task.json")
-	e.eventually(t, "the task completed", func() (bool, string) {
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		resp, err := e.c.BBS.TaskByGuid(context.Background(), &bbsv1.TaskByGuidRequest{TaskGuid: "migrate"})
 		return err == nil && resp.GetTask().GetState() == modelsv1.Task_STATE_COMPLETED, fmt.Sprint(resp, err)
-	})
-	e.eventually(t, "the route table", func() (bool, string) {
+	}, "the task completed")
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		r := e.run(t, "routes")
 		return strings.Contains(r.stdout, "1.web.example.com"), r.stdout + r.stderr
-	})
+	}, "the route table")
 
 	for _, tt := range []struct{ name, args string }{
 		{"lrps.txt", "lrps"},

@@ -46,13 +46,9 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		Use:               "cell-state CELL",
 		Short:             "Ask a cell's rep for its state: capacity, used, containers, rootfses, tags",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeCells,
+		ValidArgsFunction: c.completeFrom(cellIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -97,11 +93,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		Short: "List the placement tags of the present cells",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -126,11 +118,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		Short: "List the fresh domains",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -179,11 +167,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		Use:   "events [GUID...]",
 		Short: "Follow the event stream (one line per event; -o json: one JSON document per revision)",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -419,24 +403,4 @@ func sortedStrings(s []string) []string {
 	out := append([]string(nil), s...)
 	sort.Strings(out)
 	return out
-}
-
-// completeCells completes a cell id.
-func (c *cli) completeCells(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	bbs, err := c.bbsClient()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	resp, err := bbs.Cells(cmd.Context(), &bbsv1.CellsRequest{})
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var ids []string
-	for _, cp := range resp.GetCells() {
-		ids = append(ids, cp.GetCellId())
-	}
-	return ids, cobra.ShellCompDirectiveNoFileComp
 }

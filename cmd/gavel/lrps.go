@@ -68,13 +68,9 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Use:               "lrp GUID",
 		Short:             "Show a desired LRP and its instances",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -115,7 +111,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 				return printActualLRPs(p, resp.GetActualLrps())
 			})
 		},
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 	}
 	filterFlags(actual, &actualFilter, true)
 	watchActuals.bind(actual)
@@ -165,7 +161,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
   gavel update-lrp web --routes routes.yaml      # a mapping: provider → routes document
   gavel update-lrp web --label app=web --label tier=front --annotation 'v2'`,
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var u modelsv1.DesiredLRPUpdate
 			if cmd.Flags().Changed("instances") {
@@ -205,7 +201,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Use:               "scale GUID N",
 		Short:             "Set an LRP's instance count",
 		Args:              cobra.ExactArgs(2),
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := strconv.ParseInt(args[1], 10, 32)
 			if err != nil || n < 0 {
@@ -221,7 +217,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Use:               "remove-lrp GUID",
 		Short:             "Remove a desired LRP (its instances are stopped)",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bbs, err := c.bbsClient()
 			if err != nil {
@@ -240,7 +236,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Use:               "retire-actual-lrp GUID INDEX",
 		Short:             "Stop one instance (convergence starts a fresh one if it is still desired)",
 		Args:              cobra.ExactArgs(2),
-		ValidArgsFunction: c.completeProcessGuids,
+		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			idx, err := strconv.ParseInt(args[1], 10, 32)
 			if err != nil || idx < 0 {
@@ -474,24 +470,4 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// completeProcessGuids completes the first argument with desired process guids.
-func (c *cli) completeProcessGuids(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	bbs, err := c.bbsClient()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	resp, err := bbs.DesiredLRPSchedulingInfos(cmd.Context(), &bbsv1.DesiredLRPSchedulingInfosRequest{})
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var guids []string
-	for _, s := range resp.GetSchedulingInfos() {
-		guids = append(guids, s.GetProcessGuid())
-	}
-	return guids, cobra.ShellCompDirectiveNoFileComp
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
-	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
@@ -202,4 +202,65 @@ func (c *cli) close() {
 	for _, conn := range c.conns {
 		conn.Close()
 	}
+}
+
+// clients returns the printer for -o and the BBS client.
+func (c *cli) clients() (*printer, bbsv1.BBSServiceClient, error) {
+	p, err := c.printer()
+	if err != nil {
+		return nil, nil, err
+	}
+	bbs, err := c.bbsClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, bbs, nil
+}
+
+// completeFrom completes a command's first argument with the names list returns from the BBS.
+func (c *cli) completeFrom(list func(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error)) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		bbs, err := c.bbsClient()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		names, err := list(cmd.Context(), bbs)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// processGuids lists desired process guids (completion).
+func processGuids(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.DesiredLRPSchedulingInfos(ctx, &bbsv1.DesiredLRPSchedulingInfosRequest{})
+	var guids []string
+	for _, s := range resp.GetSchedulingInfos() {
+		guids = append(guids, s.GetProcessGuid())
+	}
+	return guids, err
+}
+
+// taskGuids lists task guids (completion).
+func taskGuids(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.Tasks(ctx, &bbsv1.TasksRequest{})
+	var guids []string
+	for _, t := range resp.GetTasks() {
+		guids = append(guids, t.GetTaskGuid())
+	}
+	return guids, err
+}
+
+// cellIDs lists present cells (completion).
+func cellIDs(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.Cells(ctx, &bbsv1.CellsRequest{})
+	var ids []string
+	for _, cp := range resp.GetCells() {
+		ids = append(ids, cp.GetCellId())
+	}
+	return ids, err
 }

@@ -45,13 +45,9 @@ func (c *cli) taskCommands() []*cobra.Command {
 		Use:               "task GUID",
 		Short:             "Show a task",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeTaskGuids,
+		ValidArgsFunction: c.completeFrom(taskGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := c.printer()
-			if err != nil {
-				return err
-			}
-			bbs, err := c.bbsClient()
+			p, bbs, err := c.clients()
 			if err != nil {
 				return err
 			}
@@ -106,7 +102,7 @@ func (c *cli) taskCommands() []*cobra.Command {
 		Use:               "cancel-task GUID",
 		Short:             "Cancel a task (it completes as failed)",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeTaskGuids,
+		ValidArgsFunction: c.completeFrom(taskGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bbs, err := c.bbsClient()
 			if err != nil {
@@ -124,7 +120,7 @@ func (c *cli) taskCommands() []*cobra.Command {
 		Use:               "delete-task GUID",
 		Short:             "Delete a completed task (resolving it first)",
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: c.completeTaskGuids,
+		ValidArgsFunction: c.completeFrom(taskGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bbs, err := c.bbsClient()
 			if err != nil {
@@ -194,24 +190,4 @@ func placementString(pe *modelsv1.PlacementError) string {
 		return ""
 	}
 	return trimEnum(pe.GetCode().String(), "CODE_") + ": " + pe.GetMessage()
-}
-
-// completeTaskGuids completes a task guid argument.
-func (c *cli) completeTaskGuids(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	bbs, err := c.bbsClient()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	resp, err := bbs.Tasks(cmd.Context(), &bbsv1.TasksRequest{})
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var guids []string
-	for _, t := range resp.GetTasks() {
-		guids = append(guids, t.GetTaskGuid())
-	}
-	return guids, cobra.ShellCompDirectiveNoFileComp
 }

@@ -22,14 +22,7 @@ func TestRepCertificateScopesWritesToItsCell(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := bbstest.Start(t, func(c *bbs.Config) { c.TLS = pki["bbs"] })
-	client := func(name string) bbsv1.BBSServiceClient {
-		conn, err := grpcx.Dial(env.Addr, grpcx.ClientConfig{TLS: pki[name]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return bbsv1.NewBBSServiceClient(conn)
-	}
+	client := func(name string) bbsv1.BBSServiceClient { return tlsClient(t, env.Addr, pki[name]) }
 	operator, rep := client("admin"), client("rep/cell-1")
 	ctx := ctxT(t)
 
@@ -74,14 +67,7 @@ func TestRolesByCertificateIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := bbstest.Start(t, func(c *bbs.Config) { c.TLS = pki["bbs"] })
-	client := func(name string) bbsv1.BBSServiceClient {
-		conn, err := grpcx.Dial(env.Addr, grpcx.ClientConfig{TLS: pki[name]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return bbsv1.NewBBSServiceClient(conn)
-	}
+	client := func(name string) bbsv1.BBSServiceClient { return tlsClient(t, env.Addr, pki[name]) }
 	ctx := ctxT(t)
 	admin := client("admin")
 	if _, err := admin.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: lrp("web", 1)}); err != nil {
@@ -152,4 +138,15 @@ func TestRolesByCertificateIdentity(t *testing.T) {
 		PlacementError: &modelsv1.PlacementError{Code: modelsv1.PlacementError_CODE_CELL_MISMATCH, Message: "no cell"}}); err != nil {
 		t.Fatalf("auctioneer reports a placement failure: %v", err)
 	}
+}
+
+// tlsClient is a BBS client presenting cfg's certificate.
+func tlsClient(t *testing.T, addr string, cfg tlsx.Config) bbsv1.BBSServiceClient {
+	t.Helper()
+	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return bbsv1.NewBBSServiceClient(conn)
 }
