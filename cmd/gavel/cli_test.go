@@ -71,8 +71,14 @@ type result struct {
 // run runs the CLI in-process with the cluster's flags and the admin identity.
 func (e *env) run(t *testing.T, args ...string) result {
 	t.Helper()
+	return e.runFor(t, time.Minute, args...)
+}
+
+// runFor runs the CLI like run, interrupting it after d (streams run until interrupted).
+func (e *env) runFor(t *testing.T, d time.Duration, args ...string) result {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	err := execute(ctx, append(append([]string(nil), e.args...), args...), strings.NewReader(""), &out, &errOut)
 	if err != nil {
@@ -136,6 +142,11 @@ func TestCommands(t *testing.T) {
 	t.Cleanup(func() { nowFunc = time.Now })
 	e := startCluster(t)
 
+	start, err := e.c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// desire-lrp --wait reaches RUNNING, printing progress.
 	r := e.ok(t, "desire-lrp", "testdata/web.yaml", "--wait")
 	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
@@ -171,6 +182,22 @@ func TestCommands(t *testing.T) {
 	}
 	if got := string(d.GetDesiredLrp().GetRoutes()["skydns"]); got != `{"host":  "web.skydns.local", "ttl": 30}` {
 		t.Fatalf("stored skydns routes %q", got)
+	}
+
+	// The event stream from before the desire: one line per event, or one JSON document per
+	// revision with the routes documents as written.
+	since := fmt.Sprint(start.GetRevision())
+	r = e.runFor(t, 2*time.Second, "events", "--since", since, "web")
+	for _, want := range []string{"\tdesired_lrp_created\tweb\n", "\tactual_lrp_created\tweb/0 UNCLAIMED \n",
+		"\tactual_lrp_changed\tweb/0 RUNNING cell-1\n", "\tdesired_lrp_changed\tweb instances 2\n", "\tactual_lrp_changed\tweb/1 RUNNING cell-1\n"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Fatalf("events: exit %d, no %q in:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	r = e.runFor(t, 2*time.Second, "events", "--since", since, "-o", "json", "web")
+	if r.code != 0 || !strings.Contains(r.stdout, `"desiredLrpCreated": {`) ||
+		!strings.Contains(r.stdout, `"skydns": {"host":  "web.skydns.local", "ttl": 30}`) {
+		t.Fatalf("events -o json: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	e.ok(t, "set-domain", "examples")
@@ -210,6 +237,24 @@ func TestCommands(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			golden(t, tt.name, e.ok(t, strings.Fields(tt.args)...).stdout)
 		})
+	}
+
+	// --watch prints a list again only when it changes; completion asks the BBS.
+	r = e.runFor(t, 1500*time.Millisecond, "lrps", "--watch", "--interval", "100ms")
+	if r.code != 0 || strings.Count(r.stdout, "PROCESS_GUID") != 1 || !strings.Contains(r.stdout, "web") {
+		t.Fatalf("lrps --watch of an unchanged list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, tt := range []struct{ args []string }{{[]string{"__complete", "lrp", ""}}, {[]string{"__complete", "cell-state", ""}}} {
+		r := e.ok(t, tt.args...)
+		want := map[string]string{"lrp": "web\n", "cell-state": "cell-1\n"}[tt.args[1]]
+		if !strings.HasPrefix(r.stdout, want) {
+			t.Fatalf("gavel %s: %q, want %q first", strings.Join(tt.args, " "), r.stdout, want)
+		}
+	}
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if r := e.ok(t, "completion", shell); !strings.Contains(r.stdout, "gavel") {
+			t.Fatalf("completion %s: %q", shell, r.stdout)
+		}
 	}
 
 	// update-lrp and scale, with --wait.
