@@ -70,10 +70,10 @@ image:
 	deployments/docker/build.sh $(IMAGE)
 
 ## compose-certs: the certificates deployments/docker/compose.yaml mounts (every identity, valid for every member's address)
-COMPOSE_HOSTS := 172.29.0.20 172.29.0.21 172.29.0.30 172.29.0.31 172.29.0.40 172.29.0.41 172.29.0.42 172.29.0.50 172.29.0.60
+COMPOSE_HOSTS := 172.29.0.10 172.29.0.11 172.29.0.12 172.29.0.20 172.29.0.21 172.29.0.30 172.29.0.31 172.29.0.40 172.29.0.41 172.29.0.42 172.29.0.50 172.29.0.60
 compose-certs:
 	$(GO) run ./cmd/gavel certs $(addprefix --host ,$(COMPOSE_HOSTS)) deployments/docker/pki \
-		bbs auctioneer route-emitter router admin read-only rep/cell-z1 rep/cell-z2 rep/cell-z3
+		etcd bbs auctioneer route-emitter router admin read-only rep/cell-z1 rep/cell-z2 rep/cell-z3
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:

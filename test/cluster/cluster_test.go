@@ -3,7 +3,7 @@
 // Package cluster tests Gavel across hosts: every member is a Docker container on a private
 // network, built FROM scratch from the project's static binaries (deployments/docker): a
 // 3-member etcd, 2 BBS, 2 auctioneers, 3 process-backend reps, the route-emitter and the
-// router, with mutual TLS on every gRPC hop and each service presenting its own identity, as
+// router, with mutual TLS on every hop (etcd included) and each service presenting its own identity, as
 // deployments/docker/compose.yaml runs them. A sample app desired through the CLI answers
 // through the router, and every service's /metrics shows per-RPC histograms. Faults are real: a
 // cell is cut off its network, an etcd member is killed. The test drives the docker CLI and
@@ -207,12 +207,12 @@ func (b *bed) start() {
 	t := b.t
 	// Every identity's certificate, valid for every member's address ("gavel certs --host").
 	var hosts []string
-	for _, last := range []string{"20", "21", "30", "31", "40", "41", "42", "50", "60"} {
+	for _, last := range []string{"10", "11", "12", "20", "21", "30", "31", "40", "41", "42", "50", "60"} {
 		hosts = append(hosts, b.subnet+last)
 	}
 	b.pki = t.TempDir()
 	var err error
-	b.certs, err = tlsx.GenerateDevPKIHosts(b.pki, hosts, "bbs", "auctioneer", "route-emitter", "router", "admin",
+	b.certs, err = tlsx.GenerateDevPKIHosts(b.pki, hosts, "etcd", "bbs", "auctioneer", "route-emitter", "router", "admin",
 		"rep/cell-z1", "rep/cell-z2", "rep/cell-z3")
 	if err != nil {
 		t.Fatal(err)
@@ -220,16 +220,18 @@ func (b *bed) start() {
 	b.metrics = map[string]string{}
 	var peers []string
 	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("etcd-%d=http://%s1%d:2380", i, b.subnet, i))
-		b.etcdURLs = append(b.etcdURLs, fmt.Sprintf("http://%s1%d:2379", b.subnet, i))
+		peers = append(peers, fmt.Sprintf("etcd-%d=https://%s1%d:2380", i, b.subnet, i))
+		b.etcdURLs = append(b.etcdURLs, fmt.Sprintf("https://%s1%d:2379", b.subnet, i))
 	}
 	for i := range 3 {
 		ip := fmt.Sprintf("%s1%d", b.subnet, i)
 		b.etcd = append(b.etcd, b.run(fmt.Sprintf("etcd-%d", i), ip, []string{"2379"}, "/bin/gavel-etcd",
 			"--name", fmt.Sprintf("etcd-%d", i), "--data-dir", "/var/lib/etcd/data",
-			"--listen-client-urls", "http://0.0.0.0:2379", "--advertise-client-urls", "http://"+ip+":2379",
-			"--listen-peer-urls", "http://0.0.0.0:2380", "--initial-advertise-peer-urls", "http://"+ip+":2380",
-			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new"))
+			"--listen-client-urls", "https://0.0.0.0:2379", "--advertise-client-urls", "https://"+ip+":2379",
+			"--listen-peer-urls", "https://0.0.0.0:2380", "--initial-advertise-peer-urls", "https://"+ip+":2380",
+			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new",
+			"--cert-file", "/pki/etcd.crt", "--key-file", "/pki/etcd.key", "--trusted-ca-file", "/pki/ca.crt",
+			"--peer-cert-file", "/pki/etcd.crt", "--peer-key-file", "/pki/etcd.key", "--peer-trusted-ca-file", "/pki/ca.crt"))
 	}
 	for _, c := range b.etcd {
 		b.etcdHost = append(b.etcdHost, b.hostAddr(c, "2379"))
@@ -252,8 +254,8 @@ func (b *bed) start() {
 		return bbsAddrs[0]
 	}
 	b.bbsAddrs = bbsAddrs
-	bbsArgs := append([]string{"-listen", ":8889", "-etcd-endpoints", etcd, "-etcd-insecure",
-		"-auctioneer-address", auctioneerFlag, "-metrics-address", ":9090"}, tlsArgs("bbs", "-tls")...)
+	bbsArgs := append([]string{"-listen", ":8889", "-etcd-endpoints", etcd,
+		"-auctioneer-address", auctioneerFlag, "-metrics-address", ":9090"}, tlsArgs("bbs", "-tls", "-etcd")...)
 	if b.hasFlag("bbs", "convergence-interval") {
 		bbsArgs = append(bbsArgs, "-convergence-interval", "2s")
 	}
@@ -267,8 +269,8 @@ func (b *bed) start() {
 	for i := range 2 {
 		auctNames = append(auctNames, b.run(fmt.Sprintf("auctioneer-%d", i), fmt.Sprintf("%s3%d", b.subnet, i), []string{"8890", "9090"},
 			append([]string{"/bin/auctioneer", "-listen", ":8890", "-bbs-address", auctioneerBBS,
-				"-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms", "-lock-ttl", "5s", "-metrics-address", ":9090"},
-				tlsArgs("auctioneer", "-tls", "-bbs", "-rep")...)...))
+				"-etcd-endpoints", etcd, "-batch-interval", "20ms", "-lock-ttl", "5s", "-metrics-address", ":9090"},
+				tlsArgs("auctioneer", "-tls", "-bbs", "-rep", "-etcd")...)...))
 	}
 	repBBS := bbsFlag("rep")
 	t.Logf("bbs → auctioneers %s; auctioneers → bbs %s; reps → bbs %s", auctioneerFlag, auctioneerBBS, repBBS)
@@ -279,9 +281,9 @@ func (b *bed) start() {
 			"--preloaded-rootfses", `{"cflinuxfs4":"/var/gavel/rootfs/cflinuxfs4"}`,
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
 			"--listen", ":1800", "--advertise-address", ip + ":1800", "--cell-address", ip,
-			"--bbs-address", repBBS, "--etcd-endpoints", etcd, "--etcd-insecure",
+			"--bbs-address", repBBS, "--etcd-endpoints", etcd,
 			"--work-dir", "/var/gavel/rep", "--lease-ttl", "3s", "--bulk-interval", "2s", "--metrics-address", ":9090"},
-			tlsArgs("rep/"+cell, "--tls", "--bbs")...)...), ip
+			tlsArgs("rep/"+cell, "--tls", "--bbs", "--etcd")...)...), ip
 	}
 	emitter := b.run("routeemitter", b.subnet+"50", []string{"9090"}, append([]string{"/bin/routeemitter", "-listen", ":8893",
 		"-bbs-address", repBBS, "-metrics-address", ":9090"}, tlsArgs("route-emitter", "-tls", "-bbs")...)...)
@@ -346,9 +348,13 @@ func (b *bed) etcdLeader() int {
 	b.t.Helper()
 	var eps []string
 	for _, h := range b.etcdHost {
-		eps = append(eps, "http://"+h)
+		eps = append(eps, "https://"+h)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	tlsCfg, err := b.certs["admin"].ClientTLS()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: tlsCfg})
 	if err != nil {
 		b.t.Fatal(err)
 	}
