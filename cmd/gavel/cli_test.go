@@ -78,7 +78,9 @@ func (e *env) run(t *testing.T, args ...string) result {
 func (e *env) runFor(t *testing.T, d time.Duration, args ...string) result {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	// Interrupted like Ctrl-C (a cancel, not a deadline the server would enforce first).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer time.AfterFunc(d, cancel).Stop()
 	defer cancel()
 	err := execute(ctx, append(append([]string(nil), e.args...), args...), strings.NewReader(""), &out, &errOut)
 	if err != nil {
