@@ -301,6 +301,21 @@ func TestCommands(t *testing.T) {
 		}
 	}
 
+	// Links: a consumer's resolution, and a consumed provider is removed only with --force.
+	e.ok(t, "desire-lrp", "testdata/db.yaml", "--wait")
+	e.ok(t, "desire-lrp", "testdata/app.yaml", "--wait")
+	r = e.ok(t, "links", "app")
+	if !strings.HasPrefix(r.stdout, "LINK  INDEX  ID") || !strings.Contains(r.stdout, "db properties: user=admin") {
+		t.Fatalf("links app:\n%s", r.stdout)
+	}
+	if r = e.ok(t, "links", "app", "-o", "json"); !strings.Contains(r.stdout, `"address": "127.0.0.1:61`) {
+		t.Fatalf("links app -o json:\n%s", r.stdout)
+	}
+	if r = e.run(t, "remove-lrp", "db"); r.code != exitConflict || !strings.Contains(r.stderr, `provides links consumed by "app"`) {
+		t.Fatalf("remove-lrp of a consumed provider: exit %d\n%s", r.code, r.stderr)
+	}
+	e.ok(t, "remove-lrp", "db", "--force")
+
 	// Tasks and LRPs go away.
 	e.ok(t, "delete-task", "migrate")
 	if r := e.run(t, "task", "migrate"); r.code != exitNotFound {

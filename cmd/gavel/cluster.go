@@ -390,6 +390,11 @@ func eventLine(rev int64, e *bbsv1.Event) string {
 		kind, what = "task_removed", k.TaskRemoved.GetTask().GetTaskGuid()
 	case *bbsv1.Event_CellAppeared:
 		kind, what = "cell_appeared", k.CellAppeared.GetCell().GetCellId()
+	case *bbsv1.Event_LinksChanged:
+		kind, what = "links_changed", k.LinksChanged.GetProcessGuid()
+		if errs := k.LinksChanged.GetErrors(); len(errs) > 0 {
+			what += ": " + strings.Join(errs, "; ")
+		}
 	case *bbsv1.Event_CellDisappeared:
 		kind, what = "cell_disappeared", k.CellDisappeared.GetCell().GetCellId()
 	default:

@@ -213,6 +213,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 	}
 	scaleWait.bind(scale)
 
+	var force bool
 	remove := &cobra.Command{
 		Use:               "remove-lrp GUID",
 		Short:             "Remove a desired LRP (its instances are stopped)",
@@ -223,7 +224,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := bbs.RemoveDesiredLRP(cmd.Context(), &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: args[0]})
+			resp, err := bbs.RemoveDesiredLRP(cmd.Context(), &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: args[0], Force: force})
 			if err != nil {
 				return fmt.Errorf("remove %s: %w", args[0], err)
 			}
@@ -231,6 +232,8 @@ func (c *cli) lrpCommands() []*cobra.Command {
 			return nil
 		},
 	}
+
+	remove.Flags().BoolVar(&force, "force", false, "remove it even if other LRPs consume links it provides")
 
 	retire := &cobra.Command{
 		Use:               "retire-actual-lrp GUID INDEX",

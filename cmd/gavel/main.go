@@ -90,7 +90,7 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		&cobra.Group{ID: "cluster", Title: "Cells, domains and routing:"},
 		&cobra.Group{ID: "local", Title: "Local cluster and certificates:"},
 	)
-	for _, cmd := range c.lrpCommands() {
+	for _, cmd := range append(c.lrpCommands(), c.linksCommand()) {
 		cmd.GroupID = "lrp"
 		root.AddCommand(cmd)
 	}
