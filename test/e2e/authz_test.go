@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -34,7 +35,7 @@ func TestAuthorizationOverMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testkit.ReservedAddr(t)
 	bbs := startProc(t, "bbs", bbsBin, "-listen", addr,
 		"-tls-cert", pki["bbs"].CertFile, "-tls-key", pki["bbs"].KeyFile, "-tls-ca", pki["bbs"].CAFile,
 		"-etcd-endpoints", strings.Join(emb.Endpoints(), ","), "-etcd-insecure", "-log-format", "json")
