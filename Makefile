@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image bench run clean
+.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image compose-certs bench run clean
 
 all: check build test
 
@@ -68,6 +68,12 @@ test-cluster:
 IMAGE ?= gavel:dev
 image:
 	deployments/docker/build.sh $(IMAGE)
+
+## compose-certs: the certificates deployments/docker/compose.yaml mounts (every identity, valid for every member's address)
+COMPOSE_HOSTS := 172.29.0.10 172.29.0.11 172.29.0.12 172.29.0.20 172.29.0.21 172.29.0.30 172.29.0.31 172.29.0.40 172.29.0.41 172.29.0.42 172.29.0.45 172.29.0.50 172.29.0.60
+compose-certs:
+	$(GO) run ./cmd/gavel certs $(addprefix --host ,$(COMPOSE_HOSTS)) deployments/docker/pki \
+		etcd bbs auctioneer route-emitter router nsync admin read-only rep/cell-z1 rep/cell-z2 rep/cell-z3
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:

@@ -7,6 +7,10 @@
 //	    --listen-peer-urls http://0.0.0.0:2380 --initial-advertise-peer-urls http://etcd-0:2380 \
 //	    --initial-cluster etcd-0=http://etcd-0:2380,etcd-1=http://etcd-1:2380,etcd-2=http://etcd-2:2380
 //
+// With --cert-file, --key-file and --trusted-ca-file it serves clients over TLS and requires
+// client certificates of that CA (--client-cert-auth, on by default when a CA is given); the
+// --peer-* flags do the same between members. Use https:// URLs then.
+//
 // It logs at warn and stops on SIGINT/SIGTERM.
 package main
 
@@ -45,6 +49,14 @@ func run(args []string) error {
 	fs.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "gavel-etcd", "cluster token")
 	fs.UintVar(&cfg.MaxTxnOps, "max-txn-ops", 2048, "most operations in one transaction (the BBS needs more than max_instances + 2)")
 	fs.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest client request in bytes")
+	fs.StringVar(&cfg.ClientTLSInfo.CertFile, "cert-file", "", "client-facing TLS certificate (PEM)")
+	fs.StringVar(&cfg.ClientTLSInfo.KeyFile, "key-file", "", "client-facing TLS key (PEM)")
+	fs.StringVar(&cfg.ClientTLSInfo.TrustedCAFile, "trusted-ca-file", "", "CA that client certificates must chain to (PEM)")
+	fs.BoolVar(&cfg.ClientTLSInfo.ClientCertAuth, "client-cert-auth", true, "require client certificates when --trusted-ca-file is set")
+	fs.StringVar(&cfg.PeerTLSInfo.CertFile, "peer-cert-file", "", "peer TLS certificate (PEM), server and client")
+	fs.StringVar(&cfg.PeerTLSInfo.KeyFile, "peer-key-file", "", "peer TLS key (PEM)")
+	fs.StringVar(&cfg.PeerTLSInfo.TrustedCAFile, "peer-trusted-ca-file", "", "CA that peer certificates must chain to (PEM)")
+	fs.BoolVar(&cfg.PeerTLSInfo.ClientCertAuth, "peer-client-cert-auth", true, "require peer client certificates when --peer-trusted-ca-file is set")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,6 +75,8 @@ func run(args []string) error {
 			return fmt.Errorf("--%s: %w", u.flag, err)
 		}
 	}
+	cfg.ClientTLSInfo.ClientCertAuth = cfg.ClientTLSInfo.ClientCertAuth && cfg.ClientTLSInfo.TrustedCAFile != ""
+	cfg.PeerTLSInfo.ClientCertAuth = cfg.PeerTLSInfo.ClientCertAuth && cfg.PeerTLSInfo.TrustedCAFile != ""
 	if cfg.InitialCluster == "" {
 		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	}

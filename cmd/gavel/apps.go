@@ -12,19 +12,11 @@ import (
 	"text/tabwriter"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 )
-
-// appsUsage lists nsync's app commands.
-const appsUsage = `  apps [-space S]                  list apps (nsync) with running/desired counts and placement
-  app push FILE                    desire an app from YAML or JSON (an nsync App; "-" reads stdin)
-  app scale GUID N                 set an app's instances
-  app restart GUID                 restart an app at its next version (zero downtime; starts a stopped app)
-  app stop [-delete] GUID          stop an app (and forget it with -delete)
-  app task GUID COMMAND...         run a one-off task with the app's rootfs, env and pool
-`
 
 // appsCommand runs `gavel apps`.
 func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []string, out io.Writer) error {
@@ -158,4 +150,18 @@ func readApp(path string) (*nsyncv1.App, error) {
 		return nil, fmt.Errorf("parse %s: %w", path, err)
 	}
 	return app, nil
+}
+
+// printJSON prints one nsync answer as protojson (indented when indent is set).
+func printJSON(out io.Writer, m proto.Message, indent bool) error {
+	opts := protojson.MarshalOptions{}
+	if indent {
+		opts.Multiline, opts.Indent = true, "  "
+	}
+	b, err := opts.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(out, string(b))
+	return err
 }

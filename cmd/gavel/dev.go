@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -39,29 +40,57 @@ var devStacks = map[string]string{
 
 // runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
 // the route-emitter and the router in one process, and desires the sample app.
-func runDev(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	dir := fs.String("dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
-	bbsAddr := fs.String("bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
-	auctioneerAddr := fs.String("auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
-	emitterAddr := fs.String("routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
-	nsyncAddr := fs.String("nsync-listen", "127.0.0.1:8895", "nsync gRPC address")
-	routerHTTP := fs.String("router-http", "127.0.0.1:8080", "router HTTP address")
-	routerHTTPS := fs.String("router-https", "127.0.0.1:8443", "router HTTPS address")
-	routerAdmin := fs.String("router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
-	sample := fs.String("sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
-	level := fs.String("log-level", "warn", "trace|debug|info|warn|error")
-	var plugins []transform.PluginConfig
-	fs.Var(transform.Flag{Plugins: &plugins}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. -plugin networking=/tmp/gavel-networking.sock")
-	keep := fs.Bool("keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
-	if err := fs.Parse(args); err != nil {
-		return err
+func (c *cli) devCommand() *cobra.Command {
+	var o devOptions
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a local cluster (embedded etcd and every service) until Ctrl-C",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), o, c.out)
+		},
 	}
-	abs, err := filepath.Abs(*dir)
+	fs := cmd.Flags()
+	fs.StringVar(&o.dir, "dir", ".gavel/dev", "state directory (etcd data, cell work dirs, preloaded rootfs)")
+	fs.StringVar(&o.bbsAddr, "bbs-listen", "127.0.0.1:8889", "BBS gRPC address")
+	fs.StringVar(&o.auctioneerAddr, "auctioneer-listen", "127.0.0.1:8890", "auctioneer gRPC address")
+	fs.StringVar(&o.emitterAddr, "routeemitter-listen", "127.0.0.1:8893", "route-emitter gRPC address")
+	fs.StringVar(&o.nsyncAddr, "nsync-listen", "127.0.0.1:8895", "nsync gRPC address")
+	fs.StringVar(&o.routerHTTP, "router-http", "127.0.0.1:8080", "router HTTP address")
+	fs.StringVar(&o.routerHTTPS, "router-https", "127.0.0.1:8443", "router HTTPS address")
+	fs.StringVar(&o.routerAdmin, "router-admin", "127.0.0.1:8081", "router /healthz and /metrics address")
+	fs.StringVar(&o.sample, "sample-app", "bin/hello", "sample app binary desired as LRP \"hello\" (empty: none)")
+	fs.StringVar(&o.level, "log-level", "warn", "trace|debug|info|warn|error")
+	fs.Var(goFlag{transform.Flag{Plugins: &o.plugins}, "NAME=SOCKET"}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. --plugin networking=/tmp/gavel-networking.sock")
+	fs.BoolVar(&o.keep, "keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
+	fs.BoolVar(&o.insecure, "insecure", false, "serve plaintext gRPC (default: mutual TLS with a development PKI under --dir/pki)")
+	return cmd
+}
+
+// devOptions are `gavel dev`'s flags.
+type devOptions struct {
+	dir, bbsAddr, auctioneerAddr, emitterAddr, nsyncAddr, routerHTTP, routerHTTPS, routerAdmin, sample, level string
+	keep, insecure                                                                                            bool
+	plugins                                                                                                   []transform.PluginConfig
+}
+
+// goFlag adapts a standard library flag.Value to pflag's, which also names its type.
+type goFlag struct {
+	flag.Value
+	typ string
+}
+
+// Type implements pflag.Value.
+func (g goFlag) Type() string { return g.typ }
+
+// runDev runs the embedded default: etcd, the BBS, the auctioneer, three process-backed cells,
+// the route-emitter and the router in one process, and desires the sample app.
+func runDev(ctx context.Context, o devOptions, out io.Writer) error {
+	abs, err := filepath.Abs(o.dir)
 	if err != nil {
 		return err
 	}
-	if !*keep {
+	if !o.keep {
 		// Containers die with this process, so a previous run's actual state is stale.
 		for _, sub := range []string{"etcd", "cells"} {
 			if err := os.RemoveAll(filepath.Join(abs, sub)); err != nil {
@@ -74,8 +103,8 @@ func runDev(args []string, out io.Writer) error {
 		return err
 	}
 	var samplePath string
-	if *sample != "" {
-		if samplePath, err = filepath.Abs(*sample); err != nil {
+	if o.sample != "" {
+		if samplePath, err = filepath.Abs(o.sample); err != nil {
 			return err
 		}
 		if _, err := os.Stat(samplePath); err != nil {
@@ -115,34 +144,37 @@ func runDev(args []string, out io.Writer) error {
 		specs = append(specs, devcluster.Cell{Config: cfg})
 	}
 
-	logger := logging.New("gavel-dev", logging.Config{Level: *level})
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
+	logger := logging.New("gavel-dev", logging.Config{Level: o.level})
 	cluster := devcluster.New(devcluster.Config{
 		Dir:                 abs,
-		BBSAddress:          *bbsAddr,
-		AuctioneerAddress:   *auctioneerAddr,
+		BBSAddress:          o.bbsAddr,
+		AuctioneerAddress:   o.auctioneerAddr,
 		Cells:               specs,
 		Routing:             true,
-		RouteEmitterAddress: *emitterAddr,
-		RouterHTTPAddress:   *routerHTTP,
-		RouterHTTPSAddress:  *routerHTTPS,
-		RouterAdminAddress:  *routerAdmin,
-		Transformers:        plugins,
-		Logger:              logger,
+		RouteEmitterAddress: o.emitterAddr,
+		RouterHTTPAddress:   o.routerHTTP,
+		RouterHTTPSAddress:  o.routerHTTPS,
+		RouterAdminAddress:  o.routerAdmin,
+		Transformers:        o.plugins,
 		Nsync:               true,
-		NsyncAddress:        *nsyncAddr,
+		NsyncAddress:        o.nsyncAddr,
 		NsyncStacks:         devStacks,
+		Logger:              logger,
+		TLS:                 !o.insecure,
 	})
 	return lifecycle.Run(ctx, logger,
 		lifecycle.Member{Name: "cluster", Runner: cluster},
 		lifecycle.Member{Name: "sample", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			fmt.Fprintf(out, "\nGavel dev cluster is up (state in %s).\n", abs)
-			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (plaintext gRPC; health and reflection enabled)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, cluster.AuctioneerAddress)
+			transport := "plaintext gRPC (--insecure)"
+			if !o.insecure {
+				transport = "mutual TLS, development PKI in " + filepath.Join(abs, "pki")
+			}
+			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (%s)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, transport, cluster.AuctioneerAddress)
 			fmt.Fprintf(out, "  nsync:           %s (stacks %s)\n", cluster.NsyncAddress, strings.Join(slices.Sorted(maps.Keys(devStacks)), ", "))
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
-			for _, p := range plugins {
+			for _, p := range o.plugins {
 				fmt.Fprintf(out, "  transformer %s:  %s (%s)\n", p.Name, p.Socket, p.WithDefaults().FailurePolicy)
 			}
 			for _, c := range cells {
@@ -159,9 +191,17 @@ func runDev(args []string, out io.Writer) error {
 				fmt.Fprintf(out, "\nThrough the router:\n  curl -H 'Host: hello.gavel.local' http://%s/      (round-robin)\n  curl -H 'Host: 0.hello.gavel.local' http://%s/    (index 0 only)\n",
 					cluster.Router.HTTPAddr(), cluster.Router.HTTPAddr())
 			}
-			fmt.Fprintf(out, "\nTry:\n  go run ./cmd/gavel -insecure actual-lrps\n  go run ./cmd/gavel -insecure events\n  go run ./cmd/gavel -insecure desire-lrp examples/lrp.json\n  go run ./cmd/gavel -insecure pools create staging -require staging && go run ./cmd/gavel -insecure pools bind dev-space staging\n")
+			flags := "--insecure "
+			if !o.insecure {
+				admin := cluster.PKI["admin"]
+				fmt.Fprintf(out, "\nThe CLI authenticates with a certificate (identity spiffe://gavel/admin, role admin):\n  export GAVEL_TLS_CERT=%s GAVEL_TLS_KEY=%s GAVEL_TLS_CA=%s\n",
+					admin.CertFile, admin.KeyFile, admin.CAFile)
+				flags = ""
+			}
+			fmt.Fprintf(out, "\nTry:\n  gavel %s--bbs %s cells\n  gavel %s--bbs %s actual-lrps --watch\n  gavel %s--bbs %s desire-lrp examples/lrp.yaml --wait\n  gavel %s--route-emitter %s routes\n  gavel %s--nsync %s pools create staging --require staging && gavel %s--nsync %s pools bind dev-space staging\n",
+				flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.RouteEmitterAddress, flags, cluster.NsyncAddress, flags, cluster.NsyncAddress)
 			if samplePath != "" {
-				fmt.Fprintf(out, "  sed 's|@HELLO@|%s|' examples/app.yaml | go run ./cmd/gavel -insecure app push - && go run ./cmd/gavel -insecure apps\n", samplePath)
+				fmt.Fprintf(out, "  sed 's|@HELLO@|%s|' examples/app.yaml | gavel %s--nsync %s app push - && gavel %s--nsync %s apps\n", samplePath, flags, cluster.NsyncAddress, flags, cluster.NsyncAddress)
 			}
 			fmt.Fprintf(out, "Stop with Ctrl-C.\n")
 			ready()

@@ -1,228 +1,273 @@
-// Command gavel is Gavel's operator CLI: `gavel dev` runs a local cluster on an embedded etcd,
-// and the other commands talk to a BBS.
-//
-//	gavel dev                         run embedded etcd and the BBS until Ctrl-C
-//	gavel desire-lrp FILE.json        desire an LRP (protojson DesiredLRP)
-//	gavel desire-task GUID DOMAIN FILE.json  desire a task (protojson TaskDefinition)
-//	gavel lrps | actual-lrps | tasks | cells | tags | domains
-//	gavel events [-since REV]         follow the event stream
-//	gavel links [-cell C] [-json] GUID  print the resolution of the links an LRP consumes
-//	gavel certs DIR NAME...           write a development CA and certificates
-//	gavel apps | app push|scale|restart|stop | pools ...   apps and placement pools (nsync)
+// Command gavel is Gavel's operator CLI, in the manner of Diego's cfdot and Nomad's nomad:
+// `gavel dev` runs a local cluster on an embedded etcd, `gavel certs` writes a development
+// PKI, and the other commands talk to the BBS (and the route-emitter and reps) over gRPC.
+// `gavel --help` lists the commands; `gavel completion bash|zsh|fish` prints shell completion.
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
-const usage = `usage: gavel [-bbs ADDR[,ADDR...]] [-nsync ADDR] [-tls-cert F -tls-key F -tls-ca F | -insecure] COMMAND [ARGS]
-
-commands:
-  dev                              run a local cluster (embedded etcd, BBS) until Ctrl-C
-  desire-lrp FILE.json             desire an LRP from a protojson DesiredLRP ("-" reads stdin)
-  desire-task GUID DOMAIN FILE     desire a task from a protojson TaskDefinition
-  lrps [-domain D] [-selector S]   list desired LRPs
-  actual-lrps [-domain D] [-cell C] [-selector S]
-                                   list actual LRPs
-  tasks [-domain D] [-cell C]      list tasks
-  cells | tags | domains           list cells, placement tags, fresh domains
-  events [-since REV]              follow the event stream (one JSON line per revision)
-  links [-cell C] [-json] GUID     the resolution of the links an LRP consumes (table or JSON)
-  certs DIR NAME...                write a development CA and one certificate per NAME
-
-apps and placement pools (talk to nsync at -nsync):
-` + appsUsage + poolsUsage
-
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "gavel:", err)
-		os.Exit(1)
-	}
-}
-
-type globals struct {
-	bbs   string
-	nsync string
-	tls   tlsx.Config
-}
-
-func run(args []string, out io.Writer) error {
-	var g globals
-	fs := flag.NewFlagSet("gavel", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	fs.StringVar(&g.bbs, "bbs", bbsclient.DefaultAddress, "BBS gRPC address, or several comma-separated BBS addresses")
-	fs.StringVar(&g.nsync, "nsync", "127.0.0.1:8895", "nsync gRPC address (apps, app, pools)")
-	fs.StringVar(&g.tls.CertFile, "tls-cert", "", "client certificate (PEM)")
-	fs.StringVar(&g.tls.KeyFile, "tls-key", "", "client key (PEM)")
-	fs.StringVar(&g.tls.CAFile, "tls-ca", "", "CA of the BBS certificate (PEM)")
-	fs.BoolVar(&g.tls.Insecure, "insecure", false, "plaintext gRPC (what `gavel dev` serves)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("a command is required")
-	}
-	cmd, rest := fs.Arg(0), fs.Args()[1:]
-	switch cmd {
-	case "dev":
-		return runDev(rest, out)
-	case "certs":
-		if len(rest) < 2 {
-			return errors.New("usage: gavel certs DIR NAME...")
-		}
-		cfgs, err := tlsx.GenerateDevPKI(rest[0], rest[1:]...)
-		if err != nil {
-			return err
-		}
-		for _, n := range rest[1:] {
-			fmt.Fprintf(out, "%s: cert %s key %s ca %s\n", n, cfgs[n].CertFile, cfgs[n].KeyFile, cfgs[n].CAFile)
-		}
-		return nil
-	}
 	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
-	switch cmd {
-	case "apps", "app", "pools":
-		conn, err := grpcx.Dial(g.nsync, grpcx.ClientConfig{TLS: g.tls})
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		c := nsyncv1.NewNsyncServiceClient(conn)
-		switch cmd {
-		case "apps":
-			return appsCommand(ctx, c, rest, out)
-		case "app":
-			return appCommand(ctx, c, rest, out)
-		default:
-			return poolsCommand(ctx, c, rest, out)
-		}
-	}
-	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: g.bbs, BBSTLS: g.tls})
+	err := execute(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
 	if err != nil {
-		return err
+		fmt.Fprintln(os.Stderr, "gavel:", humanError(err))
 	}
-	defer conn.Close()
-	if cmd == "links" {
-		return runLinks(ctx, bbsv1.NewBBSServiceClient(conn), rest, out)
-	}
-	return clientCommand(ctx, bbsv1.NewBBSServiceClient(conn), cmd, rest, out)
+	os.Exit(exitCode(err))
 }
 
-func clientCommand(ctx context.Context, c bbsv1.BBSServiceClient, cmd string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var f bbsv1.Filter
-	fs.StringVar(&f.Domain, "domain", "", "only this domain")
-	fs.StringVar(&f.CellId, "cell", "", "only this cell")
-	fs.StringVar(&f.LabelSelector, "selector", "", "label selector, e.g. app=web,tier!=db")
-	since := fs.Int64("since", 0, "resume the event stream after this revision")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	var resp proto.Message
-	var err error
-	switch cmd {
-	case "desire-lrp":
-		var d modelsv1.DesiredLRP
-		if err := readJSON(fs.Arg(0), &d); err != nil {
-			return err
-		}
-		resp, err = c.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: &d})
-	case "desire-task":
-		if fs.NArg() != 3 {
-			return errors.New("usage: gavel desire-task GUID DOMAIN FILE.json")
-		}
-		var def modelsv1.TaskDefinition
-		if err := readJSON(fs.Arg(2), &def); err != nil {
-			return err
-		}
-		resp, err = c.DesireTask(ctx, &bbsv1.DesireTaskRequest{TaskGuid: fs.Arg(0), Domain: fs.Arg(1), Definition: &def})
-	case "lrps":
-		resp, err = c.DesiredLRPs(ctx, &bbsv1.DesiredLRPsRequest{Filter: &f})
-	case "actual-lrps":
-		resp, err = c.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &f})
-	case "tasks":
-		resp, err = c.Tasks(ctx, &bbsv1.TasksRequest{Filter: &f})
-	case "cells":
-		resp, err = c.Cells(ctx, &bbsv1.CellsRequest{})
-	case "tags":
-		resp, err = c.Tags(ctx, &bbsv1.TagsRequest{})
-	case "domains":
-		resp, err = c.Domains(ctx, &bbsv1.DomainsRequest{})
-	case "events":
-		return follow(ctx, c, &bbsv1.SubscribeToEventsRequest{SinceRevision: *since, Filter: &f}, out)
-	default:
-		return fmt.Errorf("unknown command %q (gavel -h lists them)", cmd)
-	}
-	if err != nil {
-		return err
-	}
-	return printJSON(out, resp, true)
+// cli holds the global flags and the connections the commands share.
+type cli struct {
+	bbsAddrs     string
+	routeEmitter string
+	nsync        string
+	tls          tlsx.Config
+	output       string
+
+	stdin    io.Reader
+	out, err io.Writer
+	conns    []*grpc.ClientConn
+	bbs      bbsv1.BBSServiceClient
 }
 
-func follow(ctx context.Context, c bbsv1.BBSServiceClient, req *bbsv1.SubscribeToEventsRequest, out io.Writer) error {
-	stream, err := c.SubscribeToEvents(ctx, req, grpc.WaitForReady(true))
-	if err != nil {
-		return err
+// execute runs the CLI with args (without the program name) and returns the command's error.
+func execute(ctx context.Context, args []string, stdin io.Reader, out, errOut io.Writer) error {
+	c := &cli{stdin: stdin, out: out, err: errOut}
+	defer c.close()
+	root := c.rootCommand()
+	root.SetArgs(normalizeArgs(root, args))
+	root.SetIn(stdin)
+	root.SetOut(out)
+	root.SetErr(errOut)
+	return root.ExecuteContext(ctx)
+}
+
+func (c *cli) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "gavel",
+		Short: "Operate a Gavel cluster: desire and inspect LRPs, tasks, cells and routes",
+		Long: `gavel operates a Gavel cluster, in the manner of Diego's cfdot.
+
+Lists print a table on a terminal; -o json|yaml gives stable, jq-friendly documents and
+-o wide adds columns. In LRP files and in the output, routes documents are native JSON,
+stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 refused
+(authentication or permission), 4 not found, 5 conflict (exists, wrong state, lost race),
+6 --wait timed out, 7 CELL_MISMATCH, 8 INSUFFICIENT_RESOURCES.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
 	}
-	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	pf := root.PersistentFlags()
+	pf.StringVar(&c.bbsAddrs, "bbs", bbsclient.DefaultAddress, "BBS gRPC address, or several comma-separated BBS addresses")
+	pf.StringVar(&c.routeEmitter, "route-emitter", "127.0.0.1:8893", "route-emitter gRPC address (for the routes command)")
+	pf.StringVar(&c.nsync, "nsync", "127.0.0.1:8895", "nsync gRPC address (for the apps, app and pools commands)")
+	pf.StringVar(&c.tls.CertFile, "tls-cert", envOr("GAVEL_TLS_CERT", ""), "client certificate (PEM) [$GAVEL_TLS_CERT]")
+	pf.StringVar(&c.tls.KeyFile, "tls-key", envOr("GAVEL_TLS_KEY", ""), "client key (PEM) [$GAVEL_TLS_KEY]")
+	pf.StringVar(&c.tls.CAFile, "tls-ca", envOr("GAVEL_TLS_CA", ""), "CA of the servers' certificates (PEM) [$GAVEL_TLS_CA]")
+	pf.BoolVar(&c.tls.Insecure, "insecure", false, "plaintext gRPC (only what gavel dev --insecure serves)")
+	pf.StringVarP(&c.output, "output", "o", "", "output format: json, yaml or wide (default: a table)")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"json", "yaml", "wide"}, cobra.ShellCompDirectiveNoFileComp))
+	if v := os.Getenv("GAVEL_BBS"); v != "" {
+		c.bbsAddrs = v
+	}
+
+	root.AddGroup(
+		&cobra.Group{ID: "lrp", Title: "Long-running processes:"},
+		&cobra.Group{ID: "task", Title: "Tasks:"},
+		&cobra.Group{ID: "cluster", Title: "Cells, domains and routing:"},
+		&cobra.Group{ID: "apps", Title: "Apps and placement pools (nsync):"},
+		&cobra.Group{ID: "local", Title: "Local cluster and certificates:"},
+	)
+	for _, cmd := range append(c.lrpCommands(), c.linksCommand()) {
+		cmd.GroupID = "lrp"
+		root.AddCommand(cmd)
+	}
+	for _, cmd := range c.taskCommands() {
+		cmd.GroupID = "task"
+		root.AddCommand(cmd)
+	}
+	for _, cmd := range c.clusterCommands() {
+		cmd.GroupID = "cluster"
+		root.AddCommand(cmd)
+	}
+	for _, cmd := range c.nsyncCommands() {
+		cmd.GroupID = "apps"
+		root.AddCommand(cmd)
+	}
+	for _, cmd := range []*cobra.Command{c.devCommand(), c.certsCommand()} {
+		cmd.GroupID = "local"
+		root.AddCommand(cmd)
+	}
+	return root
+}
+
+// normalizeArgs accepts Go-flag style single-dash long flags (`-insecure`, `-bbs=ADDR`), which
+// earlier versions of this CLI and its documentation used, by doubling the dash.
+func normalizeArgs(root *cobra.Command, args []string) []string {
+	long := map[string]bool{}
+	var collect func(*cobra.Command)
+	collect = func(cmd *cobra.Command) {
+		cmd.LocalFlags().VisitAll(func(f *pflag.Flag) { long[f.Name] = true })
+		cmd.PersistentFlags().VisitAll(func(f *pflag.Flag) { long[f.Name] = true })
+		for _, sub := range cmd.Commands() {
+			collect(sub)
+		}
+	}
+	collect(root)
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if a == "--" {
+			copy(out[i:], args[i:])
+			break
+		}
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+			name, _, _ := strings.Cut(a[1:], "=")
+			if len(name) > 1 && long[name] {
+				out[i] = "-" + a
 			}
-			return err
-		}
-		if err := printJSON(out, msg, false); err != nil {
-			return err
 		}
 	}
+	return out
 }
 
-func readJSON(path string, m proto.Message) error {
-	var b []byte
-	var err error
-	if path == "-" {
-		b, err = io.ReadAll(os.Stdin)
-	} else {
-		b, err = os.ReadFile(path)
+// envOr returns the environment variable's value, or def.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
 	}
+	return def
+}
+
+// printer returns the printer for the -o flag.
+func (c *cli) printer() (*printer, error) { return newPrinter(c.out, c.output) }
+
+// dial connects to addrs (comma-separated) with the global TLS settings.
+func (c *cli) dial(addrs string) (*grpc.ClientConn, error) {
+	if err := c.checkTLS(); err != nil {
+		return nil, err
+	}
+	conn, err := grpcx.DialMulti(strings.Split(addrs, ","), grpcx.ClientConfig{TLS: c.tls})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := protojson.Unmarshal(b, m); err != nil {
-		return fmt.Errorf("parse %s: %w", path, err)
+	c.conns = append(c.conns, conn)
+	return conn, nil
+}
+
+// checkTLS refuses to dial without a certificate or an explicit --insecure.
+func (c *cli) checkTLS() error {
+	if !c.tls.Insecure && c.tls.CertFile == "" && c.tls.KeyFile == "" && c.tls.CAFile == "" {
+		return usageErrorf("no client certificate: pass --tls-cert, --tls-key and --tls-ca (or set $GAVEL_TLS_CERT, $GAVEL_TLS_KEY, $GAVEL_TLS_CA), or --insecure for a plaintext gavel dev --insecure")
 	}
 	return nil
 }
 
-func printJSON(out io.Writer, m proto.Message, indent bool) error {
-	opts := protojson.MarshalOptions{}
-	if indent {
-		opts.Multiline, opts.Indent = true, "  "
+// dialBBS connects to the BBS addresses the way every Gavel client does (pkg/bbsclient).
+func (c *cli) dialBBS() (*grpc.ClientConn, error) {
+	if err := c.checkTLS(); err != nil {
+		return nil, err
 	}
-	b, err := opts.Marshal(m)
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: c.bbsAddrs, BBSTLS: c.tls})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = fmt.Fprintln(out, string(b))
-	return err
+	c.conns = append(c.conns, conn)
+	return conn, nil
+}
+
+// bbsClient returns the (one) BBS client.
+func (c *cli) bbsClient() (bbsv1.BBSServiceClient, error) {
+	if c.bbs != nil {
+		return c.bbs, nil
+	}
+	conn, err := c.dialBBS()
+	if err != nil {
+		return nil, err
+	}
+	c.bbs = bbsv1.NewBBSServiceClient(conn)
+	return c.bbs, nil
+}
+
+// close closes every connection made.
+func (c *cli) close() {
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+}
+
+// clients returns the printer for -o and the BBS client.
+func (c *cli) clients() (*printer, bbsv1.BBSServiceClient, error) {
+	p, err := c.printer()
+	if err != nil {
+		return nil, nil, err
+	}
+	bbs, err := c.bbsClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, bbs, nil
+}
+
+// completeFrom completes a command's first argument with the names list returns from the BBS.
+func (c *cli) completeFrom(list func(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error)) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		bbs, err := c.bbsClient()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		names, err := list(cmd.Context(), bbs)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// processGuids lists desired process guids (completion).
+func processGuids(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.DesiredLRPSchedulingInfos(ctx, &bbsv1.DesiredLRPSchedulingInfosRequest{})
+	var guids []string
+	for _, s := range resp.GetSchedulingInfos() {
+		guids = append(guids, s.GetProcessGuid())
+	}
+	return guids, err
+}
+
+// taskGuids lists task guids (completion).
+func taskGuids(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.Tasks(ctx, &bbsv1.TasksRequest{})
+	var guids []string
+	for _, t := range resp.GetTasks() {
+		guids = append(guids, t.GetTaskGuid())
+	}
+	return guids, err
+}
+
+// cellIDs lists present cells (completion).
+func cellIDs(ctx context.Context, bbs bbsv1.BBSServiceClient) ([]string, error) {
+	resp, err := bbs.Cells(ctx, &bbsv1.CellsRequest{})
+	var ids []string
+	for _, cp := range resp.GetCells() {
+		ids = append(ids, cp.GetCellId())
+	}
+	return ids, err
 }

@@ -12,16 +12,6 @@ import (
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 )
 
-// poolsUsage lists nsync's placement pool commands.
-const poolsUsage = `  pools                            list placement pools, their spaces and the default
-  pools create|update NAME [-require T,T] [-disallow T,T]
-                                   create or replace a placement pool
-  pools delete [-force] NAME       delete a pool (-force unbinds its spaces first)
-  pools bind SPACE POOL | unbind SPACE
-                                   assign a pool to a space, or remove it
-  pools default [POOL]             set the default pool (no POOL: clear it)
-`
-
 // poolsCommand runs `gavel pools [create|update|delete|bind|unbind|default]`.
 func poolsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []string, out io.Writer) error {
 	if len(args) == 0 {

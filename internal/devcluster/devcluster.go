@@ -65,6 +65,12 @@ type Config struct {
 	// Transformers is the BBS's transformer plugin chain (each plugin is described at
 	// start-up; see docs/plugins.md).
 	Transformers []transform.PluginConfig
+	// TLS runs every gRPC hop with mutual TLS: a development PKI is written under Dir/pki
+	// (see Cluster.PKI) and each component presents its own identity (bbs, auctioneer,
+	// rep/<cell>, route-emitter, router), so the role-based authorization of
+	// docs/architecture.md §11 is in force. Without it every hop is plaintext. etcd stays
+	// plaintext on loopback either way.
+	TLS bool
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
 	ConfigureBBS        func(*bbs.Config)
 	ConfigureAuctioneer func(*auctioneer.Config)
@@ -103,6 +109,9 @@ type Cluster struct {
 	Auctioneer *auctioneer.Service
 	// Reps are the running reps, in start order.
 	Reps []*rep.Service
+	// PKI holds the certificates by identity name (with Config.TLS): every component's, and
+	// "admin" and "read-only" for clients. BBS is a client with the admin identity.
+	PKI map[string]tlsx.Config
 }
 
 // New returns a cluster; Run starts it.
@@ -114,6 +123,15 @@ func New(cfg Config) *Cluster {
 }
 
 var insecure = tlsx.Config{Insecure: true}
+
+// tlsFor is the TLS configuration of identity name: its certificate with Config.TLS, else
+// plaintext.
+func (c *Cluster) tlsFor(name string) tlsx.Config {
+	if cfg, ok := c.PKI[name]; ok {
+		return cfg
+	}
+	return insecure
+}
 
 // listen binds addr now (a ":0" port becomes a concrete one), so that peers can be told each
 // other's addresses before they start; the listener is handed to the service that serves it
@@ -146,6 +164,15 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("auctioneer address: %w", err)
 	}
 	c.BBSAddress, c.AuctioneerAddress = bbsListener.Addr().String(), auctioneerListener.Addr().String()
+	if c.cfg.TLS {
+		names := []string{"bbs", "auctioneer", "route-emitter", "router", "nsync", "admin", "read-only"}
+		for _, cell := range c.cfg.Cells {
+			names = append(names, "rep/"+cell.Config.CellID)
+		}
+		if c.PKI, err = tlsx.GenerateDevPKI(filepath.Join(c.cfg.Dir, "pki"), names...); err != nil {
+			return fmt.Errorf("dev pki: %w", err)
+		}
+	}
 	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true, FastElection: true})
 	if err != nil {
 		return err
@@ -162,13 +189,32 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		}
 		return conn, err
 	}
-	dial := func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-		return keep(grpcx.Dial(addr, grpcx.ClientConfig{TLS: insecure}, opts...))
+	dial := func(addr, identity string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+		return keep(grpcx.Dial(addr, grpcx.ClientConfig{TLS: c.tlsFor(identity)}, opts...))
 	}
-	// Every component reaches the BBS with the same client configuration and dial.
-	bbsCfg := bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: insecure}
-	dialBBS := func(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-		return keep(bbsclient.Dial(bbsCfg, opts...))
+	// Every component reaches the BBS with the same client configuration and dial, presenting
+	// its own identity.
+	bbsCfg := func(identity string) bbsclient.Config {
+		return bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: c.tlsFor(identity)}
+	}
+	dialBBS := func(identity string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+		return keep(bbsclient.Dial(bbsCfg(identity), opts...))
+	}
+	// bbsAs is a BBS client with identity's certificate: the shared admin client when the
+	// cluster is plaintext and nothing intercepts, otherwise a connection of its own.
+	bbsAs := func(identity string, intercept grpc.UnaryClientInterceptor) (bbsv1.BBSServiceClient, error) {
+		if c.PKI == nil && intercept == nil {
+			return c.BBS, nil
+		}
+		var opts []grpc.DialOption
+		if intercept != nil {
+			opts = append(opts, grpc.WithChainUnaryInterceptor(intercept))
+		}
+		conn, err := dialBBS(identity, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return bbsv1.NewBBSServiceClient(conn), nil
 	}
 
 	members := []lifecycle.Member{
@@ -186,7 +232,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := bbs.Default()
 			cfg.ListenAddress, cfg.AuctioneerAddress = c.BBSAddress, c.AuctioneerAddress
-			cfg.TLS, cfg.EtcdTLS = insecure, insecure
+			cfg.TLS, cfg.EtcdTLS = c.tlsFor("bbs"), insecure
 			cfg.EtcdEndpoints = c.EtcdEndpoints
 			cfg.Transformers = c.cfg.Transformers
 			if c.cfg.ConfigureBBS != nil {
@@ -196,7 +242,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			conn, err := dialBBS()
+			conn, err := dialBBS("admin")
 			if err != nil {
 				return err
 			}
@@ -205,13 +251,17 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		})},
 		{Name: "auctioneer", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := auctioneer.Default()
-			cfg.ListenAddress, cfg.Config = c.AuctioneerAddress, bbsCfg
-			cfg.TLS, cfg.RepTLS, cfg.EtcdTLS = insecure, insecure, insecure
+			cfg.ListenAddress, cfg.Config = c.AuctioneerAddress, bbsCfg("auctioneer")
+			cfg.TLS, cfg.RepTLS, cfg.EtcdTLS = c.tlsFor("auctioneer"), c.tlsFor("auctioneer"), insecure
 			cfg.EtcdEndpoints = c.EtcdEndpoints
 			if c.cfg.ConfigureAuctioneer != nil {
 				c.cfg.ConfigureAuctioneer(&cfg)
 			}
-			svc, err := auctioneer.New(cfg, log.Named("auctioneer"), c.Etcd, c.BBS, auctioneer.WithListener(auctioneerListener))
+			bbsClient, err := bbsAs("auctioneer", nil)
+			if err != nil {
+				return err
+			}
+			svc, err := auctioneer.New(cfg, log.Named("auctioneer"), c.Etcd, bbsClient, auctioneer.WithListener(auctioneerListener))
 			if err != nil {
 				return err
 			}
@@ -231,21 +281,12 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			})
 		})},
 	}
-	repBBS := func() (bbsv1.BBSServiceClient, error) {
-		if c.cfg.RepBBSInterceptor == nil {
-			return c.BBS, nil
-		}
-		conn, err := dialBBS(grpc.WithChainUnaryInterceptor(c.cfg.RepBBSInterceptor))
-		if err != nil {
-			return nil, err
-		}
-		return bbsv1.NewBBSServiceClient(conn), nil
-	}
 	for i := range c.cfg.Cells {
 		cell := c.cfg.Cells[i].Config
 		members = append(members, lifecycle.Member{Name: "rep-" + cell.CellID, Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-			cell.Config, cell.EtcdEndpoints = bbsCfg, c.EtcdEndpoints
-			cell.TLS, cell.EtcdTLS = insecure, insecure
+			id := "rep/" + cell.CellID
+			cell.Config, cell.EtcdEndpoints = bbsCfg(id), c.EtcdEndpoints
+			cell.TLS, cell.EtcdTLS = c.tlsFor(id), insecure
 			if cell.ListenAddress == "" || cell.ListenAddress == rep.Default().ListenAddress {
 				cell.ListenAddress = "127.0.0.1:0"
 			}
@@ -260,7 +301,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			bbsClient, err := repBBS()
+			bbsClient, err := bbsAs(id, c.cfg.RepBBSInterceptor)
 			if err != nil {
 				return err
 			}
@@ -273,10 +314,10 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		})})
 	}
 	if c.cfg.Nsync {
-		members = append(members, c.nsyncMember(log, dial))
+		members = append(members, c.nsyncMember(log, dial, bbsAs))
 	}
 	if c.cfg.Routing {
-		routing, err := c.routingMembers(log, dial)
+		routing, err := c.routingMembers(log, dial, bbsAs)
 		if err != nil {
 			return err
 		}
@@ -292,14 +333,15 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 }
 
 // nsyncMember runs nsync over the cluster's etcd and BBS.
-func (c *Cluster) nsyncMember(log hclog.Logger, dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)) lifecycle.Member {
+func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string, opts ...grpc.DialOption) (*grpc.ClientConn, error),
+	bbsAs func(identity string, intercept grpc.UnaryClientInterceptor) (bbsv1.BBSServiceClient, error)) lifecycle.Member {
 	return lifecycle.Member{Name: "nsync", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 		cfg := nsync.Default()
 		cfg.ListenAddress, cfg.BBSAddress = c.cfg.NsyncAddress, c.BBSAddress
 		if cfg.ListenAddress == "" {
 			cfg.ListenAddress = "127.0.0.1:0"
 		}
-		cfg.TLS, cfg.BBSTLS, cfg.EtcdTLS = insecure, insecure, insecure
+		cfg.TLS, cfg.BBSTLS, cfg.EtcdTLS = c.tlsFor("nsync"), c.tlsFor("nsync"), insecure
 		cfg.EtcdEndpoints = c.EtcdEndpoints
 		if c.cfg.NsyncStacks != nil {
 			cfg.Stacks = c.cfg.NsyncStacks
@@ -307,13 +349,17 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(string, ...grpc.DialOp
 		if c.cfg.ConfigureNsync != nil {
 			c.cfg.ConfigureNsync(&cfg)
 		}
-		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, c.BBS, nil)
+		bbsClient, err := bbsAs("nsync", nil)
+		if err != nil {
+			return err
+		}
+		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, bbsClient, nil)
 		if err != nil {
 			return err
 		}
 		return svc.Run(ctx, func() {
 			c.NsyncAddress = svc.Addr().String()
-			conn, err := dial(c.NsyncAddress)
+			conn, err := dial(c.NsyncAddress, "admin")
 			if err == nil {
 				c.Nsync = nsyncv1.NewNsyncServiceClient(conn)
 			}
@@ -331,7 +377,8 @@ func waitLeader(ctx context.Context, svc *auctioneer.Service) {
 }
 
 // routingMembers runs the route-emitter over the BBS and the router over the route-emitter.
-func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)) ([]lifecycle.Member, error) {
+func (c *Cluster) routingMembers(log hclog.Logger, dial func(addr, identity string, opts ...grpc.DialOption) (*grpc.ClientConn, error),
+	bbsAs func(identity string, intercept grpc.UnaryClientInterceptor) (bbsv1.BBSServiceClient, error)) ([]lifecycle.Member, error) {
 	emitterListener, err := c.listen(c.cfg.RouteEmitterAddress)
 	if err != nil {
 		return nil, fmt.Errorf("route-emitter address: %w", err)
@@ -345,9 +392,13 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.Dia
 	return []lifecycle.Member{
 		{Name: "route-emitter", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := routeemitter.Default()
-			cfg.ListenAddress, cfg.Config = c.RouteEmitterAddress, bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: insecure}
-			cfg.TLS = insecure
-			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), c.BBS, routeemitter.WithListener(emitterListener))
+			cfg.ListenAddress, cfg.Config = c.RouteEmitterAddress, bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: c.tlsFor("route-emitter")}
+			cfg.TLS = c.tlsFor("route-emitter")
+			bbsClient, err := bbsAs("route-emitter", nil)
+			if err != nil {
+				return err
+			}
+			svc, err := routeemitter.New(cfg, log.Named("route-emitter"), bbsClient, routeemitter.WithListener(emitterListener))
 			if err != nil {
 				return err
 			}
@@ -359,9 +410,9 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(string, ...grpc.Dia
 			if c.cfg.RouterHTTPSAddress != "" {
 				cfg.HTTPSAddress, cfg.HTTPSCertFile, cfg.HTTPSKeyFile = c.cfg.RouterHTTPSAddress, pki["router"].CertFile, pki["router"].KeyFile
 			}
-			cfg.RouteEmitterAddress, cfg.RouteEmitterTLS = c.RouteEmitterAddress, insecure
+			cfg.RouteEmitterAddress, cfg.RouteEmitterTLS = c.RouteEmitterAddress, c.tlsFor("router")
 			cfg.TCPBindAddress = "127.0.0.1"
-			conn, err := dial(c.RouteEmitterAddress)
+			conn, err := dial(c.RouteEmitterAddress, "router")
 			if err != nil {
 				return err
 			}

@@ -46,7 +46,8 @@ func (c ClientConfig) Validate() error {
 
 // Dial validates cfg and creates a client connection to target with
 // grpc.NewClient, using cfg's transport credentials, keepalive and message
-// size limits; opts are applied after those. As with grpc.NewClient, no
+// size limits, and records per-RPC client metrics (see RegisterClientMetrics); opts are
+// applied after those. As with grpc.NewClient, no
 // connection is made until the first call.
 func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if err := cfg.Validate(); err != nil {
@@ -66,6 +67,8 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send)),
+		grpc.WithChainUnaryInterceptor(clientMetrics.UnaryClientInterceptor()),
+		grpc.WithChainStreamInterceptor(clientMetrics.StreamClientInterceptor()),
 	}
 	if cfg.KeepaliveTime > 0 {
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{

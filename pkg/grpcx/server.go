@@ -14,7 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -90,6 +92,7 @@ type serverOptions struct {
 	stream      []grpc.StreamServerInterceptor
 	grpcOptions []grpc.ServerOption
 	listener    net.Listener
+	metrics     prometheus.Registerer
 }
 
 // ServerOption customises NewServer.
@@ -114,6 +117,12 @@ func WithUnaryInterceptors(i ...grpc.UnaryServerInterceptor) ServerOption {
 // same position as WithUnaryInterceptors.
 func WithStreamInterceptors(i ...grpc.StreamServerInterceptor) ServerOption {
 	return func(o *serverOptions) { o.stream = append(o.stream, i...) }
+}
+
+// WithMetrics records per-RPC metrics of the server (started and handled calls by method and
+// code, a latency histogram) in reg, together with this process's client metrics.
+func WithMetrics(reg prometheus.Registerer) ServerOption {
+	return func(o *serverOptions) { o.metrics = reg }
 }
 
 // WithServerOptions passes extra options, such as a stats handler, to
@@ -143,6 +152,7 @@ type Server struct {
 	cfg      ServerConfig
 	logger   hclog.Logger
 	listener net.Listener // from WithListener; nil: listen on cfg.ListenAddress
+	metrics  *grpcprom.ServerMetrics
 	started  atomic.Bool
 
 	mu   sync.Mutex
@@ -150,7 +160,7 @@ type Server struct {
 }
 
 // NewServer validates cfg and builds a server with the interceptor chain
-// logging → recovery → WithUnary/StreamInterceptors → validator.
+// metrics (WithMetrics) → logging → recovery → WithUnary/StreamInterceptors → validator.
 func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -176,8 +186,18 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		return nil, fmt.Errorf("grpc server: %w", err)
 	}
 
-	unary := append(serverUnaryInterceptors(logger), o.unary...)
-	stream := append(serverStreamInterceptors(logger), o.stream...)
+	var unary []grpc.UnaryServerInterceptor
+	var stream []grpc.StreamServerInterceptor
+	var srvMetrics *grpcprom.ServerMetrics
+	if o.metrics != nil {
+		if srvMetrics, err = newServerMetrics(o.metrics); err != nil {
+			return nil, fmt.Errorf("grpc server metrics: %w", err)
+		}
+		unary = append(unary, srvMetrics.UnaryServerInterceptor())
+		stream = append(stream, srvMetrics.StreamServerInterceptor())
+	}
+	unary = append(append(unary, serverUnaryInterceptors(logger)...), o.unary...)
+	stream = append(append(stream, serverStreamInterceptors(logger)...), o.stream...)
 	if o.validator != nil {
 		unary = append(unary, unaryValidator(o.validator))
 		stream = append(stream, streamValidator(o.validator))
@@ -201,6 +221,7 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
+	s.metrics = srvMetrics
 	return s, nil
 }
 
@@ -226,6 +247,10 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	s.addr = addr
 	s.mu.Unlock()
 
+	if s.metrics != nil {
+		// Every method shows in /metrics from the start, at zero.
+		s.metrics.InitializeMetrics(s.GRPC)
+	}
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	for name := range s.GRPC.GetServiceInfo() {
 		s.Health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)

@@ -43,6 +43,13 @@ const (
 // are rewritten on every call. It returns a Config per name that points at
 // the files.
 func GenerateDevPKI(dir string, names ...string) (map[string]Config, error) {
+	return GenerateDevPKIHosts(dir, nil, names...)
+}
+
+// GenerateDevPKIHosts is GenerateDevPKI with extra SANs on every leaf: each host is an IP
+// address or a DNS name (e.g. the container addresses of a deployment, so peers that dial
+// each other by address can verify the server's certificate).
+func GenerateDevPKIHosts(dir string, hosts []string, names ...string) (map[string]Config, error) {
 	for _, name := range names {
 		if err := validateDevName(name); err != nil {
 			return nil, fmt.Errorf("dev pki: %w", err)
@@ -73,7 +80,7 @@ func GenerateDevPKI(dir string, names ...string) (map[string]Config, error) {
 	for _, name := range names {
 		base := filepath.Join(dir, filepath.FromSlash(name))
 		cfg := Config{CertFile: base + ".crt", KeyFile: base + ".key", CAFile: caCertPath}
-		if err := createLeaf(name, cfg, caCert, caKey); err != nil {
+		if err := createLeaf(name, hosts, cfg, caCert, caKey); err != nil {
 			return nil, fmt.Errorf("dev pki: certificate %q: %w", name, err)
 		}
 		configs[name] = cfg
@@ -184,7 +191,7 @@ func createCA(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error
 }
 
 // createLeaf makes the leaf certificate for name and writes it where cfg says.
-func createLeaf(name string, cfg Config, caCert *x509.Certificate, caKey crypto.Signer) error {
+func createLeaf(name string, hosts []string, cfg Config, caCert *x509.Certificate, caKey crypto.Signer) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return fmt.Errorf("generate key: %w", err)
@@ -205,6 +212,13 @@ func createLeaf(name string, cfg Config, caCert *x509.Certificate, caKey crypto.
 		DNSNames:     []string{"localhost"},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		URIs:         []*url.URL{id},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if h != "" {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
 	if err != nil {

@@ -346,3 +346,24 @@ func TestPeerIdentityWithoutTLS(t *testing.T) {
 		t.Errorf("PeerIdentity over plaintext = %q, want empty", id)
 	}
 }
+
+func TestGenerateDevPKIHosts(t *testing.T) {
+	cfgs, err := GenerateDevPKIHosts(t.TempDir(), []string{"10.1.2.3", "bbs-0"}, "bbs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemBytes, err := os.ReadFile(cfgs["bbs"].CertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(pemBytes)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"10.1.2.3", "bbs-0", "localhost", "127.0.0.1"} {
+		if err := cert.VerifyHostname(host); err != nil {
+			t.Errorf("certificate not valid for %s: %v", host, err)
+		}
+	}
+}

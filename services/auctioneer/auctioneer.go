@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/reppool"
@@ -90,6 +91,9 @@ type Config struct {
 	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
 	// "127.0.0.1:9090"); empty serves none.
 	MetricsAddress string `json:"metrics_address,omitempty"`
+	// Authz maps client certificate identities to roles (least privilege); enforced whenever
+	// tls is on.
+	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -106,6 +110,7 @@ func Default() Config {
 		PerformTimeout:   Duration(10 * time.Second),
 		LockTTL:          Duration(etcdx.DefaultElectionTTL),
 		Log:              logging.Config{Level: "info", Format: "text"},
+		Authz:            authz.Default(),
 	}
 }
 
@@ -134,6 +139,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("authz: %w", err))
 	}
 	if c.BatchInterval <= 0 {
 		errs = append(errs, fmt.Errorf("batch_interval must be positive, got %s", c.BatchInterval))
@@ -211,11 +219,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 			MaxInFlight:    cfg.MaxInflightStarts,
 		}, logger.Named("auction")),
 	}
+	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(api.Validate),
+		grpcx.WithMetrics(s.metrics.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("auctioneer: %w", err)
@@ -374,3 +384,10 @@ func (q queue) Leading() bool { return q.s.leading.Load() }
 
 // Enqueue implements api.Queue.
 func (q queue) Enqueue(works []*placement.Work) { q.s.batch.Add(works...) }
+
+// Policy is the least-privilege rule of this service's gRPC API (see pkg/authz); admin may
+// make every call.
+var Policy = authz.Methods{
+	Service: auctioneerv1.AuctioneerService_ServiceDesc.ServiceName,
+	Grants:  map[string][]string{authz.BBS: {"RequestLRPAuctions", "RequestTaskAuctions"}},
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -83,6 +84,9 @@ type Config struct {
 	// plugin is described at start-up: one that cannot be, under failure_policy "fail",
 	// stops the BBS (see docs/plugins.md).
 	Transformers []transform.PluginConfig `json:"transformers,omitempty"`
+	// Authz maps client certificate identities to roles (least privilege); enforced whenever
+	// tls is on.
+	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -104,6 +108,7 @@ func Default() Config {
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
 		PendingTaskTimeout:   Duration(converge.DefaultPendingTaskTimeout),
 		CompletedTaskTimeout: Duration(converge.DefaultCompletedTaskTimeout),
+		Authz:                authz.Default(),
 	}
 }
 
@@ -127,6 +132,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("authz: %w", err))
 	}
 	if c.MaxInstances <= 0 {
 		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
@@ -255,11 +263,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	c := core.New(st, coreCfg)
 	callbacks.SetResolver(c.Tasks)
 	v := validate.Validator{Limits: limits}
+	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(), api.RepScope()),
-		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
+		grpcx.WithMetrics(registry),
 	)
 	if err != nil {
 		_ = transformers.Close()

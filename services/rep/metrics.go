@@ -1,14 +1,10 @@
 package rep
 
 import (
-	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
-	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -20,14 +16,14 @@ var reconcileBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5,
 
 // serviceMetrics are the rep's Prometheus series, on a registry of the service's own. The
 // containers, capacity and evacuating gauges are read from the cell at scrape time; the
-// counters are fed by the cell (as its cell.Observer) and by the BBS client wrapper.
+// counters are fed by the cell (as its cell.Observer). Calls to the BBS are counted and timed
+// by grpcx's client interceptor (grpc_client_handled_total, grpc_client_handling_seconds).
 type serviceMetrics struct {
 	registry *prometheus.Registry
 
 	starts         *prometheus.CounterVec
 	crashes        prometheus.Counter
 	stops          *prometheus.CounterVec
-	bbsErrors      *prometheus.CounterVec
 	hookFailures   *prometheus.CounterVec
 	reconcile      prometheus.Histogram
 	reconcileFails prometheus.Counter
@@ -48,8 +44,6 @@ func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
 			"LRP containers that ended, or failed to start, without the rep stopping them.")),
 		stops: prometheus.NewCounterVec(opts("container_stops_total",
 			"Containers the rep stopped itself (stop requests, cancelled tasks, bulk, evacuation, shutdown), by kind."), []string{"kind"}),
-		bbsErrors: prometheus.NewCounterVec(opts("bbs_errors_total",
-			"BBS calls that failed, by gRPC method and status code; every attempt counts."), []string{"method", "code"}),
 		hookFailures: prometheus.NewCounterVec(opts("hook_failures_total",
 			"Container hooks that failed, by event (on_create, on_destroy)."), []string{"event"}),
 		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "gavel", Subsystem: "rep",
@@ -59,7 +53,7 @@ func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
 		fixes: prometheus.NewCounterVec(opts("bulk_reconcile_fixes_total",
 			"Repairs made by the bulk loop, by fix (remove_record, fail_task, stop_container)."), []string{"fix"}),
 	}
-	m.registry.MustRegister(m.starts, m.crashes, m.stops, m.bbsErrors, m.hookFailures, m.reconcile, m.reconcileFails, m.fixes,
+	m.registry.MustRegister(m.starts, m.crashes, m.stops, m.hookFailures, m.reconcile, m.reconcileFails, m.fixes,
 		cellCollector{stats: stats})
 	// Series that should read 0 rather than be absent until their first event.
 	for _, k := range []string{"lrp", "task"} {
@@ -110,13 +104,6 @@ func (m *serviceMetrics) Reconciled(d time.Duration, err error) {
 // ReconcileFixed implements cell.Observer.
 func (m *serviceMetrics) ReconcileFixed(fix string) { m.fixes.WithLabelValues(fix).Inc() }
 
-// bbsFailed counts a failed BBS call.
-func (m *serviceMetrics) bbsFailed(method string, err error) {
-	if err != nil {
-		m.bbsErrors.WithLabelValues(method, status.Code(err).String()).Inc()
-	}
-}
-
 // Descriptions of the cell's gauges.
 var (
 	containersDesc = prometheus.NewDesc("gavel_rep_containers", "Containers the cell holds, by state (reserved, starting, running, completing).", []string{"state"}, nil)
@@ -157,129 +144,4 @@ func (c cellCollector) Collect(ch chan<- prometheus.Metric) {
 		evac = 1
 	}
 	gauge(evacuatingDesc, evac)
-}
-
-// observedBBS is the cell's BBS client, counting failed calls by method.
-type observedBBS struct {
-	bbs cell.BBS
-	m   *serviceMetrics
-}
-
-// ClaimActualLRP implements cell.BBS.
-func (b observedBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPResponse, error) {
-	r, err := b.bbs.ClaimActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("ClaimActualLRP", err)
-	return r, err
-}
-
-// DesiredLRPByProcessGuid implements cell.BBS.
-func (b observedBBS) DesiredLRPByProcessGuid(ctx context.Context, in *bbsv1.DesiredLRPByProcessGuidRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
-	r, err := b.bbs.DesiredLRPByProcessGuid(ctx, in, opts...)
-	b.m.bbsFailed("DesiredLRPByProcessGuid", err)
-	return r, err
-}
-
-// StartActualLRP implements cell.BBS.
-func (b observedBBS) StartActualLRP(ctx context.Context, in *bbsv1.StartActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.StartActualLRPResponse, error) {
-	r, err := b.bbs.StartActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("StartActualLRP", err)
-	return r, err
-}
-
-// CrashActualLRP implements cell.BBS.
-func (b observedBBS) CrashActualLRP(ctx context.Context, in *bbsv1.CrashActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.CrashActualLRPResponse, error) {
-	r, err := b.bbs.CrashActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("CrashActualLRP", err)
-	return r, err
-}
-
-// RemoveActualLRP implements cell.BBS.
-func (b observedBBS) RemoveActualLRP(ctx context.Context, in *bbsv1.RemoveActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.RemoveActualLRPResponse, error) {
-	r, err := b.bbs.RemoveActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("RemoveActualLRP", err)
-	return r, err
-}
-
-// StartTask implements cell.BBS.
-func (b observedBBS) StartTask(ctx context.Context, in *bbsv1.StartTaskRequest, opts ...grpc.CallOption) (*bbsv1.StartTaskResponse, error) {
-	r, err := b.bbs.StartTask(ctx, in, opts...)
-	b.m.bbsFailed("StartTask", err)
-	return r, err
-}
-
-// TaskByGuid implements cell.BBS.
-func (b observedBBS) TaskByGuid(ctx context.Context, in *bbsv1.TaskByGuidRequest, opts ...grpc.CallOption) (*bbsv1.TaskByGuidResponse, error) {
-	r, err := b.bbs.TaskByGuid(ctx, in, opts...)
-	b.m.bbsFailed("TaskByGuid", err)
-	return r, err
-}
-
-// CompleteTask implements cell.BBS.
-func (b observedBBS) CompleteTask(ctx context.Context, in *bbsv1.CompleteTaskRequest, opts ...grpc.CallOption) (*bbsv1.CompleteTaskResponse, error) {
-	r, err := b.bbs.CompleteTask(ctx, in, opts...)
-	b.m.bbsFailed("CompleteTask", err)
-	return r, err
-}
-
-// EvacuateClaimedActualLRP implements cell.BBS.
-func (b observedBBS) EvacuateClaimedActualLRP(ctx context.Context, in *bbsv1.EvacuateClaimedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateClaimedActualLRPResponse, error) {
-	r, err := b.bbs.EvacuateClaimedActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("EvacuateClaimedActualLRP", err)
-	return r, err
-}
-
-// EvacuateRunningActualLRP implements cell.BBS.
-func (b observedBBS) EvacuateRunningActualLRP(ctx context.Context, in *bbsv1.EvacuateRunningActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateRunningActualLRPResponse, error) {
-	r, err := b.bbs.EvacuateRunningActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("EvacuateRunningActualLRP", err)
-	return r, err
-}
-
-// EvacuateStoppedActualLRP implements cell.BBS.
-func (b observedBBS) EvacuateStoppedActualLRP(ctx context.Context, in *bbsv1.EvacuateStoppedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateStoppedActualLRPResponse, error) {
-	r, err := b.bbs.EvacuateStoppedActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("EvacuateStoppedActualLRP", err)
-	return r, err
-}
-
-// EvacuateCrashedActualLRP implements cell.BBS.
-func (b observedBBS) EvacuateCrashedActualLRP(ctx context.Context, in *bbsv1.EvacuateCrashedActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.EvacuateCrashedActualLRPResponse, error) {
-	r, err := b.bbs.EvacuateCrashedActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("EvacuateCrashedActualLRP", err)
-	return r, err
-}
-
-// RemoveEvacuatingActualLRP implements cell.BBS.
-func (b observedBBS) RemoveEvacuatingActualLRP(ctx context.Context, in *bbsv1.RemoveEvacuatingActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.RemoveEvacuatingActualLRPResponse, error) {
-	r, err := b.bbs.RemoveEvacuatingActualLRP(ctx, in, opts...)
-	b.m.bbsFailed("RemoveEvacuatingActualLRP", err)
-	return r, err
-}
-
-// ActualLRPs implements cell.BBS.
-func (b observedBBS) ActualLRPs(ctx context.Context, in *bbsv1.ActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ActualLRPsResponse, error) {
-	r, err := b.bbs.ActualLRPs(ctx, in, opts...)
-	b.m.bbsFailed("ActualLRPs", err)
-	return r, err
-}
-
-// Tasks implements cell.BBS.
-func (b observedBBS) Tasks(ctx context.Context, in *bbsv1.TasksRequest, opts ...grpc.CallOption) (*bbsv1.TasksResponse, error) {
-	r, err := b.bbs.Tasks(ctx, in, opts...)
-	b.m.bbsFailed("Tasks", err)
-	return r, err
-}
-
-// ResolveLinks implements cell.BBS.
-func (b observedBBS) ResolveLinks(ctx context.Context, in *bbsv1.ResolveLinksRequest, opts ...grpc.CallOption) (*bbsv1.ResolveLinksResponse, error) {
-	r, err := b.bbs.ResolveLinks(ctx, in, opts...)
-	b.m.bbsFailed("ResolveLinks", err)
-	return r, err
-}
-
-// SubscribeToEvents implements cell.BBS.
-func (b observedBBS) SubscribeToEvents(ctx context.Context, in *bbsv1.SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[bbsv1.SubscribeToEventsResponse], error) {
-	r, err := b.bbs.SubscribeToEvents(ctx, in, opts...)
-	b.m.bbsFailed("SubscribeToEvents", err)
-	return r, err
 }

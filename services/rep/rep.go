@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -107,6 +108,9 @@ type Config struct {
 	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
 	// "127.0.0.1:9101"); empty is off.
 	MetricsAddress string `json:"metrics_address,omitempty"`
+	// Authz maps client certificate identities to roles (least privilege); enforced whenever
+	// tls is on.
+	Authz authz.Config `json:"authz"`
 	// Log sets the log level and format.
 	Log logging.Config `json:"log"`
 }
@@ -161,6 +165,7 @@ func Default() Config {
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
 		Log:               logging.Config{Level: "info", Format: "text"},
+		Authz:             authz.Default(),
 	}
 }
 
@@ -283,6 +288,9 @@ func (c Config) Validate() error {
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("authz: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -397,10 +405,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		EvacuationTimeout: time.Duration(cfg.EvacuationTimeout),
 		Logger:            logger.Named("cell"),
 		Observer:          m,
-	}, observedBBS{bbs: bbs, m: m}, backend, resolver)
+	}, bbs, backend, resolver)
+	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("rep: %w", err)
@@ -465,3 +476,14 @@ func (s *Service) AdvertiseAddress() string {
 
 // Evacuate drains the cell (see RepService.Evacuate) and returns when it is done or ctx ends.
 func (s *Service) Evacuate(ctx context.Context) error { return s.cell.Evacuate(ctx) }
+
+// Policy is the least-privilege rule of this service's gRPC API (see pkg/authz); admin may
+// make every call.
+var Policy = authz.Methods{
+	Service: repv1.RepService_ServiceDesc.ServiceName,
+	Reads:   []string{"State"},
+	Grants: map[string][]string{
+		authz.Auctioneer: {"Perform"},
+		authz.BBS:        {"StopLRPInstance", "CancelTask"},
+	},
+}

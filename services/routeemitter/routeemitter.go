@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -50,6 +51,9 @@ type Config struct {
 	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
 	// "127.0.0.1:9102"); empty is off.
 	MetricsAddress string `json:"metrics_address,omitempty"`
+	// Authz maps client certificate identities to roles (least privilege); enforced whenever
+	// tls is on.
+	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -64,6 +68,7 @@ func Default() Config {
 		Log:           logging.Config{Level: "info", Format: "text"},
 		WatchHistory:  api.DefaultHistory,
 		WatchQueue:    api.DefaultQueue,
+		Authz:         authz.Default(),
 	}
 }
 
@@ -87,6 +92,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("authz: %w", err))
 	}
 	if c.WatchHistory <= 0 {
 		errs = append(errs, fmt.Errorf("watch_history must be positive, got %d", c.WatchHistory))
@@ -147,10 +155,12 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Op
 	if err != nil {
 		return nil, fmt.Errorf("route-emitter: %w", err)
 	}
+	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("route-emitter: %w", err)
@@ -203,3 +213,10 @@ type Stats = syncer.Stats
 
 // Stats reports the syncer's counters.
 func (s *Service) Stats() Stats { return s.syncer.Stats() }
+
+// Policy is the least-privilege rule of this service's gRPC API (see pkg/authz); admin may
+// make every call.
+var Policy = authz.Methods{
+	Service: routeemitterv1.RouteEmitterService_ServiceDesc.ServiceName,
+	Reads:   []string{"RoutingTable", "WatchRoutes"},
+}

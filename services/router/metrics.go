@@ -3,6 +3,8 @@ package router
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gavel-sched/gavel/pkg/grpcx"
 )
 
 // metrics are the router's Prometheus series, on a registry of its own (served at /metrics on
@@ -53,6 +55,8 @@ func newMetrics() *metrics {
 	m.registry.MustRegister(m.proxied, m.unknownHost, m.noEndpoints, m.redirects, m.notLoaded, m.backendErrors,
 		m.tcpActive, m.tcpRejected, m.udpSessions, m.udpDropped, m.reconnects, m.tableVersion, m.routes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Per-RPC metrics of the route-emitter stream (a fresh registry cannot refuse them).
+	_ = grpcx.RegisterClientMetrics(m.registry)
 	return m
 }
 

@@ -2,9 +2,12 @@
 
 // Package cluster tests Gavel across hosts: every member is a Docker container on a private
 // network, built FROM scratch from the project's static binaries (deployments/docker): a
-// 3-member etcd, 2 BBS, 2 auctioneers and 3 process-backend reps. Faults are real: a cell is
-// cut off its network, an etcd member is killed. The test drives the docker CLI and reaches the
-// BBSes and auctioneers only through ports published on 127.0.0.1.
+// 3-member etcd, 2 BBS, 2 auctioneers, 3 process-backend reps, the route-emitter and the
+// router, with mutual TLS on every hop (etcd included) and each service presenting its own identity, as
+// deployments/docker/compose.yaml runs them. A sample app desired through the CLI answers
+// through the router, and every service's /metrics shows per-RPC histograms. Faults are real: a
+// cell is cut off its network, an etcd member is killed. The test drives the docker CLI and
+// reaches the members only through ports published on 127.0.0.1.
 //
 //	make test-cluster     # go test -tags cluster -count=1 -timeout 20m ./test/cluster/
 package cluster
@@ -14,9 +17,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -73,6 +80,11 @@ type bed struct {
 	reps       map[string]string // cell id → container name
 	repIPs     map[string]string // cell id → address on the private network
 	bbs        []bbsv1.BBSServiceClient
+	pki        string // host directory of the certificates, mounted at /pki
+	certs      map[string]tlsx.Config
+	metrics    map[string]string // container → its /metrics address on 127.0.0.1
+	bbsAddrs   []string          // on the private network
+	router     string            // container name
 }
 
 func randomHex(n int) string {
@@ -133,7 +145,8 @@ func newBed(t *testing.T) *bed {
 func (b *bed) run(name, ip string, publish []string, cmd ...string) string {
 	b.t.Helper()
 	full := b.prefix + "-" + name
-	args := []string{"run", "-d", "--label", "gavel-test", "--name", full, "--hostname", name, "--network", b.network, "--ip", ip}
+	args := []string{"run", "-d", "--label", "gavel-test", "--name", full, "--hostname", name, "--network", b.network, "--ip", ip,
+		"-v", b.pki + ":/pki:ro"}
 	for _, p := range publish {
 		args = append(args, "-p", "127.0.0.1::"+p)
 	}
@@ -179,21 +192,46 @@ func (b *bed) hasFlag(bin, flag string) bool {
 	return false
 }
 
+// tlsArgs are the flags presenting identity's certificate (mounted at /pki) for each prefix
+// ("-tls", "-bbs", ...).
+func tlsArgs(identity string, prefixes ...string) []string {
+	var args []string
+	for _, p := range prefixes {
+		args = append(args, p+"-cert", "/pki/"+identity+".crt", p+"-key", "/pki/"+identity+".key", p+"-ca", "/pki/ca.crt")
+	}
+	return args
+}
+
 // start brings the whole cluster up and waits until an auctioneer leads and 3 cells registered.
 func (b *bed) start() {
 	t := b.t
+	// Every identity's certificate, valid for every member's address ("gavel certs --host").
+	var hosts []string
+	for _, last := range []string{"10", "11", "12", "20", "21", "30", "31", "40", "41", "42", "50", "60"} {
+		hosts = append(hosts, b.subnet+last)
+	}
+	b.pki = t.TempDir()
+	var err error
+	b.certs, err = tlsx.GenerateDevPKIHosts(b.pki, hosts, "etcd", "bbs", "auctioneer", "route-emitter", "router", "admin",
+		"rep/cell-z1", "rep/cell-z2", "rep/cell-z3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.metrics = map[string]string{}
 	var peers []string
 	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("etcd-%d=http://%s1%d:2380", i, b.subnet, i))
-		b.etcdURLs = append(b.etcdURLs, fmt.Sprintf("http://%s1%d:2379", b.subnet, i))
+		peers = append(peers, fmt.Sprintf("etcd-%d=https://%s1%d:2380", i, b.subnet, i))
+		b.etcdURLs = append(b.etcdURLs, fmt.Sprintf("https://%s1%d:2379", b.subnet, i))
 	}
 	for i := range 3 {
 		ip := fmt.Sprintf("%s1%d", b.subnet, i)
 		b.etcd = append(b.etcd, b.run(fmt.Sprintf("etcd-%d", i), ip, []string{"2379"}, "/bin/gavel-etcd",
 			"--name", fmt.Sprintf("etcd-%d", i), "--data-dir", "/var/lib/etcd/data",
-			"--listen-client-urls", "http://0.0.0.0:2379", "--advertise-client-urls", "http://"+ip+":2379",
-			"--listen-peer-urls", "http://0.0.0.0:2380", "--initial-advertise-peer-urls", "http://"+ip+":2380",
-			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new"))
+			"--listen-client-urls", "https://0.0.0.0:2379", "--advertise-client-urls", "https://"+ip+":2379",
+			"--listen-peer-urls", "https://0.0.0.0:2380", "--initial-advertise-peer-urls", "https://"+ip+":2380",
+			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new",
+			"--cert-file", "/pki/etcd.crt", "--key-file", "/pki/etcd.key", "--trusted-ca-file", "/pki/ca.crt",
+			"--peer-cert-file", "/pki/etcd.crt", "--peer-key-file", "/pki/etcd.key", "--peer-trusted-ca-file", "/pki/ca.crt"))
 	}
 	for _, c := range b.etcd {
 		b.etcdHost = append(b.etcdHost, b.hostAddr(c, "2379"))
@@ -215,39 +253,49 @@ func (b *bed) start() {
 		t.Logf("%s takes one -bbs-address: using %s only", bin, bbsAddrs[0])
 		return bbsAddrs[0]
 	}
-	bbsArgs := []string{"-listen", ":8889", "-insecure", "-etcd-endpoints", etcd, "-etcd-insecure",
-		"-auctioneer-address", auctioneerFlag}
+	b.bbsAddrs = bbsAddrs
+	bbsArgs := append([]string{"-listen", ":8889", "-etcd-endpoints", etcd,
+		"-auctioneer-address", auctioneerFlag, "-metrics-address", ":9090"}, tlsArgs("bbs", "-tls", "-etcd")...)
 	if b.hasFlag("bbs", "convergence-interval") {
 		bbsArgs = append(bbsArgs, "-convergence-interval", "2s")
 	}
 	var bbsNames []string
 	for i := range 2 {
-		bbsNames = append(bbsNames, b.run(fmt.Sprintf("bbs-%d", i), fmt.Sprintf("%s2%d", b.subnet, i), []string{"8889"},
+		bbsNames = append(bbsNames, b.run(fmt.Sprintf("bbs-%d", i), fmt.Sprintf("%s2%d", b.subnet, i), []string{"8889", "9090"},
 			append([]string{"/bin/bbs"}, bbsArgs...)...))
 	}
 	auctioneerBBS := bbsFlag("auctioneer")
 	var auctNames []string
 	for i := range 2 {
-		auctNames = append(auctNames, b.run(fmt.Sprintf("auctioneer-%d", i), fmt.Sprintf("%s3%d", b.subnet, i), []string{"8890"},
-			"/bin/auctioneer", "-listen", ":8890", "-insecure", "-bbs-address", auctioneerBBS, "-bbs-insecure",
-			"-rep-insecure", "-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms", "-lock-ttl", "5s"))
+		auctNames = append(auctNames, b.run(fmt.Sprintf("auctioneer-%d", i), fmt.Sprintf("%s3%d", b.subnet, i), []string{"8890", "9090"},
+			append([]string{"/bin/auctioneer", "-listen", ":8890", "-bbs-address", auctioneerBBS,
+				"-etcd-endpoints", etcd, "-batch-interval", "20ms", "-lock-ttl", "5s", "-metrics-address", ":9090"},
+				tlsArgs("auctioneer", "-tls", "-bbs", "-rep", "-etcd")...)...))
 	}
 	repBBS := bbsFlag("rep")
 	t.Logf("bbs → auctioneers %s; auctioneers → bbs %s; reps → bbs %s", auctioneerFlag, auctioneerBBS, repBBS)
 	for i, zone := range []string{"z1", "z2", "z3"} {
 		cell, ip := "cell-"+zone, fmt.Sprintf("%s4%d", b.subnet, i)
-		b.reps[cell], b.repIPs[cell] = b.run("rep-"+zone, ip, nil, "/bin/rep",
+		b.reps[cell], b.repIPs[cell] = b.run("rep-"+zone, ip, []string{"9090"}, append([]string{"/bin/rep",
 			"--cell-id", cell, "--zone", zone, "--backend", "process",
 			"--preloaded-rootfses", `{"cflinuxfs4":"/var/gavel/rootfs/cflinuxfs4"}`,
 			"--memory-mb", "1024", "--disk-mb", "4096", "--containers", "20",
-			"--listen", ":1800", "--advertise-address", ip+":1800", "--cell-address", ip,
-			"--insecure", "--bbs-address", repBBS, "--bbs-insecure",
-			"--etcd-endpoints", etcd, "--etcd-insecure",
-			"--work-dir", "/var/gavel/rep", "--lease-ttl", "3s", "--bulk-interval", "2s"), ip
+			"--listen", ":1800", "--advertise-address", ip + ":1800", "--cell-address", ip,
+			"--bbs-address", repBBS, "--etcd-endpoints", etcd,
+			"--work-dir", "/var/gavel/rep", "--lease-ttl", "3s", "--bulk-interval", "2s", "--metrics-address", ":9090"},
+			tlsArgs("rep/"+cell, "--tls", "--bbs", "--etcd")...)...), ip
 	}
+	emitter := b.run("routeemitter", b.subnet+"50", []string{"9090"}, append([]string{"/bin/routeemitter", "-listen", ":8893",
+		"-bbs-address", repBBS, "-metrics-address", ":9090"}, tlsArgs("route-emitter", "-tls", "-bbs")...)...)
+	b.router = b.run("router", b.subnet+"60", []string{"8080", "8081"}, append([]string{"/bin/router", "-http", ":8080", "-admin", ":8081",
+		"-routeemitter-address", b.subnet + "50:8893"}, tlsArgs("router", "-routeemitter")...)...)
+	for _, c := range append(append(append([]string{emitter}, bbsNames...), auctNames...), b.reps["cell-z1"], b.reps["cell-z2"], b.reps["cell-z3"]) {
+		b.metrics[c] = b.hostAddr(c, "9090")
+	}
+	b.metrics[b.router] = b.hostAddr(b.router, "8081")
 
 	for _, name := range bbsNames {
-		conn, err := grpcx.Dial(b.hostAddr(name, "8889"), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+		conn, err := grpcx.Dial(b.hostAddr(name, "8889"), grpcx.ClientConfig{TLS: b.certs["admin"]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,7 +304,7 @@ func (b *bed) start() {
 	}
 	var health []grpc_health_v1.HealthClient
 	for _, name := range auctNames {
-		conn, err := grpcx.Dial(b.hostAddr(name, "8890"), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+		conn, err := grpcx.Dial(b.hostAddr(name, "8890"), grpcx.ClientConfig{TLS: b.certs["admin"]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,9 +348,13 @@ func (b *bed) etcdLeader() int {
 	b.t.Helper()
 	var eps []string
 	for _, h := range b.etcdHost {
-		eps = append(eps, "http://"+h)
+		eps = append(eps, "https://"+h)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	tlsCfg, err := b.certs["admin"].ClientTLS()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: tlsCfg})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -441,9 +493,122 @@ func (b *bed) waitProcesses(n int) {
 	})
 }
 
+// helloYAML is the sample app as an operator writes it for the CLI.
+const helloYAML = `processGuid: hello
+domain: cluster
+rootfs: preloaded:cflinuxfs4
+instances: 2
+memoryMb: 32
+diskMb: 32
+ports: [8080]
+routes:
+  cf-router: [{"port": 8080, "routes": ["hello.cluster.test"]}]
+action:
+  run: {path: /bin/hello}
+checkDefinition:
+  checks: [{http: {port: 8080, path: /health, intervalMs: 200}}]
+`
+
+// gavel runs the CLI in a container on the private network with the admin identity.
+func (b *bed) gavel(args ...string) (string, error) {
+	run := []string{"run", "--rm", "--label", "gavel-test", "--network", b.network, "-v", b.pki + ":/pki:ro", b.image,
+		"/bin/gavel", "--bbs", strings.Join(b.bbsAddrs, ","), "--tls-cert", "/pki/admin.crt", "--tls-key", "/pki/admin.key", "--tls-ca", "/pki/ca.crt"}
+	return docker(append(run, args...)...)
+}
+
+// scrape fetches a /metrics page from the host.
+func scrape(addr string) (string, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
+	}
+	return string(body), err
+}
+
+// handled matches a per-RPC latency histogram's count for one method with a non-zero value.
+func handled(side, service, method string) *regexp.Regexp {
+	return regexp.MustCompile(`grpc_` + side + `_handling_seconds_count\{grpc_method="` + method + `",grpc_service="` +
+		regexp.QuoteMeta(service) + `",grpc_type="[a-z_]+"\} [1-9]`)
+}
+
 func TestCluster(t *testing.T) {
 	b := newBed(t)
 	b.start()
+
+	t.Run("sample app desired through the CLI answers through the router; every /metrics has per-RPC histograms", func(t *testing.T) {
+		b := *b
+		b.t = t
+		if err := os.WriteFile(filepath.Join(b.pki, "hello.yaml"), []byte(helloYAML), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := b.gavel("desire-lrp", "/pki/hello.yaml", "--wait", "--timeout", "90s")
+		if err != nil {
+			t.Fatalf("gavel desire-lrp --wait: %v", err)
+		}
+		t.Logf("gavel desire-lrp --wait:\n%s", out)
+		router := b.hostAddr(b.router, "8080")
+		b.waitFor(waitLong, "hello.cluster.test through the router", func() (bool, string) {
+			req, _ := http.NewRequest(http.MethodGet, "http://"+router+"/", nil)
+			req.Host = "hello.cluster.test"
+			resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+			if err != nil {
+				return false, err.Error()
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, fmt.Sprintf("%s %s", resp.Status, body)
+		})
+		if out, err := b.gavel("routes", "--route-emitter", b.subnet+"50:8893"); err != nil || !strings.Contains(out, "hello.cluster.test") {
+			t.Fatalf("gavel routes: %v\n%s", err, out)
+		}
+
+		// Per-RPC histograms on every server and client, with real calls counted: the CLI's
+		// DesireLRP at a BBS, the BBS's auction requests, the auctioneer's Perform at a rep,
+		// the reps' BBS calls, the route-emitter's event stream and the router's route stream.
+		want := map[string][]*regexp.Regexp{}
+		for c := range b.metrics {
+			want[c] = []*regexp.Regexp{regexp.MustCompile(`grpc_(server|client)_(msg_recv_)?handling_seconds_bucket\{`)}
+		}
+		want[b.router] = append(want[b.router], regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`))
+		anywhere := []*regexp.Regexp{
+			handled("server", "gavel.bbs.v1.BBSService", "DesireLRP"),
+			handled("server", "gavel.auctioneer.v1.AuctioneerService", "RequestLRPAuctions"),
+			handled("server", "gavel.rep.v1.RepService", "Perform"),
+			handled("client", "gavel.bbs.v1.BBSService", "StartActualLRP"),
+		}
+		b.waitFor(waitLong, "per-RPC metrics on every service", func() (bool, string) {
+			var all strings.Builder
+			for c, addr := range b.metrics {
+				body, err := scrape(addr)
+				if err != nil {
+					return false, err.Error()
+				}
+				for _, re := range want[c] {
+					if !re.MatchString(body) {
+						return false, fmt.Sprintf("%s: no %s", c, re)
+					}
+				}
+				all.WriteString(body)
+			}
+			for _, re := range anywhere {
+				if !re.MatchString(all.String()) {
+					return false, fmt.Sprintf("no service shows %s", re)
+				}
+			}
+			return true, ""
+		})
+
+		if out, err := b.gavel("remove-lrp", "hello"); err != nil {
+			t.Fatalf("gavel remove-lrp: %v\n%s", err, out)
+		}
+		b.waitProcesses(0)
+	})
+
 	start := time.Now()
 
 	const web = "web"

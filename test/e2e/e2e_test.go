@@ -97,7 +97,7 @@ func (b *syncBuffer) String() string {
 func TestBBSBinaryWithMutualTLS(t *testing.T) {
 	bbsBin := binary(t, "bbs")
 	emb, _ := etcdtest.Start(t)
-	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "bbs", "client")
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "bbs", "admin")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestBBSBinaryWithMutualTLS(t *testing.T) {
 		}
 	})
 
-	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["client"]})
+	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["admin"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestBBSBinaryWithMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	intruder := other["intruder"]
-	intruder.CAFile = pki["client"].CAFile
+	intruder.CAFile = pki["admin"].CAFile
 	for name, cfg := range map[string]tlsx.Config{"foreign CA": intruder, "plaintext": {Insecure: true}} {
 		bad, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: cfg})
 		if err != nil {

@@ -42,11 +42,11 @@ type routing struct {
 
 func startRouting(t *testing.T, c *cluster) *routing {
 	t.Helper()
-	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "route-emitter", "router", "router-https", "client")
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "route-emitter", "router", "router-https", "read-only")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(pki["client"].CAFile)
+	caPEM, err := os.ReadFile(pki["read-only"].CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func startRouting(t *testing.T, c *cluster) *routing {
 			"-admin", adminAddr, "-tcp-bind", "127.0.0.1", "-routeemitter-address", emitterAddr,
 			"-routeemitter-cert", pki["router"].CertFile, "-routeemitter-key", pki["router"].KeyFile,
 			"-routeemitter-ca", pki["router"].CAFile))
-	conn, err := grpcx.Dial(emitterAddr, grpcx.ClientConfig{TLS: pki["client"]})
+	conn, err := grpcx.Dial(emitterAddr, grpcx.ClientConfig{TLS: pki["read-only"]})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,58 +1,141 @@
 package api
 
 import (
-	"context"
+	"fmt"
 	"strings"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/gavel-sched/gavel/pkg/authz"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
 // RepIdentityPrefix is the certificate identity of a rep: spiffe://gavel/rep/<cell_id>.
 const RepIdentityPrefix = "spiffe://gavel/rep/"
 
-// RepScope confines callers whose client certificate names a rep (RepIdentityPrefix) to their
-// own cell (docs/architecture.md §11): they may read anything, and change only instances and tasks on the
-// cell their certificate names, through the lifecycle calls a rep makes. Every other caller
-// (other identities, or no certificate on a plaintext development server) is not restricted.
-func RepScope() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		id, ok := tlsx.PeerIdentity(ctx)
-		if !ok || !strings.HasPrefix(id, RepIdentityPrefix) {
-			return handler(ctx, req)
-		}
-		cell := strings.TrimPrefix(id, RepIdentityPrefix)
-		if err := repMayCall(cell, req); err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
+// Reads are the BBS calls every role may make.
+var Reads = []string{"Domains", "DesiredLRPs", "DesiredLRPByProcessGuid", "DesiredLRPSchedulingInfos",
+	"ActualLRPs", "Tasks", "TaskByGuid", "Cells", "Tags", "ResolveLinks", "SubscribeToEvents"}
+
+// repCalls are the lifecycle calls a rep makes; Check confines them to its own cell.
+var repCalls = []string{"ClaimActualLRP", "StartActualLRP", "CrashActualLRP", "RemoveActualLRP",
+	"EvacuateClaimedActualLRP", "EvacuateRunningActualLRP", "EvacuateStoppedActualLRP",
+	"EvacuateCrashedActualLRP", "RemoveEvacuatingActualLRP", "StartTask", "CompleteTask"}
+
+// nsyncCalls are what nsync may do in its domains.
+var nsyncCalls = []string{"DesireLRP", "UpdateDesiredLRP", "RemoveDesiredLRP", "DesireTask", "CancelTask",
+	"ResolvingTask", "DeleteTask", "UpsertDomain"}
+
+// Lookup finds the stored objects whose domain an nsync call must be checked against.
+type Lookup struct {
+	// DesiredLRP returns the desired LRP guid.
+	DesiredLRP func(guid string) (*modelsv1.DesiredLRP, int64, error)
+	// Task returns the task guid.
+	Task func(guid string) (*modelsv1.Task, int64, error)
+}
+
+// Policy is the BBS's least-privilege rule (docs/architecture.md §11): every role reads; a rep changes only
+// instances and tasks on its own cell; the auctioneer reports placement failures; nsync
+// desires, updates and removes work only in the domains of cfg; admin does anything.
+func Policy(cfg authz.Config, lookup Lookup) authz.Policy {
+	return authz.Methods{
+		Service: bbsv1.BBSService_ServiceDesc.ServiceName,
+		Reads:   Reads,
+		Grants: map[string][]string{
+			authz.Rep:        repCalls,
+			authz.Auctioneer: {"FailActualLRP", "RejectTask"},
+			authz.Nsync:      nsyncCalls,
+		},
+		Check: func(role authz.Role, method string, req any) error {
+			switch role.Kind {
+			case authz.Rep:
+				if contains(Reads, method) {
+					return nil
+				}
+				return repMayCall(role.Param, req)
+			case authz.Nsync:
+				if contains(Reads, method) {
+					return nil
+				}
+				return nsyncMayCall(cfg.NsyncDomains, lookup, req)
+			}
+			return nil
+		},
 	}
+}
+
+// nsyncMayCall checks that the work nsync touches is in one of its domains.
+func nsyncMayCall(domains []string, lookup Lookup, req any) error {
+	var domain string
+	switch r := req.(type) {
+	case *bbsv1.DesireLRPRequest:
+		domain = r.GetDesiredLrp().GetDomain()
+	case *bbsv1.DesireTaskRequest:
+		domain = r.GetDomain()
+	case *bbsv1.UpsertDomainRequest:
+		domain = r.GetDomain()
+	case *bbsv1.UpdateDesiredLRPRequest:
+		return lrpDomain(domains, lookup, r.GetProcessGuid())
+	case *bbsv1.RemoveDesiredLRPRequest:
+		return lrpDomain(domains, lookup, r.GetProcessGuid())
+	case *bbsv1.CancelTaskRequest:
+		return taskDomain(domains, lookup, r.GetTaskGuid())
+	case *bbsv1.ResolvingTaskRequest:
+		return taskDomain(domains, lookup, r.GetTaskGuid())
+	case *bbsv1.DeleteTaskRequest:
+		return taskDomain(domains, lookup, r.GetTaskGuid())
+	default:
+		return fmt.Errorf("nsync may not make %T", req)
+	}
+	return inDomains(domains, domain)
+}
+
+func lrpDomain(domains []string, lookup Lookup, guid string) error {
+	d, _, err := lookup.DesiredLRP(guid)
+	if err != nil {
+		return nil // the handler answers NotFound
+	}
+	return inDomains(domains, d.GetDomain())
+}
+
+func taskDomain(domains []string, lookup Lookup, guid string) error {
+	t, _, err := lookup.Task(guid)
+	if err != nil {
+		return nil // the handler answers NotFound
+	}
+	return inDomains(domains, t.GetDomain())
+}
+
+func inDomains(domains []string, domain string) error {
+	if !contains(domains, domain) {
+		return fmt.Errorf("domain %q is not one of nsync's (%s)", domain, strings.Join(domains, ", "))
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
 
 // repMayCall reports whether the rep of cell may make the request.
 func repMayCall(cell string, req any) error {
 	ik := func(k *modelsv1.ActualLRPInstanceKey) error {
 		if k.GetCellId() != cell {
-			return status.Errorf(codes.PermissionDenied, "rep of cell %s may only change instances on its own cell (instance_key.cell_id is %q)", cell, k.GetCellId())
+			return fmt.Errorf("rep of cell %s may only change instances on its own cell (instance_key.cell_id is %q)", cell, k.GetCellId())
 		}
 		return nil
 	}
 	onCell := func(got string) error {
 		if got != cell {
-			return status.Errorf(codes.PermissionDenied, "rep of cell %s may only change tasks on its own cell (cell_id is %q)", cell, got)
+			return fmt.Errorf("rep of cell %s may only change tasks on its own cell (cell_id is %q)", cell, got)
 		}
 		return nil
 	}
 	switch r := req.(type) {
-	case *bbsv1.DomainsRequest, *bbsv1.DesiredLRPsRequest, *bbsv1.DesiredLRPByProcessGuidRequest,
-		*bbsv1.DesiredLRPSchedulingInfosRequest, *bbsv1.ActualLRPsRequest, *bbsv1.TasksRequest,
-		*bbsv1.TaskByGuidRequest, *bbsv1.CellsRequest, *bbsv1.TagsRequest, *bbsv1.ResolveLinksRequest:
-		return nil
 	case *bbsv1.ClaimActualLRPRequest:
 		return ik(r.GetInstanceKey())
 	case *bbsv1.StartActualLRPRequest:
@@ -76,5 +159,5 @@ func repMayCall(cell string, req any) error {
 	case *bbsv1.CompleteTaskRequest:
 		return onCell(r.GetCellId())
 	}
-	return status.Errorf(codes.PermissionDenied, "rep of cell %s may not call %T", cell, req)
+	return fmt.Errorf("rep of cell %s may not call %T", cell, req)
 }

@@ -1,0 +1,299 @@
+// Package authz is least privilege by certificate identity for Gavel's gRPC servers, in the
+// manner of the Kubernetes node authorizer and RBAC: a caller's identity (the spiffe:// URI SAN
+// of its verified client certificate) maps to a role in the service's config file, each
+// service's Policy says which calls a role may make (and may inspect the request, e.g. a rep
+// changes only its own cell's work), refusals say which identity made which call, and every
+// mutating call is written to an audit log with the identity.
+//
+// A server without TLS (only `gavel dev --insecure`) has no identities, so nothing is enforced.
+package authz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+)
+
+// Role kinds. A role is a kind, and for rep/<cell> a parameter.
+const (
+	// Admin may make every call.
+	Admin = "admin"
+	// ReadOnly may make every read (lists, gets, event and route streams).
+	ReadOnly = "read-only"
+	// Rep (rep/<cell>) may read and change only instances and tasks on its own cell.
+	Rep = "rep"
+	// Auctioneer may read and report placement failures; at a rep it may ask State and Perform.
+	Auctioneer = "auctioneer"
+	// RouteEmitter may read and subscribe to events.
+	RouteEmitter = "route-emitter"
+	// Router may read the route-emitter's table.
+	Router = "router"
+	// BBS is the BBS calling the auctioneer (start requests) and reps (stop, cancel).
+	BBS = "bbs"
+	// Nsync may read, and desire, update and remove work in the domains it is configured for.
+	Nsync = "nsync"
+)
+
+// kinds lists the role kinds and whether they take a parameter.
+var kinds = map[string]bool{Admin: false, ReadOnly: false, Rep: true, Auctioneer: false, RouteEmitter: false, Router: false, BBS: false, Nsync: false}
+
+// Role is a caller's role: Kind, and Param for rep/<cell>.
+type Role struct {
+	// Kind is one of the role kinds (Admin, ReadOnly, Rep, ...).
+	Kind string
+	// Param is the cell of a rep role.
+	Param string
+}
+
+// String renders the role as written in config ("rep/cell-1").
+func (r Role) String() string {
+	if r.Param != "" {
+		return r.Kind + "/" + r.Param
+	}
+	return r.Kind
+}
+
+// Config maps certificate identities to roles. It is part of each service's config file.
+type Config struct {
+	// Roles maps a certificate identity (a spiffe:// URI) to a role: admin, read-only,
+	// rep/<cell>, auctioneer, route-emitter, router, bbs or nsync. An identity ending in "*"
+	// matches any suffix, and a "*" in its role is replaced by that suffix
+	// ("spiffe://gavel/rep/*": "rep/*" gives each rep the role of its own cell). The longest
+	// matching identity wins.
+	Roles map[string]string `json:"roles"`
+	// NsyncDomains are the domains an nsync identity may desire, update and remove work in.
+	NsyncDomains []string `json:"nsync_domains"`
+}
+
+// Default maps the identities `gavel certs` writes (spiffe://gavel/<name>) to the role of the
+// same name, every rep certificate to its own cell, and lets nsync work in cf-apps and cf-tasks.
+func Default() Config {
+	return Config{
+		Roles: map[string]string{
+			"spiffe://gavel/admin":         Admin,
+			"spiffe://gavel/read-only":     ReadOnly,
+			"spiffe://gavel/rep/*":         "rep/*",
+			"spiffe://gavel/auctioneer":    Auctioneer,
+			"spiffe://gavel/route-emitter": RouteEmitter,
+			"spiffe://gavel/router":        Router,
+			"spiffe://gavel/bbs":           BBS,
+			"spiffe://gavel/nsync":         Nsync,
+		},
+		NsyncDomains: []string{"cf-apps", "cf-tasks"},
+	}
+}
+
+// Validate reports an unknown role or a malformed identity pattern.
+func (c Config) Validate() error {
+	var errs []error
+	for _, id := range sortedKeys(c.Roles) {
+		if id == "" || strings.Contains(strings.TrimSuffix(id, "*"), "*") {
+			errs = append(errs, fmt.Errorf("roles: identity %q: want a URI, optionally ending in *", id))
+			continue
+		}
+		role := c.Roles[id]
+		kind, param, _ := strings.Cut(role, "/")
+		takesParam, ok := kinds[kind]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("roles: %s: unknown role %q (want admin, read-only, rep/<cell>, auctioneer, route-emitter, router, bbs or nsync)", id, role))
+		case takesParam && param == "":
+			errs = append(errs, fmt.Errorf("roles: %s: role %q needs a cell (rep/<cell> or rep/*)", id, role))
+		case !takesParam && param != "":
+			errs = append(errs, fmt.Errorf("roles: %s: role %q takes no parameter", id, role))
+		case strings.Contains(param, "*") && !strings.HasSuffix(id, "*"):
+			errs = append(errs, fmt.Errorf("roles: %s: role %q uses * but the identity has none", id, role))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RoleOf returns the role of identity, by the longest matching entry.
+func (c Config) RoleOf(identity string) (Role, bool) {
+	best, bestLen, suffix := "", -1, ""
+	for id, role := range c.Roles {
+		if prefix, wild := strings.CutSuffix(id, "*"); wild {
+			if strings.HasPrefix(identity, prefix) && len(prefix) > bestLen && len(identity) > len(prefix) {
+				best, bestLen, suffix = role, len(prefix), identity[len(prefix):]
+			}
+		} else if id == identity && len(id) > bestLen {
+			best, bestLen, suffix = role, len(id), ""
+		}
+	}
+	if bestLen < 0 {
+		return Role{}, false
+	}
+	best = strings.ReplaceAll(best, "*", suffix)
+	kind, param, _ := strings.Cut(best, "/")
+	return Role{Kind: kind, Param: param}, true
+}
+
+// Policy is one service's rules.
+type Policy interface {
+	// Allow returns nil when role may call method (the full gRPC method name) with req (nil for
+	// a stream, checked before its first message), or an error saying why not.
+	Allow(role Role, method string, req any) error
+	// Mutating reports whether method changes state; those calls are audited.
+	Mutating(method string) bool
+}
+
+// Authorizer enforces a Policy for the identities of a Config.
+type Authorizer struct {
+	cfg    Config
+	policy Policy
+	audit  hclog.Logger
+}
+
+// New returns an Authorizer; audit receives one line per mutating call and per refusal.
+func New(cfg Config, policy Policy, audit hclog.Logger) *Authorizer {
+	if audit == nil {
+		audit = hclog.NewNullLogger()
+	}
+	return &Authorizer{cfg: cfg, policy: policy, audit: audit}
+}
+
+// Config returns the authorizer's identity mapping (policies read NsyncDomains from it).
+func (a *Authorizer) Config() Config { return a.cfg }
+
+// caller is who made a call.
+type caller struct {
+	identity string
+	role     Role
+}
+
+// authorize decides one call: plaintext calls pass (no identities exist), gRPC's own health
+// and reflection services are open to any verified caller, everything else needs a known
+// identity whose role the policy allows.
+func (a *Authorizer) authorize(ctx context.Context, method string, req any) (*caller, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return nil, nil
+	}
+	if _, tlsPeer := p.AuthInfo.(credentials.TLSInfo); !tlsPeer {
+		return nil, nil
+	}
+	id, ok := tlsx.PeerIdentity(ctx)
+	if !ok {
+		a.audit.Warn("refused", "identity", "", "call", method, "reason", "no verified certificate identity")
+		return nil, status.Errorf(codes.Unauthenticated, "call %s: the client certificate carries no spiffe:// identity", method)
+	}
+	if strings.HasPrefix(method, "/grpc.") {
+		return &caller{identity: id}, nil
+	}
+	role, ok := a.cfg.RoleOf(id)
+	if !ok {
+		a.audit.Warn("refused", "identity", id, "call", method, "reason", "no role")
+		return nil, status.Errorf(codes.PermissionDenied, "identity %s has no role here and may not call %s", id, method)
+	}
+	if role.Kind != Admin {
+		if err := a.policy.Allow(role, method, req); err != nil {
+			a.audit.Warn("refused", "identity", id, "role", role.String(), "call", method, "reason", err.Error())
+			return nil, status.Errorf(codes.PermissionDenied, "identity %s (role %s) may not call %s: %v", id, role, method, err)
+		}
+	}
+	return &caller{identity: id, role: role}, nil
+}
+
+// record audits a finished mutating call.
+func (a *Authorizer) record(c *caller, method string, err error) {
+	if c == nil || !a.policy.Mutating(method) {
+		return
+	}
+	a.audit.Info("audit", "identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String())
+}
+
+// Unary is the unary server interceptor.
+func (a *Authorizer) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		c, err := a.authorize(ctx, info.FullMethod, req)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := handler(ctx, req)
+		a.record(c, info.FullMethod, err)
+		return resp, err
+	}
+}
+
+// Stream is the stream server interceptor; streams are authorized by method.
+func (a *Authorizer) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		c, err := a.authorize(ss.Context(), info.FullMethod, nil)
+		if err != nil {
+			return err
+		}
+		err = handler(srv, ss)
+		a.record(c, info.FullMethod, err)
+		return err
+	}
+}
+
+// Methods is a simple Policy: each role kind may call the listed methods (short names of
+// Service), reads are open to every role, and Check, when set, inspects allowed requests.
+type Methods struct {
+	// Service is the full service name, e.g. "gavel.bbs.v1.BBSService".
+	Service string
+	// Reads are the methods every known role may call; they are not audited.
+	Reads []string
+	// Grants maps a role kind to the further methods it may call.
+	Grants map[string][]string
+	// Check, when set, is asked about every allowed call of a role other than admin and may
+	// refuse it (e.g. a rep acting on another cell).
+	Check func(role Role, method string, req any) error
+}
+
+// Allow implements Policy.
+func (m Methods) Allow(role Role, method string, req any) error {
+	svc, name, ok := splitMethod(method)
+	if !ok || svc != m.Service {
+		return fmt.Errorf("not a %s call", m.Service)
+	}
+	allowed := contains(m.Reads, name) || contains(m.Grants[role.Kind], name)
+	if !allowed {
+		return fmt.Errorf("role %s does not grant %s", role, name)
+	}
+	if m.Check != nil {
+		return m.Check(role, name, req)
+	}
+	return nil
+}
+
+// Mutating implements Policy: everything but the reads.
+func (m Methods) Mutating(method string) bool {
+	_, name, _ := splitMethod(method)
+	return !contains(m.Reads, name)
+}
+
+// splitMethod splits "/pkg.Service/Method".
+func splitMethod(full string) (svc, name string, ok bool) {
+	return strings.Cut(strings.TrimPrefix(full, "/"), "/")
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
