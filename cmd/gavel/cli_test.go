@@ -30,8 +30,8 @@ type env struct {
 	args []string
 }
 
-// startCluster runs the cluster for the test.
-func startCluster(t *testing.T) *env {
+// startCluster runs the cluster for the test, with nsync when withNsync is set.
+func startCluster(t *testing.T, withNsync bool) *env {
 	t.Helper()
 	cfg := rep.Default()
 	cfg.CellID, cfg.Zone, cfg.Tags = "cell-1", "z1", []string{"staging"}
@@ -49,15 +49,18 @@ func startCluster(t *testing.T) *env {
 		RouteEmitterAddress: "127.0.0.1:0",
 		RouterHTTPAddress:   "127.0.0.1:0",
 		RouterAdminAddress:  "127.0.0.1:0",
-		Nsync:               true,
+		Nsync:               withNsync,
 		NsyncAddress:        "127.0.0.1:0",
 		TLS:                 true,
 		Logger:              logging.NewTest(t),
 	})
 	testkit.Start(t, "cluster", c)
 	admin := c.PKI["admin"]
-	e := &env{c: c, args: []string{"--bbs", c.BBSAddress, "--route-emitter", c.RouteEmitterAddress, "--nsync", c.NsyncAddress,
+	e := &env{c: c, args: []string{"--bbs", c.BBSAddress, "--route-emitter", c.RouteEmitterAddress,
 		"--tls-cert", admin.CertFile, "--tls-key", admin.KeyFile, "--tls-ca", admin.CAFile}}
+	if withNsync {
+		e.args = append(e.args, "--nsync", c.NsyncAddress)
+	}
 	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		resp, err := c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
 		return err == nil && len(resp.GetCells()) == 1, fmt.Sprint(resp, err)
@@ -145,7 +148,7 @@ func TestCommands(t *testing.T) {
 	}
 	nowFunc = func() time.Time { return time.Time{} } // every age reads 0s
 	t.Cleanup(func() { nowFunc = time.Now })
-	e := startCluster(t)
+	e := startCluster(t, false)
 
 	start, err := e.c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})
 	if err != nil {
@@ -335,7 +338,7 @@ func TestNsyncCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a whole cluster")
 	}
-	e := startCluster(t)
+	e := startCluster(t, true)
 	e.ok(t, "pools", "create", "staging", "--require", "staging")
 	e.ok(t, "pools", "bind", "space-a", "staging")
 	if r := e.ok(t, "pools"); !strings.Contains(r.stdout, "staging") || !strings.Contains(r.stdout, "space-a") {

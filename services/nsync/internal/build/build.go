@@ -3,6 +3,8 @@
 package build
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -169,7 +171,13 @@ func RoutesJSON(v *structpb.Value) (map[string][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
-	return map[string][]byte{CFRouter: b}, nil
+	// protojson varies its whitespace from build to build on purpose; the stored bytes must not
+	// (the bulk loop compares them to find drift), so they are compacted.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return nil, fmt.Errorf("routes: %w", err)
+	}
+	return map[string][]byte{CFRouter: compact.Bytes()}, nil
 }
 
 // Work is what an LRP or task is built from besides the app.
