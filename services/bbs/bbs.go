@@ -257,8 +257,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	v := validate.Validator{Limits: limits}
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(), api.RepScope()),
-		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor(rpcerr.WithLogger(logger.Named("grpc"))), api.RepScope()),
+		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 	)
 	if err != nil {
