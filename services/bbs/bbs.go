@@ -164,12 +164,13 @@ func (c Config) Validate() error {
 
 // Service is a running BBS.
 type Service struct {
-	cfg       Config
-	log       hclog.Logger
-	store     *store.Store
-	core      *core.Core
-	callbacks *callback.Worker
-	server    *grpcx.Server
+	cfg        Config
+	log        hclog.Logger
+	store      *store.Store
+	core       *core.Core
+	callbacks  *callback.Worker
+	background *core.Background // runs the work requests promise but do not wait for
+	server     *grpcx.Server
 
 	reps       *reppool.Pool
 	auctioneer *peers.Auctioneer // nil without an auctioneer address
@@ -190,6 +191,7 @@ type options struct {
 	now      func() time.Time
 	manual   bool
 	listener net.Listener
+	cells    core.CellClient
 }
 
 // WithClock makes the BBS read time from now (lifecycle timestamps, crash backoff and
@@ -204,6 +206,10 @@ func WithManualConvergence() Option { return func(o *options) { o.manual = true 
 // listen_address (which then only names the address): callers that must know the address
 // before the BBS starts bind first instead of picking a free port for later.
 func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
+
+// WithCellClient makes the BBS reach reps through cells instead of its gRPC rep clients (tests
+// that need a rep that hangs or fails).
+func WithCellClient(cells core.CellClient) Option { return func(o *options) { o.cells = cells } }
 
 // New builds a BBS over an etcd client; Run starts it.
 func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option) (*Service, error) {
@@ -235,9 +241,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		MaxTaskRejections: cfg.MaxTaskRejections,
 		Logger:            logger.Named("core"),
 		Callbacks:         callbacks,
-		Cells:             reps,
+		Cells:             core.CellClient(reps),
 		Now:               o.now,
 		Auctions:          convergeMetrics,
+		Background:        core.NewBackground(0, 0, logger.Named("background")),
+	}
+	if o.cells != nil {
+		coreCfg.Cells = o.cells
 	}
 	if transformers.Len() > 0 {
 		coreCfg.Transformer = transformers
@@ -249,6 +259,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 			_ = transformers.Close()
 			return nil, fmt.Errorf("auctioneer client: %w", err)
 		}
+		a.CountFailures(convergeMetrics)
 		auctioneer = a
 		coreCfg.Auctioneer = auctioneer
 	}
@@ -274,7 +285,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Logger:               logger.Named("converge"),
 		Metrics:              convergeMetrics,
 	})
-	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
+	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
@@ -289,6 +300,8 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	members := []lifecycle.Member{
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
+		// Stops after the API and convergence, which queue its work.
+		{Name: "background", Runner: lifecycle.RunFunc(s.background.Run)},
 	}
 	if s.auctioneer != nil {
 		defer s.auctioneer.Close()
