@@ -183,30 +183,8 @@ func ValidateRootfs(field, s string) error {
 }
 
 func checkRootfs(e *rpcerr.InvalidError, field, s string) {
-	if s == "" {
-		e.Add(field, "is required")
-		return
-	}
-	if hasSpace(s) {
-		e.Add(field, "must not contain whitespace")
-		return
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		e.Add(field, "is not a valid URI: %v", err)
-		return
-	}
-	if u.Scheme == "" {
-		e.Add(field, "must be a URI whose scheme names its provider, e.g. \"preloaded:cflinuxfs4\" or \"docker:///library/redis#7\"")
-		return
-	}
-	// The rest is what follows "scheme:", without "//", slashes, query and fragment.
-	rest := s[len(u.Scheme)+1:]
-	if i := strings.IndexAny(rest, "?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	if strings.Trim(rest, "/") == "" {
-		e.Add(field, "must name a root filesystem after the scheme %q", u.Scheme+":")
+	if _, err := ParseRootfs(s); err != nil {
+		e.Add(field, "%s", err.Error())
 	}
 }
 
@@ -579,7 +557,7 @@ func CheckImmutable(prefix string, stored *modelsv1.DesiredLRP, u *modelsv1.Desi
 	if u == nil {
 		return nil
 	}
-	if u.Rootfs != nil && u.GetRootfs() != stored.GetRootfs() {
+	if u.Rootfs != nil && !sameRootfs(u.GetRootfs(), stored.GetRootfs()) {
 		e.Add(sub(prefix, "rootfs"), "is immutable: stored %q, got %q", stored.GetRootfs(), u.GetRootfs())
 	}
 	if u.GetPorts() != nil && !slices.Equal(u.GetPorts().GetPorts(), stored.GetPorts()) {
@@ -706,4 +684,14 @@ func isScheme(s string) bool {
 		}
 	}
 	return true
+}
+
+// sameRootfs reports whether two rootfs URIs name the same root filesystem.
+func sameRootfs(a, b string) bool {
+	ca, errA := CanonicalRootfs(a)
+	cb, errB := CanonicalRootfs(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return ca == cb
 }

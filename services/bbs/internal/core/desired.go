@@ -61,6 +61,11 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	}
 	d = clone(transformed)
 	d.ModificationTag = newTag()
+	rootfs, err := models.CanonicalRootfs(d.GetRootfs())
+	if err != nil {
+		return 0, rpcerr.Invalid("desired_lrp.rootfs", "%s", err.Error())
+	}
+	d.Rootfs = rootfs // stored canonical: the auctioneer and the reps see one spelling
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
 	guid := d.GetProcessGuid()
 	var created []int32
