@@ -2,6 +2,7 @@ package models
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
+	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -248,8 +250,9 @@ func checkLabels(e *rpcerr.InvalidError, field string, m map[string]string) {
 	}
 }
 
-// ValidateRoutes checks a routes map: provider names are not empty, every document is valid JSON
-// and the documents together fit l.MaxRouteBytes.
+// ValidateRoutes checks a routes map: provider names are not empty, every document is valid JSON,
+// the cf-router document (the provider Gavel serves) follows its schema, and the documents
+// together fit l.MaxRouteBytes. Other providers' documents are opaque.
 func ValidateRoutes(field string, m map[string][]byte, l Limits) error {
 	e := &rpcerr.InvalidError{}
 	checkRoutes(e, field, m, l.withDefaults())
@@ -266,6 +269,19 @@ func checkRoutes(e *rpcerr.InvalidError, field string, m map[string][]byte, l Li
 		}
 		if !json.Valid(v) {
 			e.Add(key(field, k), "must be a valid JSON document")
+			continue
+		}
+		// Gavel serves the cf-router provider itself: its document must parse, so a mistake
+		// is refused here rather than dropped later by the route-emitter.
+		if k == cfrouter.Provider {
+			if _, err := cfrouter.Parse(v); err != nil {
+				var pe *cfrouter.Error
+				if errors.As(err, &pe) {
+					e.Add(key(field, k)+pe.Path(), "%s", pe.Reason)
+				} else {
+					e.Add(key(field, k), "%v", err)
+				}
+			}
 		}
 	}
 	if total > l.MaxRouteBytes {
