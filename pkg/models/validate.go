@@ -274,18 +274,35 @@ func checkRoutes(e *rpcerr.InvalidError, field string, m map[string][]byte, l Li
 		// Gavel serves the cf-router provider itself: its document must parse, so a mistake
 		// is refused here rather than dropped later by the route-emitter.
 		if k == cfrouter.Provider {
-			if _, err := cfrouter.Parse(v); err != nil {
-				var pe *cfrouter.Error
-				if errors.As(err, &pe) {
-					e.Add(key(field, k)+pe.Path(), "%s", pe.Reason)
-				} else {
-					e.Add(key(field, k), "%v", err)
-				}
-			}
+			checkCFRouter(e, key(field, k), v, l)
 		}
 	}
 	if total > l.MaxRouteBytes {
 		e.Add(field, "route documents total %d bytes, more than the limit of %d", total, l.MaxRouteBytes)
+	}
+}
+
+// checkCFRouter parses a cf-router document and checks its TCP/UDP incoming ports against the
+// allowed range.
+func checkCFRouter(e *rpcerr.InvalidError, field string, doc []byte, l Limits) {
+	entries, err := cfrouter.Parse(doc)
+	if err != nil {
+		var pe *cfrouter.Error
+		if errors.As(err, &pe) {
+			e.Add(field+pe.Path(), "%s", pe.Reason)
+		} else {
+			e.Add(field, "%v", err)
+		}
+		return
+	}
+	if l.IncomingPortMax == 0 {
+		return
+	}
+	for i, en := range entries {
+		if en.IncomingPort != 0 && (en.IncomingPort < l.IncomingPortMin || en.IncomingPort > l.IncomingPortMax) {
+			e.Add(idx(field, i)+".incoming_port", "%d is outside the allowed incoming port range %d-%d",
+				en.IncomingPort, l.IncomingPortMin, l.IncomingPortMax)
+		}
 	}
 }
 

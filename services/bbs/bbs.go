@@ -59,6 +59,10 @@ type Config struct {
 	MaxInstances int32 `json:"max_instances"`
 	// MaxTaskRejections fails a task after this many rejections.
 	MaxTaskRejections int32 `json:"max_task_rejections"`
+	// IncomingPortRange is the inclusive range of router ports ("start-end") that TCP and UDP
+	// routes (cf-router incoming_port) may claim; a desire or update outside it is
+	// InvalidArgument. Keep it equal to the router's incoming_port_range.
+	IncomingPortRange string `json:"incoming_port_range"`
 	// BookmarkInterval is how often an idle event subscriber gets a bookmark.
 	BookmarkInterval Duration `json:"bookmark_interval"`
 	// EventRing is how many revisions of events are kept in memory for resuming subscribers.
@@ -85,6 +89,9 @@ type Config struct {
 	Transformers []transform.PluginConfig `json:"transformers,omitempty"`
 }
 
+// DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
+const DefaultIncomingPortRange = "1024-65535"
+
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
@@ -96,6 +103,7 @@ func Default() Config {
 		Log:               logging.Config{Level: "info", Format: "text"},
 		MaxInstances:      models.DefaultLimits().MaxInstances,
 		MaxTaskRejections: 3,
+		IncomingPortRange: DefaultIncomingPortRange,
 		BookmarkInterval:  Duration(10 * time.Second),
 		EventRing:         100_000,
 		CallbackWorkers:   8,
@@ -127,6 +135,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
+	}
+	if _, _, err := config.ParsePortRange(c.IncomingPortRange); err != nil {
+		errs = append(errs, fmt.Errorf("incoming_port_range: %w", err))
 	}
 	if c.MaxInstances <= 0 {
 		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
@@ -224,6 +235,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	convergeMetrics := converge.NewMetrics(registry)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
+	portMin, portMax, _ := config.ParsePortRange(cfg.IncomingPortRange) // checked by Validate
+	limits.IncomingPortMin, limits.IncomingPortMax = uint32(portMin), uint32(portMax)
 	// Every plugin is described now: a bad one stops the BBS before it serves.
 	transformers, err := transform.Load(context.Background(), cfg.Transformers, logger.Named("transform"), registry, transform.WithLimits(limits))
 	if err != nil {

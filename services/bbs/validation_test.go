@@ -110,6 +110,12 @@ func TestValidationRejectsBadInput(t *testing.T) {
 		{"cf-router bad hostname", valDesire(func(d *modelsv1.DesiredLRP) {
 			d.Routes["cf-router"] = []byte(`[{"port":8080,"routes":["ok.example.com","bad host"]}]`)
 		}), `desired_lrp.routes["cf-router"][0].routes[1]`},
+		{"cf-router incoming port outside the allowed range", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.Routes["cf-router"] = []byte(`[{"port":8080,"routes":["a.example.com"]},{"port":9000,"protocol":"tcp","incoming_port":80}]`)
+		}), `desired_lrp.routes["cf-router"][1].incoming_port`},
+		{"update cf-router incoming port outside the allowed range", valUpdate(&modelsv1.DesiredLRPUpdate{Routes: &modelsv1.RoutesUpdate{Routes: map[string][]byte{
+			"cf-router": []byte(`[{"port":9000,"protocol":"udp","incoming_port":443}]`),
+		}}}), `update.routes.routes["cf-router"][0].incoming_port`},
 		{"update cf-router wrong type", valUpdate(&modelsv1.DesiredLRPUpdate{Routes: &modelsv1.RoutesUpdate{Routes: map[string][]byte{
 			"cf-router": []byte(`[{"port":"8080","routes":["web.example.com"]}]`),
 		}}}), `update.routes.routes["cf-router"][0].port`},

@@ -84,6 +84,9 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 		if err != nil {
 			return err
 		}
+		if err := movePorts(t, guid, nil, routerPorts(sched.GetRoutes())); err != nil {
+			return err
+		}
 		if err := t.Put(store.DesiredSchedKey(guid), sched); err != nil {
 			return err
 		}
@@ -152,6 +155,9 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		if u.GetRoutes() != nil {
 			next.Routes = maps.Clone(u.GetRoutes().GetRoutes())
+			if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), routerPorts(next.GetRoutes())); err != nil {
+				return err
+			}
 		}
 		if u.Annotation != nil {
 			next.Annotation = u.GetAnnotation()
@@ -221,6 +227,9 @@ func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string, force b
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
+			return err
+		}
+		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), nil); err != nil {
 			return err
 		}
 		t.Delete(store.DesiredSchedKey(guid))
