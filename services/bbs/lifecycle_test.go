@@ -20,20 +20,9 @@ import (
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
-// TestMain fails the package when a test leaves a goroutine behind. The embedded etcd's and
-// the gRPC/etcd clients' goroutines all end with their cleanups; what remains is a leak.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, leakIgnores()...)
-}
-
-// leakIgnores are background goroutines of libraries that outlive their owner by design.
-func leakIgnores() []goleak.Option {
-	return []goleak.Option{
-		// klog-style flush daemons and the opencensus/otel exporters started by etcd's packages.
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
-	}
-}
+// TestMain fails the package when a test leaves a goroutine behind: the embedded etcd's and
+// the gRPC and etcd clients' goroutines all end with their cleanups, so what remains is a leak.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // hungRep is a rep whose StopLRPInstance hangs until its context ends.
 type hungRep struct {
@@ -139,5 +128,5 @@ func TestStopJoinsBackgroundWork(t *testing.T) {
 	if !rep.returned.Load() {
 		t.Fatal("Run returned while a background stop request was still running")
 	}
-	goleak.VerifyNone(t, append(leakIgnores(), before)...)
+	goleak.VerifyNone(t, before)
 }
