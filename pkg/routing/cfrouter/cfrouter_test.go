@@ -87,4 +87,3 @@ func TestParse(t *testing.T) {
 		})
 	}
 }
-

@@ -19,7 +19,7 @@ func TestRootfsFilter(t *testing.T) {
 		{"PRELOADED:lucid64", cell, ""},
 		{"preloaded:///lucid64/", cell, ""},
 		{"preloaded:cflinuxfs2", cell, `lack rootfs "preloaded:cflinuxfs2"`},
-		{"preloaded:CFLINUXFS4", cell, `lack rootfs "preloaded:CFLINUXFS4"`}, // names are exact
+		{"preloaded:CFLINUXFS4", cell, `lack rootfs "preloaded:CFLINUXFS4"`},    // names are exact
 		{"Preloaded://cflinuxfs2/", cell, `lack rootfs "preloaded:cflinuxfs2"`}, // named canonically
 		{"docker:///library/redis#7", cell, ""},
 		{"DOCKER:///library/redis#7", cell, ""}, // schemes are case-insensitive
