@@ -2,28 +2,16 @@ package bbs_test
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 )
-
-// refusingAddress is a loopback address nothing listens on (a listener bound then closed).
-func refusingAddress(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 // metricLine returns the sample line of series (name and labels) from the BBS's /metrics.
 func metricLine(t *testing.T, env *bbstest.Env, series string) string {
@@ -51,7 +39,7 @@ func metricLine(t *testing.T, env *bbstest.Env, series string) string {
 // counts their instances and tasks.
 func TestAuctionsFailedMetric(t *testing.T) {
 	env := bbstest.Start(t, func(c *bbs.Config) {
-		c.AuctioneerAddress = refusingAddress(t)
+		c.AuctioneerAddress = testkit.ReservedAddr(t) // nothing listens there: connections are refused
 		c.MetricsAddress = "127.0.0.1:0"
 	})
 	lrpSeries := `gavel_bbs_auctions_failed_total{kind="lrp"}`
@@ -65,12 +53,9 @@ func TestAuctionsFailedMetric(t *testing.T) {
 	taskDesire(t, env, "t1", "apps", taskDefinition())
 	want := map[string]string{lrpSeries: lrpSeries + " 3", taskSeries: taskSeries + " 1"}
 	for series, line := range want {
-		deadline := time.Now().Add(20 * time.Second)
-		for got := metricLine(t, env, series); got != line; got = metricLine(t, env, series) {
-			if time.Now().After(deadline) {
-				t.Fatalf("got %q, want %q", got, line)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
+			got := metricLine(t, env, series)
+			return got == line, got
+		}, line)
 	}
 }

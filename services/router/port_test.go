@@ -240,14 +240,14 @@ func TestUDPEchoSessions(t *testing.T) {
 // incoming_port_range; a route on a port outside it is refused and never opened.
 func TestIncomingPortRange(t *testing.T) {
 	backend := tcpEcho(t, "a")
-	inside, outside := freePort(t, "tcp"), freePort(t, "tcp")
-	outsideUDP := freePort(t, "udp")
+	inside, outside := uint32(testkit.ReservedPort(t)), uint32(testkit.ReservedPort(t))
+	outsideUDP := uint32(testkit.ReservedPort(t))
 	fake := startFake(t, "127.0.0.1:0", "t1",
 		portRoute(tcpProto, inside, backend), portRoute(tcpProto, outside, backend), portRoute(udpProto, outsideUDP, backend))
 	cfg := testConfig(fake.addr)
 	cfg.IncomingPortRange = strconv.Itoa(int(inside)) + "-" + strconv.Itoa(int(inside))
 	r := startRouter(t, cfg)
-	waitFor(t, "the tcp port inside the range open", func() bool { return r.TCPAddr(inside) != nil })
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(inside) != nil }, "the tcp port inside the range open")
 	// The same reconcile pass refused the others.
 	if r.TCPAddr(outside) != nil {
 		t.Fatalf("tcp port %d outside %s was opened", outside, cfg.IncomingPortRange)

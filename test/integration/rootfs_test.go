@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -41,11 +42,11 @@ func TestRootfsSpellings(t *testing.T) {
 			if got.GetDesiredLrp().GetRootfs() != "preloaded:x" {
 				t.Fatalf("stored rootfs %q, want the canonical %q", got.GetDesiredLrp().GetRootfs(), "preloaded:x")
 			}
-			waitFor(t, 30*time.Second, "the instance RUNNING on cell-x", func() (bool, string) {
+			testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 				as := actualLRPs(t, c, guid)
 				return len(as) == 1 && as[0].GetState() == modelsv1.ActualLRP_STATE_RUNNING && as[0].GetInstanceKey().GetCellId() == "cell-x",
 					fmt.Sprintf("%v", as)
-			})
+			}, "the instance RUNNING on cell-x")
 
 			task := fmt.Sprintf("spelled-task-%d", i)
 			def := &modelsv1.TaskDefinition{Rootfs: spelling, MemoryMb: 16, DiskMb: 16,
@@ -53,7 +54,7 @@ func TestRootfsSpellings(t *testing.T) {
 			if _, err := c.BBS.DesireTask(ctx, &bbsv1.DesireTaskRequest{TaskGuid: task, Domain: "it", Definition: def}); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 30*time.Second, "the task COMPLETED without failure", func() (bool, string) {
+			testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 				resp, err := c.BBS.TaskByGuid(ctx, &bbsv1.TaskByGuidRequest{TaskGuid: task})
 				if err != nil {
 					return false, err.Error()
@@ -63,7 +64,7 @@ func TestRootfsSpellings(t *testing.T) {
 					t.Fatalf("stored task rootfs %q, want the canonical %q", tk.GetDefinition().GetRootfs(), "preloaded:x")
 				}
 				return tk.GetState() == modelsv1.Task_STATE_COMPLETED && !tk.GetFailed(), fmt.Sprintf("%v", tk)
-			})
+			}, "the task COMPLETED without failure")
 		})
 	}
 }
