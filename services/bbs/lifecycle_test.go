@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -63,23 +64,13 @@ func TestStopJoinsBackgroundWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("bbs stopped before it was ready: %v", err)
-	}
+	running := testkit.Start(t, "bbs", svc)
 	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	client := bbsv1.NewBBSServiceClient(conn)
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
+	rctx := ctxT(t)
 
 	b, err := proto.Marshal(&modelsv1.CellPresence{CellId: "hung", RepAddress: "127.0.0.1:1", Zone: "z1", Address: "10.0.0.1",
 		Capacity: &modelsv1.CellCapacity{MemoryMb: 1024, DiskMb: 1024, Containers: 10}})
@@ -116,14 +107,8 @@ func TestStopJoinsBackgroundWork(t *testing.T) {
 	}
 	// The stop request to the hung rep is in flight now; stop the BBS.
 	conn.Close()
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("bbs stopped with error: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("bbs did not stop within 20s")
+	if err := running.Stop(); err != nil {
+		t.Fatalf("bbs stopped with error: %v", err)
 	}
 	if !rep.returned.Load() {
 		t.Fatal("Run returned while a background stop request was still running")
