@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -124,4 +125,18 @@ func LoadJSON(path string, v any) error {
 		return fmt.Errorf("parse config %s: %w", path, err)
 	}
 	return nil
+}
+
+// ParsePortRange parses an inclusive port range written "start-end", e.g. "61000-61999".
+func ParsePortRange(s string) (start, end int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("port range %q: want start-end, e.g. 61000-61999", s)
+	}
+	start, err1 := strconv.Atoi(strings.TrimSpace(a))
+	end, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil || start < 1 || end > 65535 || start > end {
+		return 0, 0, fmt.Errorf("port range %q: want start-end with 1 <= start <= end <= 65535", s)
+	}
+	return start, end, nil
 }

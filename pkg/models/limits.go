@@ -11,6 +11,9 @@ type Limits struct {
 	MaxPropertyBytes int
 	// MaxRouteBytes bounds the total size of all route documents of a DesiredLRP.
 	MaxRouteBytes int
+	// IncomingPortMin and IncomingPortMax bound the incoming_port of TCP and UDP routes in
+	// cf-router documents (inclusive); zero IncomingPortMax is no bound.
+	IncomingPortMin, IncomingPortMax uint32
 }
 
 // Default limits, as Diego sets them.

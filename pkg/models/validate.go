@@ -2,6 +2,7 @@ package models
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
+	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -183,30 +185,8 @@ func ValidateRootfs(field, s string) error {
 }
 
 func checkRootfs(e *rpcerr.InvalidError, field, s string) {
-	if s == "" {
-		e.Add(field, "is required")
-		return
-	}
-	if hasSpace(s) {
-		e.Add(field, "must not contain whitespace")
-		return
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		e.Add(field, "is not a valid URI: %v", err)
-		return
-	}
-	if u.Scheme == "" {
-		e.Add(field, "must be a URI whose scheme names its provider, e.g. \"preloaded:cflinuxfs4\" or \"docker:///library/redis#7\"")
-		return
-	}
-	// The rest is what follows "scheme:", without "//", slashes, query and fragment.
-	rest := s[len(u.Scheme)+1:]
-	if i := strings.IndexAny(rest, "?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	if strings.Trim(rest, "/") == "" {
-		e.Add(field, "must name a root filesystem after the scheme %q", u.Scheme+":")
+	if _, err := ParseRootfs(s); err != nil {
+		e.Add(field, "%s", err.Error())
 	}
 }
 
@@ -270,8 +250,9 @@ func checkLabels(e *rpcerr.InvalidError, field string, m map[string]string) {
 	}
 }
 
-// ValidateRoutes checks a routes map: provider names are not empty, every document is valid JSON
-// and the documents together fit l.MaxRouteBytes.
+// ValidateRoutes checks a routes map: provider names are not empty, every document is valid JSON,
+// the cf-router document (the provider Gavel serves) follows its schema, and the documents
+// together fit l.MaxRouteBytes. Other providers' documents are opaque.
 func ValidateRoutes(field string, m map[string][]byte, l Limits) error {
 	e := &rpcerr.InvalidError{}
 	checkRoutes(e, field, m, l.withDefaults())
@@ -288,10 +269,40 @@ func checkRoutes(e *rpcerr.InvalidError, field string, m map[string][]byte, l Li
 		}
 		if !json.Valid(v) {
 			e.Add(key(field, k), "must be a valid JSON document")
+			continue
+		}
+		// Gavel serves the cf-router provider itself: its document must parse, so a mistake
+		// is refused here rather than dropped later by the route-emitter.
+		if k == cfrouter.Provider {
+			checkCFRouter(e, key(field, k), v, l)
 		}
 	}
 	if total > l.MaxRouteBytes {
 		e.Add(field, "route documents total %d bytes, more than the limit of %d", total, l.MaxRouteBytes)
+	}
+}
+
+// checkCFRouter parses a cf-router document and checks its TCP/UDP incoming ports against the
+// allowed range.
+func checkCFRouter(e *rpcerr.InvalidError, field string, doc []byte, l Limits) {
+	entries, err := cfrouter.Parse(doc)
+	if err != nil {
+		var pe *cfrouter.Error
+		if errors.As(err, &pe) {
+			e.Add(field+pe.Path(), "%s", pe.Reason)
+		} else {
+			e.Add(field, "%v", err)
+		}
+		return
+	}
+	if l.IncomingPortMax == 0 {
+		return
+	}
+	for i, en := range entries {
+		if en.IncomingPort != 0 && (en.IncomingPort < l.IncomingPortMin || en.IncomingPort > l.IncomingPortMax) {
+			e.Add(idx(field, i)+".incoming_port", "%d is outside the allowed incoming port range %d-%d",
+				en.IncomingPort, l.IncomingPortMin, l.IncomingPortMax)
+		}
 	}
 }
 
@@ -579,7 +590,7 @@ func CheckImmutable(prefix string, stored *modelsv1.DesiredLRP, u *modelsv1.Desi
 	if u == nil {
 		return nil
 	}
-	if u.Rootfs != nil && u.GetRootfs() != stored.GetRootfs() {
+	if u.Rootfs != nil && !sameRootfs(u.GetRootfs(), stored.GetRootfs()) {
 		e.Add(sub(prefix, "rootfs"), "is immutable: stored %q, got %q", stored.GetRootfs(), u.GetRootfs())
 	}
 	if u.GetPorts() != nil && !slices.Equal(u.GetPorts().GetPorts(), stored.GetPorts()) {
@@ -706,4 +717,14 @@ func isScheme(s string) bool {
 		}
 	}
 	return true
+}
+
+// sameRootfs reports whether two rootfs URIs name the same root filesystem.
+func sameRootfs(a, b string) bool {
+	ca, errA := CanonicalRootfs(a)
+	cb, errB := CanonicalRootfs(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return ca == cb
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -134,58 +135,103 @@ func Invalid(field, format string, args ...any) error {
 }
 
 // Code returns the gRPC code err maps to.
+//
+// Domain errors come first, wherever they sit in the chain. A gRPC status that is err itself
+// (not wrapped) is Gavel's own answer (an authorization refusal, a validator) and keeps its code.
+// Anything else that carries a gRPC status — an etcd client error, a failed call to a peer — is
+// a storage or transport failure, never passed through as if it were Gavel's: a failure a retry
+// can help with is Unavailable, any other is Internal. An expired etcd lease is therefore
+// Internal, not NotFound.
 func Code(err error) codes.Code {
+	code, _ := classify(err)
+	return code
+}
+
+// IsBackendFailure reports whether err is a storage or transport failure (etcd, a peer)
+// rather than a domain error or Gavel's own status; its cause deserves a log line.
+func IsBackendFailure(err error) bool {
+	_, backend := classify(err)
+	return backend
+}
+
+func classify(err error) (codes.Code, bool) {
 	if err == nil {
-		return codes.OK
-	}
-	if s, ok := status.FromError(err); ok {
-		return s.Code()
+		return codes.OK, false
 	}
 	switch {
 	case errors.Is(err, ErrInvalid):
-		return codes.InvalidArgument
+		return codes.InvalidArgument, false
 	case errors.Is(err, ErrNotFound):
-		return codes.NotFound
+		return codes.NotFound, false
 	case errors.Is(err, ErrAlreadyExists):
-		return codes.AlreadyExists
+		return codes.AlreadyExists, false
 	case errors.Is(err, ErrFailedPrecondition):
-		return codes.FailedPrecondition
+		return codes.FailedPrecondition, false
 	case errors.Is(err, ErrAborted):
-		return codes.Aborted
+		return codes.Aborted, false
 	case errors.Is(err, ErrOutOfRange), errors.Is(err, rpctypes.ErrCompacted), errors.Is(err, rpctypes.ErrGRPCCompacted):
-		return codes.OutOfRange
+		return codes.OutOfRange, false
 	case errors.Is(err, ErrUnavailable):
-		return codes.Unavailable
+		return codes.Unavailable, false
 	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded
+		return codes.DeadlineExceeded, false
 	case errors.Is(err, context.Canceled):
-		return codes.Canceled
+		return codes.Canceled, false
 	}
-	// etcd client errors carry a gRPC status somewhere in their chain.
-	var se interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &se) {
-		switch c := se.GRPCStatus().Code(); c {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			return c
+	if s, ok := err.(interface{ GRPCStatus() *status.Status }); ok && !isEtcdStatus(s.GRPCStatus()) {
+		return s.GRPCStatus().Code(), false
+	}
+	if c, ok := backendCode(err); ok {
+		if retriable(c) || errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrGRPCNoLeader) ||
+			errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCTimeout) {
+			return codes.Unavailable, true
 		}
+		return codes.Internal, true
 	}
-	if errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrGRPCNoLeader) ||
-		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCTimeout) {
-		return codes.Unavailable
-	}
-	return codes.Internal
+	return codes.Internal, false
 }
 
-// ToStatus converts err to a gRPC status error: statuses pass through, domain errors get their
-// code and full message, field violations are attached as errdetails.BadRequest.
+// backendCode finds the gRPC code of an etcd client error or a peer's status in err's chain.
+func backendCode(err error) (codes.Code, bool) {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code(), true
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code(), true
+	}
+	return codes.Unknown, false
+}
+
+// retriable codes of a storage or transport failure: the same call may succeed later.
+func retriable(c codes.Code) bool {
+	switch c {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// isEtcdStatus reports whether st is one of etcd's own statuses (their messages start with
+// "etcdserver: " or "etcdclient: ").
+func isEtcdStatus(st *status.Status) bool {
+	m := st.Message()
+	return strings.HasPrefix(m, "etcdserver: ") || strings.HasPrefix(m, "etcdclient: ")
+}
+
+// ToStatus converts err to a gRPC status error: Gavel's own statuses pass through, domain
+// errors get their code and full message, storage and transport failures become Unavailable
+// or Internal (see Code), field violations are attached as errdetails.BadRequest.
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
+	code := Code(err)
+	if s, ok := err.(interface{ GRPCStatus() *status.Status }); ok && s.GRPCStatus().Code() == code {
 		return err
 	}
-	st := status.New(Code(err), err.Error())
+	st := status.New(code, err.Error())
 	var inv *InvalidError
 	if errors.As(err, &inv) {
 		br := &errdetails.BadRequest{}
@@ -199,17 +245,42 @@ func ToStatus(err error) error {
 	return st.Err()
 }
 
+// Option configures the interceptors.
+type Option func(*options)
+
+type options struct{ log hclog.Logger }
+
+// WithLogger logs the cause of every storage or transport failure the interceptors map.
+func WithLogger(l hclog.Logger) Option { return func(o *options) { o.log = l } }
+
+func newOptions(opts []Option) options {
+	o := options{log: hclog.NewNullLogger()}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func (o options) toStatus(method string, err error) error {
+	if IsBackendFailure(err) {
+		o.log.Error("storage or transport failure", "grpc.method", method, "code", Code(err).String(), "error", err)
+	}
+	return ToStatus(err)
+}
+
 // UnaryServerInterceptor maps handler errors with ToStatus.
-func UnaryServerInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func UnaryServerInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
+	o := newOptions(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
-		return resp, ToStatus(err)
+		return resp, o.toStatus(info.FullMethod, err)
 	}
 }
 
 // StreamServerInterceptor maps stream handler errors with ToStatus.
-func StreamServerInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		return ToStatus(handler(srv, ss))
+func StreamServerInterceptor(opts ...Option) grpc.StreamServerInterceptor {
+	o := newOptions(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return o.toStatus(info.FullMethod, handler(srv, ss))
 	}
 }

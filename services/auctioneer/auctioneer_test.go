@@ -168,7 +168,7 @@ func TestAuctionTasksRetriesAndUnreachableCells(t *testing.T) {
 	}, "t-big's placement error")
 	pe := task.GetPlacementError()
 	if pe.GetCode() != modelsv1.PlacementError_CODE_CELL_COMMUNICATION ||
-		pe.GetMessage() != "cell cell-a could not start it (the cell refused it), and no other cell could take it: insufficient resources: memory (1 compatible cell)" {
+		pe.GetMessage() != "cell cell-a could not start it (the cell refused it), and no other cell could take it: insufficient resources: memory (3 compatible cells: 1 without room, 1 already refused it, 1 did not answer)" {
 		t.Errorf("t-big placement error %s %q", pe.GetCode(), pe.GetMessage())
 	}
 	if task.GetRejectionCount() != 1 {

@@ -60,6 +60,10 @@ type Config struct {
 	MaxInstances int32 `json:"max_instances"`
 	// MaxTaskRejections fails a task after this many rejections.
 	MaxTaskRejections int32 `json:"max_task_rejections"`
+	// IncomingPortRange is the inclusive range of router ports ("start-end") that TCP and UDP
+	// routes (cf-router incoming_port) may claim; a desire or update outside it is
+	// InvalidArgument. Keep it equal to the router's incoming_port_range.
+	IncomingPortRange string `json:"incoming_port_range"`
 	// BookmarkInterval is how often an idle event subscriber gets a bookmark.
 	BookmarkInterval Duration `json:"bookmark_interval"`
 	// EventRing is how many revisions of events are kept in memory for resuming subscribers.
@@ -89,6 +93,9 @@ type Config struct {
 	Authz authz.Config `json:"authz"`
 }
 
+// DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
+const DefaultIncomingPortRange = "1024-65535"
+
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
@@ -100,6 +107,7 @@ func Default() Config {
 		Log:               logging.Config{Level: "info", Format: "text"},
 		MaxInstances:      models.DefaultLimits().MaxInstances,
 		MaxTaskRejections: 3,
+		IncomingPortRange: DefaultIncomingPortRange,
 		BookmarkInterval:  Duration(10 * time.Second),
 		EventRing:         100_000,
 		CallbackWorkers:   8,
@@ -135,6 +143,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Authz.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("authz: %w", err))
+	}
+	if _, _, err := config.ParsePortRange(c.IncomingPortRange); err != nil {
+		errs = append(errs, fmt.Errorf("incoming_port_range: %w", err))
 	}
 	if c.MaxInstances <= 0 {
 		errs = append(errs, fmt.Errorf("max_instances must be positive, got %d", c.MaxInstances))
@@ -172,12 +183,13 @@ func (c Config) Validate() error {
 
 // Service is a running BBS.
 type Service struct {
-	cfg       Config
-	log       hclog.Logger
-	store     *store.Store
-	core      *core.Core
-	callbacks *callback.Worker
-	server    *grpcx.Server
+	cfg        Config
+	log        hclog.Logger
+	store      *store.Store
+	core       *core.Core
+	callbacks  *callback.Worker
+	background *core.Background // runs the work requests promise but do not wait for
+	server     *grpcx.Server
 
 	reps       *reppool.Pool
 	auctioneer *peers.Auctioneer // nil without an auctioneer address
@@ -198,6 +210,7 @@ type options struct {
 	now      func() time.Time
 	manual   bool
 	listener net.Listener
+	cells    core.CellClient
 }
 
 // WithClock makes the BBS read time from now (lifecycle timestamps, crash backoff and
@@ -213,6 +226,10 @@ func WithManualConvergence() Option { return func(o *options) { o.manual = true 
 // before the BBS starts bind first instead of picking a free port for later.
 func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
 
+// WithCellClient makes the BBS reach reps through cells instead of its gRPC rep clients (tests
+// that need a rep that hangs or fails).
+func WithCellClient(cells core.CellClient) Option { return func(o *options) { o.cells = cells } }
+
 // New builds a BBS over an etcd client; Run starts it.
 func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
@@ -226,6 +243,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	convergeMetrics := converge.NewMetrics(registry)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
+	portMin, portMax, _ := config.ParsePortRange(cfg.IncomingPortRange) // checked by Validate
+	limits.IncomingPortMin, limits.IncomingPortMax = uint32(portMin), uint32(portMax)
 	// Every plugin is described now: a bad one stops the BBS before it serves.
 	transformers, err := transform.Load(context.Background(), cfg.Transformers, logger.Named("transform"), registry, transform.WithLimits(limits))
 	if err != nil {
@@ -243,9 +262,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		MaxTaskRejections: cfg.MaxTaskRejections,
 		Logger:            logger.Named("core"),
 		Callbacks:         callbacks,
-		Cells:             reps,
+		Cells:             core.CellClient(reps),
 		Now:               o.now,
 		Auctions:          convergeMetrics,
+		Background:        core.NewBackground(0, 0, logger.Named("background")),
+	}
+	if o.cells != nil {
+		coreCfg.Cells = o.cells
 	}
 	if transformers.Len() > 0 {
 		coreCfg.Transformer = transformers
@@ -257,6 +280,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 			_ = transformers.Close()
 			return nil, fmt.Errorf("auctioneer client: %w", err)
 		}
+		a.CountFailures(convergeMetrics)
 		auctioneer = a
 		coreCfg.Auctioneer = auctioneer
 	}
@@ -266,8 +290,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 		grpcx.WithMetrics(registry),
 	)
@@ -284,7 +308,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Logger:               logger.Named("converge"),
 		Metrics:              convergeMetrics,
 	})
-	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server,
+	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
@@ -299,6 +323,8 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	members := []lifecycle.Member{
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
+		// Stops after the API and convergence, which queue its work.
+		{Name: "background", Runner: lifecycle.RunFunc(s.background.Run)},
 	}
 	if s.auctioneer != nil {
 		defer s.auctioneer.Close()

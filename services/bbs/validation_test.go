@@ -70,6 +70,13 @@ func TestValidationRejectsBadInput(t *testing.T) {
 	good := []func(context.Context, *bbstest.Env) error{
 		valDesire(func(*modelsv1.DesiredLRP) {}),
 		valTask(func(*bbsv1.DesireTaskRequest) {}),
+		// Providers other than cf-router stay opaque: any JSON is stored.
+		func(ctx context.Context, env *bbstest.Env) error {
+			d := lrp("opaque", 1)
+			d.Routes["skydns"] = []byte(`{"port":"not checked","whatever":[1,2,3]}`)
+			_, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
+			return err
+		},
 	}
 	key := &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ig-1", CellId: "cell-1"}
 	negative := int32(-1)
@@ -93,6 +100,25 @@ func TestValidationRejectsBadInput(t *testing.T) {
 			d.PlacementConstraint = &modelsv1.PlacementConstraint{Require: []string{"ok", strings.Repeat("t", 64)}}
 		}), "desired_lrp.placement_constraint.require[1]"},
 		{"route not JSON", valDesire(func(d *modelsv1.DesiredLRP) { d.Routes["cf-router"] = []byte("{not json") }), `desired_lrp.routes["cf-router"]`},
+		{"cf-router entry port out of range", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.Routes["cf-router"] = []byte(`[{"port":8080,"routes":["a.example.com"]},{"port":70000,"routes":["b.example.com"]}]`)
+		}), `desired_lrp.routes["cf-router"][1].port`},
+		{"cf-router entry not an array", valDesire(func(d *modelsv1.DesiredLRP) { d.Routes["cf-router"] = []byte(`{"port":8080}`) }), `desired_lrp.routes["cf-router"]`},
+		{"cf-router tcp without incoming_port", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.Routes["cf-router"] = []byte(`[{"port":8080,"protocol":"tcp"}]`)
+		}), `desired_lrp.routes["cf-router"][0].incoming_port`},
+		{"cf-router bad hostname", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.Routes["cf-router"] = []byte(`[{"port":8080,"routes":["ok.example.com","bad host"]}]`)
+		}), `desired_lrp.routes["cf-router"][0].routes[1]`},
+		{"cf-router incoming port outside the allowed range", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.Routes["cf-router"] = []byte(`[{"port":8080,"routes":["a.example.com"]},{"port":9000,"protocol":"tcp","incoming_port":80}]`)
+		}), `desired_lrp.routes["cf-router"][1].incoming_port`},
+		{"update cf-router incoming port outside the allowed range", valUpdate(&modelsv1.DesiredLRPUpdate{Routes: &modelsv1.RoutesUpdate{Routes: map[string][]byte{
+			"cf-router": []byte(`[{"port":9000,"protocol":"udp","incoming_port":443}]`),
+		}}}), `update.routes.routes["cf-router"][0].incoming_port`},
+		{"update cf-router wrong type", valUpdate(&modelsv1.DesiredLRPUpdate{Routes: &modelsv1.RoutesUpdate{Routes: map[string][]byte{
+			"cf-router": []byte(`[{"port":"8080","routes":["web.example.com"]}]`),
+		}}}), `update.routes.routes["cf-router"][0].port`},
 		{"bad label key", valDesire(func(d *modelsv1.DesiredLRP) { d.Labels["-app"] = "web" }), `desired_lrp.labels["-app"]`},
 		{"missing action", valDesire(func(d *modelsv1.DesiredLRP) { d.Action = nil }), "desired_lrp.action"},
 		{"bad label selector", func(ctx context.Context, env *bbstest.Env) error {

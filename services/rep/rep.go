@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -183,18 +182,7 @@ func normalizedTags(tags []string) []string {
 }
 
 // ParsePortRange parses "start-end" (inclusive).
-func ParsePortRange(s string) (start, end int, err error) {
-	a, b, ok := strings.Cut(s, "-")
-	if !ok {
-		return 0, 0, fmt.Errorf("port range %q: want start-end, e.g. 61000-61999", s)
-	}
-	start, err1 := strconv.Atoi(strings.TrimSpace(a))
-	end, err2 := strconv.Atoi(strings.TrimSpace(b))
-	if err1 != nil || err2 != nil || start < 1 || end > 65535 || start > end {
-		return 0, 0, fmt.Errorf("port range %q: want start-end with 1 <= start <= end <= 65535", s)
-	}
-	return start, end, nil
-}
+func ParsePortRange(s string) (start, end int, err error) { return config.ParsePortRange(s) }
 
 // presence is the CellPresence this configuration registers, with repAddress.
 func (c Config) presence(repAddress string) *modelsv1.CellPresence {

@@ -129,7 +129,9 @@ func TestStateReflectsReservations(t *testing.T) {
 		!slices.Equal(st.GetRootfsProviders(), []string{"docker"}) || len(st.GetNotes()) == 0 {
 		t.Fatalf("state support %v", st)
 	}
-	if len(st.GetLrps()) != 2 || len(st.GetTasks()) != 1 || st.GetStartingContainerCount() != 3 {
+	// Both instances are starting (3 s of start latency); the task counts as starting only until
+	// its container exists, which races with this State call.
+	if n := st.GetStartingContainerCount(); len(st.GetLrps()) != 2 || len(st.GetTasks()) != 1 || n < 2 || n > 3 {
 		t.Fatalf("held %v / %v, starting %d", st.GetLrps(), st.GetTasks(), st.GetStartingContainerCount())
 	}
 	for _, l := range st.GetLrps() {

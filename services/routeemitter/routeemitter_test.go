@@ -44,8 +44,9 @@ func TestRoutingRules(t *testing.T) {
 	run(t, c, "ready", 0, "ready-0", true, netInfo(8080, 61200))
 	run(t, c, "ready", 1, "ready-1", false, netInfo(8080, 61201))
 
-	// Refused documents (the BBS itself refuses invalid JSON; see the table's unit tests) never
-	// disturb the good LRPs, nor does a provider the route-emitter does not know.
+	// Malformed cf-router documents are refused by the BBS at desire (the table still ignores
+	// any it finds, see its unit tests), and a provider the route-emitter does not know never
+	// disturbs the good LRPs.
 	for i, doc := range []string{
 		`{"port": 8080, "routes": ["notalist.com"]}`,                           // not an array
 		`[{"port": "8080", "routes": ["wrongtype.com"]}]`,                      // wrong type
@@ -55,8 +56,10 @@ func TestRoutingRules(t *testing.T) {
 		`[{"port": 8080, "routes": ["ok.bad.com"]}, {"port": 8080, "ssl": 1}]`, // one bad entry refuses all
 	} {
 		guid := fmt.Sprintf("bad-%d", i)
-		desire(t, c, lrp(guid, 1, []uint32{8080}, cfRouter(doc)))
-		run(t, c, guid, 0, guid+"-0", true, netInfo(8080, uint32(61300+i)))
+		_, err := c.DesireLRP(ctxT(t), &bbsv1.DesireLRPRequest{DesiredLrp: lrp(guid, 1, []uint32{8080}, cfRouter(doc))})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `routes["cf-router"]`) {
+			t.Fatalf("desire with cf-router document %s: %v, want InvalidArgument naming it", doc, err)
+		}
 	}
 	desire(t, c, lrp("dns-only", 1, []uint32{5000}, map[string][]byte{"skydns": []byte(`[{"port":5000,"host":"x.skydns.local"}]`)}))
 	run(t, c, "dns-only", 0, "dns-0", true, netInfo(5000, 61400))

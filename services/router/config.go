@@ -38,6 +38,10 @@ type Config struct {
 	RouteEmitterTLS tlsx.Config `json:"routeemitter_tls"`
 	// TCPBindAddress is the IP that TCP and UDP incoming ports are opened on.
 	TCPBindAddress string `json:"tcp_bind_address"`
+	// IncomingPortRange is the inclusive range of TCP and UDP incoming ports the router opens,
+	// "start-end"; routes on other ports are refused (logged, never opened). Keep it equal to
+	// the BBS's incoming_port_range.
+	IncomingPortRange string `json:"incoming_port_range"`
 	// BackendDialTimeout bounds connecting to a backend (HTTP and TCP); a dial that fails or
 	// times out is retried once on the route's next endpoint.
 	BackendDialTimeout Duration `json:"backend_dial_timeout"`
@@ -72,6 +76,9 @@ type Config struct {
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
+// DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
+const DefaultIncomingPortRange = "1024-65535"
+
 // Default is the router's configuration before the file and flags; routeemitter_address and a
 // routeemitter_tls choice must still be set.
 func Default() Config {
@@ -79,6 +86,7 @@ func Default() Config {
 		HTTPAddress:                ":8080",
 		AdminAddress:               ":8081",
 		TCPBindAddress:             "0.0.0.0",
+		IncomingPortRange:          DefaultIncomingPortRange,
 		BackendDialTimeout:         Duration(5 * time.Second),
 		BackendResponseTimeout:     Duration(60 * time.Second),
 		BackendMaxIdleConnsPerHost: 100,
@@ -125,6 +133,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.RouteEmitterTLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("routeemitter_tls: %w", err))
+	}
+	if _, _, err := config.ParsePortRange(c.IncomingPortRange); err != nil {
+		errs = append(errs, fmt.Errorf("incoming_port_range: %w", err))
 	}
 	if net.ParseIP(c.TCPBindAddress) == nil {
 		errs = append(errs, fmt.Errorf("tcp_bind_address %q must be an IP address", c.TCPBindAddress))

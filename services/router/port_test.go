@@ -235,3 +235,31 @@ func TestUDPEchoSessions(t *testing.T) {
 	fake.remove(portRoute(udpProto, port))
 	testkit.Eventually(t, 10*time.Second, func() bool { return r.UDPAddr(port) == nil }, "udp port closed")
 }
+
+// TestIncomingPortRange: the router opens TCP and UDP incoming ports only inside
+// incoming_port_range; a route on a port outside it is refused and never opened.
+func TestIncomingPortRange(t *testing.T) {
+	backend := tcpEcho(t, "a")
+	inside, outside := uint32(testkit.ReservedPort(t)), uint32(testkit.ReservedPort(t))
+	outsideUDP := uint32(testkit.ReservedPort(t))
+	fake := startFake(t, "127.0.0.1:0", "t1",
+		portRoute(tcpProto, inside, backend), portRoute(tcpProto, outside, backend), portRoute(udpProto, outsideUDP, backend))
+	cfg := testConfig(fake.addr)
+	cfg.IncomingPortRange = strconv.Itoa(int(inside)) + "-" + strconv.Itoa(int(inside))
+	r := startRouter(t, cfg)
+	testkit.Eventually(t, 10*time.Second, func() bool { return r.TCPAddr(inside) != nil }, "the tcp port inside the range open")
+	// The same reconcile pass refused the others.
+	if r.TCPAddr(outside) != nil {
+		t.Fatalf("tcp port %d outside %s was opened", outside, cfg.IncomingPortRange)
+	}
+	if r.UDPAddr(outsideUDP) != nil {
+		t.Fatalf("udp port %d outside %s was opened", outsideUDP, cfg.IncomingPortRange)
+	}
+	if _, _, name := dialTCP(t, inside); name != "a" {
+		t.Fatalf("greeting %q through the open port", name)
+	}
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(outside))), time.Second); err == nil {
+		c.Close()
+		t.Fatalf("port %d outside the range accepts connections", outside)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/gavel-sched/gavel/pkg/config"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 )
@@ -81,11 +82,15 @@ func New(cfg Config, logger hclog.Logger, client routeemitterv1.RouteEmitterServ
 	r.proxy = newProxy(cfg, r.tbl.Load, r.redirectPort, logger.Named("http"), r.metrics)
 	dialTimeout := time.Duration(cfg.BackendDialTimeout)
 	tcpLog, udpLog := logger.Named("tcp"), logger.Named("udp")
-	r.tcp = newPortSet("tcp", cfg.TCPBindAddress, func(t *table) map[uint32]*route { return t.tcp },
+	portMin, portMax, err := config.ParsePortRange(cfg.IncomingPortRange)
+	if err != nil {
+		return nil, fmt.Errorf("router: incoming_port_range: %w", err)
+	}
+	r.tcp = newPortSet("tcp", cfg.TCPBindAddress, uint32(portMin), uint32(portMax), func(t *table) map[uint32]*route { return t.tcp },
 		func(addr string, port uint32) (*tcpListener, error) {
 			return openTCP(addr, port, r.tbl.Load, dialTimeout, tcpLog, r.metrics, &r.relays)
 		}, tcpLog)
-	r.udp = newPortSet("udp", cfg.TCPBindAddress, func(t *table) map[uint32]*route { return t.udp },
+	r.udp = newPortSet("udp", cfg.TCPBindAddress, uint32(portMin), uint32(portMax), func(t *table) map[uint32]*route { return t.udp },
 		func(addr string, port uint32) (*udpListener, error) {
 			return openUDP(addr, port, r.tbl.Load, dialTimeout, time.Duration(cfg.UDPSessionIdleTimeout),
 				cfg.UDPMaxSessions, udpLog, r.metrics, &r.relays)

@@ -31,16 +31,21 @@ type portSet[L interface{ close() }] struct {
 	log     hclog.Logger
 	changed chan struct{}
 
+	// min and max bound the ports opened; a route outside is refused (logged once).
+	min, max uint32
+
 	mu        sync.Mutex
 	listeners map[uint32]L
 	failed    map[uint32]bool
+	refused   map[uint32]bool
 }
 
-// newPortSet makes an empty set; open binds addr and starts serving it.
-func newPortSet[L interface{ close() }](name, bind string, routes func(*table) map[uint32]*route,
+// newPortSet makes an empty set opening ports in [min, max]; open binds addr and starts
+// serving it.
+func newPortSet[L interface{ close() }](name, bind string, min, max uint32, routes func(*table) map[uint32]*route,
 	open func(addr string, port uint32) (L, error), log hclog.Logger) *portSet[L] {
-	return &portSet[L]{name: name, bind: bind, routes: routes, open: open, log: log,
-		changed: make(chan struct{}, 1), listeners: map[uint32]L{}, failed: map[uint32]bool{}}
+	return &portSet[L]{name: name, bind: bind, min: min, max: max, routes: routes, open: open, log: log,
+		changed: make(chan struct{}, 1), listeners: map[uint32]L{}, failed: map[uint32]bool{}, refused: map[uint32]bool{}}
 }
 
 // notify asks run to reconcile with the current table.
@@ -94,8 +99,20 @@ func (s *portSet[L]) reconcile(t *table) {
 			delete(s.failed, port)
 		}
 	}
+	for port := range s.refused {
+		if _, ok := want[port]; !ok {
+			delete(s.refused, port)
+		}
+	}
 	for port := range want {
 		if _, ok := s.listeners[port]; ok {
+			continue
+		}
+		if port < s.min || port > s.max {
+			if !s.refused[port] {
+				s.log.Warn("refusing a route on an incoming port outside incoming_port_range", "protocol", s.name, "port", port, "range_start", s.min, "range_end", s.max)
+			}
+			s.refused[port] = true
 			continue
 		}
 		addr := net.JoinHostPort(s.bind, strconv.FormatUint(uint64(port), 10))

@@ -165,7 +165,7 @@ func TestRoundPlacesAndReports(t *testing.T) {
 	}
 	want := map[string]string{
 		"lrp/huge/0":  "CODE_INSUFFICIENT_RESOURCES insufficient resources: memory (2 compatible cells)",
-		"lrp/picky/0": `CODE_CELL_MISMATCH found no compatible cell: 0/3 cells eligible (2 lack tag "gpu", 1 did not answer)`,
+		"lrp/picky/0": `CODE_CELL_MISMATCH found no compatible cell: 0/3 cells eligible (2 lack tag "gpu", 1 lacks rootfs "preloaded:cflinuxfs4")`,
 	}
 	if got := failures(bbs); !equalMaps(got, want) {
 		t.Fatalf("failures %v\nwant %v", got, want)
@@ -281,4 +281,47 @@ func equalMaps(a, b map[string]string) bool {
 
 func grpcClientConfig() grpcx.ClientConfig {
 	return grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}
+}
+
+// TestRoundMatchingCellsUnavailable: when the cells that match the work exist but are
+// evacuating, do not answer State, or fail Perform, the placement error is
+// INSUFFICIENT_RESOURCES or CELL_COMMUNICATION with the cells counted per reason, never
+// CELL_MISMATCH (which means no cell could ever run it).
+func TestRoundMatchingCellsUnavailable(t *testing.T) {
+	withPresence := func(bbs *fakeBBS) {
+		for _, p := range bbs.cells { // what the cells registered: tags and rootfses
+			p.PlacementTags, p.PreloadedRootfses = []string{"web"}, map[string]string{"cflinuxfs4": "/rootfs"}
+		}
+	}
+	tests := []struct {
+		name   string
+		breakA func(*fakeRep)
+		breakB func(*fakeRep)
+		want   string
+	}{
+		{"both evacuating", func(r *fakeRep) { r.state.Evacuating = true }, func(r *fakeRep) { r.state.Evacuating = true },
+			"CODE_INSUFFICIENT_RESOURCES insufficient resources: no compatible cell takes work (2 compatible cells: 2 are evacuating)"},
+		{"state failed on both", func(r *fakeRep) { r.stateErr = status.Error(codes.Unavailable, "down") }, func(r *fakeRep) { r.stateErr = status.Error(codes.Unavailable, "down") },
+			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (2 did not answer)"},
+		{"one evacuating, one unreachable", func(r *fakeRep) { r.state.Evacuating = true }, func(r *fakeRep) { r.stateErr = status.Error(codes.Unavailable, "down") },
+			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (1 is evacuating, 1 did not answer)"},
+		{"perform failed, the other evacuating", func(r *fakeRep) { r.performErr = status.Error(codes.Unavailable, "connection refused") }, func(r *fakeRep) { r.state.Evacuating = true },
+			"CODE_CELL_COMMUNICATION cell a could not start it (perform failed: connection refused), and no other cell could take it: " +
+				"could not reach any compatible cell: 0/2 compatible cells available (1 already refused it, 1 is evacuating)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bbs, reps := env(t)
+			withPresence(bbs)
+			tt.breakA(reps["a:1"])
+			tt.breakB(reps["b:1"])
+			r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+			if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0)})); err != nil {
+				t.Fatal(err)
+			}
+			if got := failures(bbs)["lrp/web/0"]; got != tt.want {
+				t.Fatalf("failure %q\nwant      %q", got, tt.want)
+			}
+		})
+	}
 }

@@ -89,7 +89,11 @@ func failedKeys(resp *repv1.PerformResponse) map[string]bool {
 
 // unreachableCell is a registered cell that did not answer State.
 func unreachableCell(p *modelsv1.CellPresence) *placement.Cell {
-	return &placement.Cell{ID: p.GetCellId(), Address: p.GetRepAddress(), Zone: p.GetZone(), Unreachable: true}
+	// Its presence still says what it could run (tags, rootfses), so placement can tell a
+	// compatible cell that did not answer from one that could never take the work.
+	c := cellFromState(p, &repv1.StateResponse{})
+	c.Unreachable = true
+	return c
 }
 
 // cellFromState is the round's view of a cell from its presence and its State answer. The

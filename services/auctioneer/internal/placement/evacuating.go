@@ -1,12 +1,15 @@
 package placement
 
+// reasonEvacuating is the reason of a draining cell.
+var reasonEvacuating = Reason{One: "is evacuating", Many: "are evacuating"}
+
 // NotEvacuating passes cells that are not draining; an evacuating cell takes no new work.
 type NotEvacuating struct{}
 
 // Check implements Filter.
 func (NotEvacuating) Check(_ *Work, c *Cell) []Reason {
 	if c.Evacuating {
-		return []Reason{{One: "is evacuating", Many: "are evacuating"}}
+		return []Reason{reasonEvacuating}
 	}
 	return nil
 }

@@ -5,28 +5,6 @@ import (
 	"testing"
 )
 
-func TestParseRootfs(t *testing.T) {
-	tests := []struct {
-		in, scheme, name string
-	}{
-		{"preloaded:cflinuxfs4", "preloaded", "cflinuxfs4"},
-		{"preloaded://cflinuxfs4", "preloaded", "cflinuxfs4"},
-		{"PRELOADED:lucid64", "preloaded", "lucid64"},
-		{"preloaded:///lucid64/", "preloaded", "lucid64"},
-		{"docker:///library/redis#7", "docker", "/library/redis"},
-		{"docker://registry:5000/app?x=1", "docker", "registry:5000/app"},
-		{"Docker:///foo/bar#baz", "docker", "/foo/bar"},
-		{"cflinuxfs4", "", "cflinuxfs4"},
-		{":nothing", "", ":nothing"},
-	}
-	for _, tc := range tests {
-		scheme, name := ParseRootfs(tc.in)
-		if scheme != tc.scheme || name != tc.name {
-			t.Errorf("ParseRootfs(%q) = (%q, %q), want (%q, %q)", tc.in, scheme, name, tc.scheme, tc.name)
-		}
-	}
-}
-
 func TestRootfsFilter(t *testing.T) {
 	cell := &Cell{ID: "c", PreloadedRootfses: NameSet("cflinuxfs4", "lucid64"), RootfsProviders: TagSet("docker")}
 	bare := &Cell{ID: "bare"}
@@ -38,8 +16,11 @@ func TestRootfsFilter(t *testing.T) {
 		{"preloaded:cflinuxfs4", cell, ""},
 		{"preloaded://cflinuxfs4", cell, ""},
 		{"preloaded://lucid64", cell, ""},
+		{"PRELOADED:lucid64", cell, ""},
+		{"preloaded:///lucid64/", cell, ""},
 		{"preloaded:cflinuxfs2", cell, `lack rootfs "preloaded:cflinuxfs2"`},
-		{"preloaded:CFLINUXFS4", cell, `lack rootfs "preloaded:CFLINUXFS4"`}, // names are exact
+		{"preloaded:CFLINUXFS4", cell, `lack rootfs "preloaded:CFLINUXFS4"`},    // names are exact
+		{"Preloaded://cflinuxfs2/", cell, `lack rootfs "preloaded:cflinuxfs2"`}, // named canonically
 		{"docker:///library/redis#7", cell, ""},
 		{"DOCKER:///library/redis#7", cell, ""}, // schemes are case-insensitive
 		{"oci:///library/redis", cell, `lack rootfs provider "oci"`},

@@ -5,6 +5,7 @@ package placement
 // feasible/rank/stack).
 type Stack struct {
 	compatible []Filter
+	available  []Filter
 	capacity   []Filter
 	spread     Spreader
 	score      Scorer
@@ -14,24 +15,31 @@ type Stack struct {
 // steps run and in what order.
 func NewStack() *Stack {
 	return &Stack{
-		// 1. Compatibility: may the cell run this work at all? Cheapest first; a cell failing
+		// 1. Compatibility: could the cell ever run this work? Cheapest first; a cell failing
 		//    one filter is not asked the next, and its reasons are counted for the
-		//    CELL_MISMATCH message ("0/9 cells eligible (5 lack tag ...)").
+		//    CELL_MISMATCH message ("0/9 cells eligible (5 lack tag ...)"). Only these make
+		//    CELL_MISMATCH: it means no cell could ever satisfy the work.
 		compatible: []Filter{
+			Rootfs{},     // has the preloaded rootfs by name, or the provider of its scheme
+			Constraint{}, // carries every required tag and no disallowed tag
+		},
+		// 2. Availability: does the compatible cell take work this round? (The round's
+		//    Refused set, when given, is checked first.) A compatible cell failing here makes
+		//    CELL_COMMUNICATION (did not answer, refused) or INSUFFICIENT_RESOURCES
+		//    (evacuating), with the cells counted per reason.
+		available: []Filter{
 			Reachable{},     // answered State this round, and no Perform to it has failed
 			NotEvacuating{}, // draining cells take no new work
-			Rootfs{},        // has the preloaded rootfs by name, or the provider of its scheme
-			Constraint{},    // carries every required tag and no disallowed tag
 		},
-		// 2. Capacity: has the compatible cell room for it now (this round's earlier
+		// 3. Capacity: has the available cell room for it now (this round's earlier
 		//    placements included)? Exhausted dimensions feed INSUFFICIENT_RESOURCES.
 		capacity: []Filter{
 			Resources{}, // memory, disk, one container
 		},
-		// 3. Spread: of the cells with room, keep those in the availability zones running the
+		// 4. Spread: of the cells with room, keep those in the availability zones running the
 		//    fewest instances of this LRP.
 		spread: ZoneSpread{},
-		// 4. Score: Diego's — fraction used after placement, starting containers, and
+		// 5. Score: Diego's — fraction used after placement, starting containers, and
 		//    instances of the same LRP already on the cell. Lowest wins; ties go to the
 		//    lowest cell id so placement is deterministic.
 		score: DiegoScore{
@@ -48,14 +56,15 @@ func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure
 	t := tally{total: len(cells)}
 	fits := make([]*Cell, 0, len(cells))
 	for _, c := range cells {
-		if c.Unreachable {
-			t.unreachable++
-		}
-		if rs := firstFailure(w, c, refused, s.compatible); rs != nil {
+		if rs := firstFailure(w, c, nil, s.compatible); rs != nil {
 			t.incompatible(rs)
 			continue
 		}
 		t.compatible++
+		if rs := firstFailure(w, c, refused, s.available); rs != nil {
+			t.unavailable(rs)
+			continue
+		}
 		if rs := firstFailure(w, c, nil, s.capacity); rs != nil {
 			t.full(rs)
 			continue

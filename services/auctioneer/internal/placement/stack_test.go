@@ -130,8 +130,42 @@ func TestStackFailures(t *testing.T) {
 				cs[3].Tags = TagSet("production")
 				return cs
 			},
+			wantCode: codeCommunication,
+			wantMsg:  `could not reach any compatible cell: 0/3 compatible cells available (2 did not answer, 1 is evacuating)`,
+		},
+		{
+			name: "every compatible cell evacuating", require: []string{"staging"},
+			cells: func() []*Cell {
+				cs := proposalCells()
+				for _, c := range cs[:4] {
+					c.Evacuating = true
+				}
+				return cs
+			},
+			wantCode: codeInsufficient,
+			wantMsg:  `insufficient resources: no compatible cell takes work (4 compatible cells: 4 are evacuating)`,
+		},
+		{
+			name: "compatible cells full, evacuating or unreachable", require: []string{"staging"}, memory: 2048,
+			cells: func() []*Cell {
+				cs := proposalCells()
+				cs[0].Evacuating = true
+				cs[1].Unreachable = true
+				return cs
+			},
+			wantCode: codeInsufficient,
+			wantMsg:  `insufficient resources: memory (4 compatible cells: 2 without room, 1 is evacuating, 1 did not answer)`,
+		},
+		{
+			name: "unreachable cells that could never run it", require: []string{"alfalfa"},
+			cells: func() []*Cell {
+				cs := proposalCells()
+				cs[0].Unreachable = true
+				cs[1].Evacuating = true
+				return cs
+			},
 			wantCode: codeMismatch,
-			wantMsg:  `found no compatible cell: 0/9 cells eligible (6 lack tag "staging", 2 did not answer, 1 is evacuating)`,
+			wantMsg:  `found no compatible cell: 0/9 cells eligible (9 lack tag "alfalfa")`,
 		},
 		{
 			name: "every cell unreachable",
@@ -143,7 +177,7 @@ func TestStackFailures(t *testing.T) {
 				return cs
 			},
 			wantCode: codeCommunication,
-			wantMsg:  `could not reach any cell: 0/3 cells eligible (3 did not answer)`,
+			wantMsg:  `could not reach any compatible cell: 0/3 compatible cells available (3 did not answer)`,
 		},
 		{
 			name: "no cells", cells: func() []*Cell { return nil },
@@ -152,8 +186,8 @@ func TestStackFailures(t *testing.T) {
 		},
 		{
 			name: "the only compatible cell refused", cells: proposalCells, require: []string{"staging", "skynet"}, refused: Refused{"cell-1": true, "cell-2": true},
-			wantCode: codeMismatch,
-			wantMsg:  `found no compatible cell: 0/9 cells eligible (5 lack tag "staging", 4 lack tag "skynet", 2 already refused it)`,
+			wantCode: codeCommunication,
+			wantMsg:  `could not reach any compatible cell: 0/2 compatible cells available (2 already refused it)`,
 		},
 	}
 	for _, tc := range tests {

@@ -6,6 +6,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -74,6 +75,9 @@ type Config struct {
 	// Transformer augments desired LRPs and tasks before they are stored (on desire and on
 	// update, over the merged result); nil stores them as given.
 	Transformer Transformer
+	// Background runs the work requests are promised but do not wait for (auctions, stops);
+	// the service runs it in its run group. Nil runs that work inline, bounded by its timeout.
+	Background *Background
 }
 
 // deps is what every entity of the core shares: the store it writes through, its configuration
@@ -169,16 +173,23 @@ func sameInstance(a, b *modelsv1.ActualLRPInstanceKey) bool {
 	return a.GetInstanceGuid() == b.GetInstanceGuid() && a.GetCellId() == b.GetCellId()
 }
 
-// detach runs fn in the background with a bounded context detached from the request, for work
-// the caller has been promised but need not wait for (auction requests, stops, callbacks).
-func (c *deps) detach(what string, fn func(ctx context.Context) error) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// detach hands fn to the background queue, for work the caller has been promised but need not
+// wait for (auction requests, stops, cancels); it reports false when the queue refused it, in
+// which case convergence redoes the work. Without a queue fn runs inline.
+func (c *deps) detach(what string, fn func(ctx context.Context) error) bool {
+	if c.cfg.Background == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout)
 		defer cancel()
 		if err := fn(ctx); err != nil {
-			c.log.Warn("background request failed; convergence will retry", "what", what, "error", err)
+			c.log.Warn("request failed; convergence will retry", "what", what, "error", err)
 		}
-	}()
+		return true
+	}
+	if !c.cfg.Background.Go(what, fn) {
+		c.log.Warn("background queue full or stopped; convergence will retry", "what", what)
+		return false
+	}
+	return true
 }
 
 func (c *deps) auctionLRPs(starts []LRPStart) {
@@ -194,9 +205,11 @@ func (c *deps) auctionLRPs(starts []LRPStart) {
 		return
 	}
 	c.observeAuction("lrp", n)
-	c.detach("lrp auction", func(ctx context.Context) error {
+	if !c.detach("lrp auction", func(ctx context.Context) error {
 		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(ctx, kept))
-	})
+	}) {
+		c.auctionResult("lrp", n, errNotQueued)
+	}
 }
 
 func (c *deps) auctionTasks(tasks []*modelsv1.Task) {
@@ -204,10 +217,15 @@ func (c *deps) auctionTasks(tasks []*modelsv1.Task) {
 		return
 	}
 	c.observeAuction("task", len(tasks))
-	c.detach("task auction", func(ctx context.Context) error {
+	if !c.detach("task auction", func(ctx context.Context) error {
 		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(ctx, tasks))
-	})
+	}) {
+		c.auctionResult("task", len(tasks), errNotQueued)
+	}
 }
+
+// errNotQueued is the failure of an auction request the background queue refused.
+var errNotQueued = errors.New("background queue full or stopped")
 
 func (c *deps) observeAuction(kind string, n int) {
 	if c.cfg.Auctions != nil {

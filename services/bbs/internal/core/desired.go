@@ -61,6 +61,11 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	}
 	d = clone(transformed)
 	d.ModificationTag = newTag()
+	rootfs, err := models.CanonicalRootfs(d.GetRootfs())
+	if err != nil {
+		return 0, rpcerr.Invalid("desired_lrp.rootfs", "%s", err.Error())
+	}
+	d.Rootfs = rootfs // stored canonical: the auctioneer and the reps see one spelling
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
 	guid := d.GetProcessGuid()
 	var created []int32
@@ -77,6 +82,9 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
+			return err
+		}
+		if err := movePorts(t, guid, nil, routerPorts(sched.GetRoutes())); err != nil {
 			return err
 		}
 		if err := t.Put(store.DesiredSchedKey(guid), sched); err != nil {
@@ -147,6 +155,9 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		if u.GetRoutes() != nil {
 			next.Routes = maps.Clone(u.GetRoutes().GetRoutes())
+			if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), routerPorts(next.GetRoutes())); err != nil {
+				return err
+			}
 		}
 		if u.Annotation != nil {
 			next.Annotation = u.GetAnnotation()
@@ -216,6 +227,9 @@ func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string, force b
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
+			return err
+		}
+		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), nil); err != nil {
 			return err
 		}
 		t.Delete(store.DesiredSchedKey(guid))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
@@ -62,10 +63,16 @@ func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *models
 		return 0, fmt.Errorf("desire task %s: %w", guid, err)
 	}
 	now := c.now()
+	def = clone(def)
+	rootfs, err := models.CanonicalRootfs(def.GetRootfs())
+	if err != nil {
+		return 0, rpcerr.Invalid("definition.rootfs", "%s", err.Error())
+	}
+	def.Rootfs = rootfs // stored canonical: the auctioneer and the reps see one spelling
 	task := &modelsv1.Task{
 		TaskGuid:        guid,
 		Domain:          domain,
-		Definition:      clone(def),
+		Definition:      def,
 		State:           pending,
 		CreatedAt:       now,
 		UpdatedAt:       now,

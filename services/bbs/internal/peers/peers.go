@@ -40,6 +40,8 @@ type Auctioneer struct {
 
 	last int // index in targets of the address that last accepted work; used by Run only
 
+	failed core.AuctionObserver // counts the instances and tasks no auctioneer took; may be nil
+
 	mu      sync.Mutex
 	lrps    []*auctioneerv1.LRPStartRequest
 	tasks   []*auctioneerv1.TaskStartRequest
@@ -97,6 +99,16 @@ func newAuctioneer(targets []auctioneerTarget, window time.Duration, logger hclo
 		window:  window,
 		attempt: attemptTimeout,
 		pending: make(chan struct{}, 1),
+	}
+}
+
+// CountFailures makes the client count, on obs, the instances and tasks of every request that
+// no auctioneer accepted (the BBS's gavel_bbs_auctions_failed_total). Call it before Run.
+func (a *Auctioneer) CountFailures(obs core.AuctionObserver) { a.failed = obs }
+
+func (a *Auctioneer) countFailed(kind string, n int) {
+	if a.failed != nil {
+		a.failed.AuctionFailed(kind, n)
 	}
 }
 
@@ -186,7 +198,12 @@ func (a *Auctioneer) flush(ctx context.Context, lrps []*auctioneerv1.LRPStartReq
 			return err
 		})
 		if err != nil {
-			a.log.Warn("no auctioneer took the lrp starts; convergence will re-auction them", "starts", len(lrps), "error", err)
+			n := 0
+			for _, s := range lrps {
+				n += len(s.GetIndices())
+			}
+			a.countFailed("lrp", n)
+			a.log.Warn("no auctioneer took the lrp starts; convergence will re-auction them", "starts", len(lrps), "instances", n, "error", err)
 		}
 	}
 	if len(tasks) > 0 {
@@ -195,6 +212,7 @@ func (a *Auctioneer) flush(ctx context.Context, lrps []*auctioneerv1.LRPStartReq
 			return err
 		})
 		if err != nil {
+			a.countFailed("task", len(tasks))
 			a.log.Warn("no auctioneer took the task starts; convergence will re-auction them", "tasks", len(tasks), "error", err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
@@ -32,6 +33,7 @@ type state struct {
 	tasks   map[string]item
 	domains map[string]item
 	cells   map[string]item
+	ports   map[string]item // "<protocol>/<port>" → owner
 }
 
 func newState() *state {
@@ -42,6 +44,7 @@ func newState() *state {
 		tasks:   map[string]item{},
 		domains: map[string]item{},
 		cells:   map[string]item{},
+		ports:   map[string]item{},
 	}
 }
 
@@ -57,6 +60,8 @@ func (s *state) table(k parsedKey) map[string]item {
 		return s.domains
 	case kindCell:
 		return s.cells
+	case kindPort:
+		return s.ports
 	}
 	return nil
 }
@@ -118,6 +123,8 @@ func newMessage(k parsedKey) proto.Message {
 		return &modelsv1.Domain{}
 	case kindCell:
 		return &modelsv1.CellPresence{}
+	case kindPort:
+		return &wrapperspb.StringValue{}
 	}
 	return nil
 }

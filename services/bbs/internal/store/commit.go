@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
 // Group commit. Independent changes that arrive while earlier transactions are in flight are
@@ -38,10 +41,19 @@ type committer struct {
 	client *clientv3.Client
 	reqs   chan *commitReq
 	slots  chan struct{}
+	// stopped is closed once run has returned and every transaction it started has answered;
+	// commits after that fail at once instead of waiting for their context.
+	stopped chan struct{}
+	// txns counts the goroutines committing batches, joined by run before it returns.
+	txns sync.WaitGroup
 }
 
+// errStopped answers a commit made after the store stopped.
+var errStopped = rpcerr.Unavailable("store stopped")
+
 func newCommitter(client *clientv3.Client) *committer {
-	return &committer{client: client, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns)}
+	return &committer{client: client, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns),
+		stopped: make(chan struct{})}
 }
 
 // commit queues a transaction and waits for its outcome.
@@ -51,17 +63,31 @@ func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error)
 	case c.reqs <- r:
 	case <-ctx.Done():
 		return commitRes{}, ctx.Err()
+	case <-c.stopped:
+		return commitRes{}, errStopped
 	}
 	select {
 	case res := <-r.done:
 		return res, nil
 	case <-ctx.Done():
 		return commitRes{}, ctx.Err()
+	case <-c.stopped:
+		// A request queued but never picked gets no answer; one in flight answered before
+		// stopped was closed.
+		select {
+		case res := <-r.done:
+			return res, nil
+		default:
+			return commitRes{}, errStopped
+		}
 	}
 }
 
-// run forms batches until ctx ends.
+// run forms batches until ctx ends, then waits for the transactions in flight and closes
+// stopped.
 func (c *committer) run(ctx context.Context) {
+	defer close(c.stopped)
+	defer c.txns.Wait()
 	var pending []*commitReq
 	for {
 		if len(pending) == 0 {
@@ -89,7 +115,9 @@ func (c *committer) run(ctx context.Context) {
 		}
 		var batch []*commitReq
 		batch, pending = pick(pending)
+		c.txns.Add(1)
 		go func() {
+			defer c.txns.Done()
 			defer func() { <-c.slots }()
 			c.commitBatch(batch)
 		}()
@@ -152,8 +180,15 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		}
 		return
 	}
-	// Some compare failed (or the batch was refused): each request on its own.
+	// Some compare failed (or the batch was refused): each request on its own, joined here so
+	// the batch's slot is held until every request has its answer.
+	var wg sync.WaitGroup
 	for _, r := range batch {
-		go func() { r.done <- c.txn(r.cmps, r.ops) }()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.done <- c.txn(r.cmps, r.ops)
+		}()
 	}
+	wg.Wait()
 }

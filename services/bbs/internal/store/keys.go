@@ -17,6 +17,7 @@ import (
 //	/gavel/v1/task/<task_guid>                      Task
 //	/gavel/v1/domain/<name>                         Domain, under a lease of its TTL
 //	/gavel/v1/cell/<cell_id>                        CellPresence, under the rep's lease
+//	/gavel/v1/port/<tcp|udp>/<incoming_port>        owner of a router port: StringValue(process_guid)
 //	/gavel/v1/lock/<service>                        leader election (built by etcdx.LockKey)
 //
 // Every key the BBS reads or writes is built here; the rep writes cell presences with the same
@@ -31,6 +32,7 @@ const (
 	taskPrefix         = Root + "task/"
 	domainPrefix       = Root + "domain/"
 	cellPrefix         = Root + "cell/"
+	portPrefix         = Root + "port/"
 )
 
 // DesiredSchedKey is the key of a desired LRP's scheduling info.
@@ -55,6 +57,17 @@ func DomainKey(name string) string { return domainPrefix + name }
 
 // CellKey is the key of a cell's presence.
 func CellKey(cellID string) string { return cellPrefix + cellID }
+
+// PortOwnerKey is the key naming the desired LRP that owns a router port; protocol is "tcp" or
+// "udp". It is written and removed in the same transaction as the desired LRP, so two LRPs
+// can never own one port.
+func PortOwnerKey(protocol string, port uint32) string {
+	return portPrefix + portID(protocol, port)
+}
+
+func portID(protocol string, port uint32) string {
+	return protocol + "/" + strconv.FormatUint(uint64(port), 10)
+}
 
 func presenceName(p modelsv1.ActualLRP_Presence) string {
 	switch p {
@@ -89,12 +102,13 @@ const (
 	kindTask
 	kindDomain
 	kindCell
+	kindPort
 )
 
 // parsedKey identifies the record a key holds.
 type parsedKey struct {
 	kind     kind
-	id       string // process guid, task guid, domain name or cell id
+	id       string // process guid, task guid, domain name, cell id or "<protocol>/<port>"
 	index    int32
 	presence modelsv1.ActualLRP_Presence
 }
@@ -118,6 +132,13 @@ func parseKey(k string) (parsedKey, error) {
 	}
 	if id, ok := cut(cellPrefix); ok {
 		return parsedKey{kind: kindCell, id: id}, nil
+	}
+	if rest, ok := strings.CutPrefix(k, portPrefix); ok {
+		proto, port, found := strings.Cut(rest, "/")
+		n, err := strconv.ParseUint(port, 10, 16)
+		if found && (proto == "tcp" || proto == "udp") && err == nil && n > 0 {
+			return parsedKey{kind: kindPort, id: portID(proto, uint32(n))}, nil
+		}
 	}
 	if rest, ok := strings.CutPrefix(k, actualPrefix); ok {
 		parts := strings.Split(rest, "/")
@@ -150,6 +171,8 @@ func (k parsedKey) String() string {
 		return DomainKey(k.id)
 	case kindCell:
 		return CellKey(k.id)
+	case kindPort:
+		return portPrefix + k.id
 	}
 	return ""
 }

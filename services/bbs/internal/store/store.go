@@ -109,8 +109,16 @@ func (s *Store) Synced() <-chan struct{} { return s.synced }
 // watch breaks. ready is called after the first full list.
 func (s *Store) Run(ctx context.Context, ready func()) error {
 	cctx, stopCommits := context.WithCancel(ctx)
-	defer stopCommits()
-	go s.committer.run(cctx)
+	commitsDone := make(chan struct{})
+	go func() {
+		defer close(commitsDone)
+		s.committer.run(cctx)
+	}()
+	// Stop forming batches and join the transactions in flight before returning.
+	defer func() {
+		stopCommits()
+		<-commitsDone
+	}()
 	for {
 		var rev int64
 		err := retry.Do(ctx, resyncPolicy, 0, func() (err error) {

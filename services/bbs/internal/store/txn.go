@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -144,6 +145,21 @@ func (t *Txn) Domain(name string) (*modelsv1.Domain, error) {
 		return nil, err
 	}
 	return m.(*modelsv1.Domain), nil
+}
+
+// PortOwner reads the process guid of the desired LRP owning a router port ("" when free);
+// protocol is "tcp" or "udp".
+func (t *Txn) PortOwner(protocol string, port uint32) (string, error) {
+	m, err := t.get(PortOwnerKey(protocol, port))
+	if m == nil || err != nil {
+		return "", err
+	}
+	return m.(*wrapperspb.StringValue).GetValue(), nil
+}
+
+// PutPortOwner makes guid the owner of a router port.
+func (t *Txn) PutPortOwner(protocol string, port uint32, guid string) error {
+	return t.Put(PortOwnerKey(protocol, port), wrapperspb.String(guid))
 }
 
 // Put writes msg under key when the transaction commits.

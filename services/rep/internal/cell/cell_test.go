@@ -9,31 +9,13 @@ import (
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
-func TestParseRootfs(t *testing.T) {
-	cases := []struct{ uri, scheme, name string }{
-		{"preloaded:cflinuxfs4", "preloaded", "cflinuxfs4"},
-		{"preloaded://cflinuxfs4", "preloaded", "cflinuxfs4"},
-		{"PRELOADED:lucid64", "preloaded", "lucid64"},
-		{"docker:///library/redis#7", "docker", ""},
-	}
-	for _, tc := range cases {
-		scheme, name, err := ParseRootfs(tc.uri)
-		if err != nil || scheme != tc.scheme || name != tc.name {
-			t.Errorf("ParseRootfs(%q) = %q, %q, %v; want %q, %q", tc.uri, scheme, name, err, tc.scheme, tc.name)
-		}
-	}
-	for _, bad := range []string{"", "cflinuxfs4", "preloaded:", "preloaded://"} {
-		if _, _, err := ParseRootfs(bad); err == nil {
-			t.Errorf("ParseRootfs(%q) succeeded", bad)
-		}
-	}
-}
-
 func TestStaticResolver(t *testing.T) {
 	r := NewStaticResolver(map[string]string{"cflinuxfs4": "/rootfs/cf4"}, []string{"docker"})
 	for uri, want := range map[string]bool{
 		"preloaded:cflinuxfs4":      true,
 		"preloaded://cflinuxfs4":    true,
+		"PRELOADED:cflinuxfs4":      true,
+		"preloaded:///cflinuxfs4/":  true,
 		"preloaded:lucid64":         false,
 		"docker:///library/redis#7": true,
 		"oci:///x":                  false,

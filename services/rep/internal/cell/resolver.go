@@ -3,9 +3,10 @@ package cell
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sort"
 	"strings"
+
+	"github.com/gavel-sched/gavel/pkg/models"
 )
 
 // Rootfs is a resolved root filesystem for one container.
@@ -26,33 +27,6 @@ type Resolver interface {
 	Supports(uri string) bool
 	// Resolve makes uri available to the container containerGuid.
 	Resolve(ctx context.Context, uri, containerGuid string) (Rootfs, error)
-}
-
-// PreloadedScheme is the rootfs URI scheme of preloaded root filesystems.
-const PreloadedScheme = "preloaded"
-
-// ParseRootfs splits a rootfs URI into its scheme and, for preloaded:NAME and
-// preloaded://NAME, the name.
-func ParseRootfs(uri string) (scheme, name string, err error) {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return "", "", fmt.Errorf("rootfs %q: %w", uri, err)
-	}
-	if u.Scheme == "" {
-		return "", "", fmt.Errorf("rootfs %q: missing scheme", uri)
-	}
-	scheme = strings.ToLower(u.Scheme)
-	if scheme == PreloadedScheme {
-		rest := uri[len(u.Scheme)+1:]
-		if i := strings.IndexAny(rest, "?#"); i >= 0 {
-			rest = rest[:i]
-		}
-		name = strings.Trim(rest, "/")
-		if name == "" {
-			return "", "", fmt.Errorf("rootfs %q: missing preloaded name", uri)
-		}
-	}
-	return scheme, name, nil
 }
 
 // StaticResolver supports the preloaded names and provider schemes it was given and resolves
@@ -79,15 +53,15 @@ func NewStaticResolver(preloaded map[string]string, providers []string) *StaticR
 
 // Supports reports whether uri names a preloaded rootfs or a supported provider.
 func (r *StaticResolver) Supports(uri string) bool {
-	scheme, name, err := ParseRootfs(uri)
+	rfs, err := models.ParseRootfs(uri)
 	if err != nil {
 		return false
 	}
-	if scheme == PreloadedScheme {
-		_, ok := r.preloaded[name]
+	if rfs.Preloaded() {
+		_, ok := r.preloaded[rfs.Name]
 		return ok
 	}
-	return r.providers[scheme]
+	return r.providers[rfs.Scheme]
 }
 
 // Resolve returns the preloaded path of uri, or no directory for a provider URI.
@@ -95,8 +69,8 @@ func (r *StaticResolver) Resolve(_ context.Context, uri, _ string) (Rootfs, erro
 	if !r.Supports(uri) {
 		return Rootfs{}, fmt.Errorf("rootfs %q is not supported by this cell", uri)
 	}
-	_, name, _ := ParseRootfs(uri)
-	return Rootfs{Path: r.preloaded[name]}, nil
+	rfs, _ := models.ParseRootfs(uri)
+	return Rootfs{Path: r.preloaded[rfs.Name]}, nil
 }
 
 // sortedKeys lists a map's keys in order.

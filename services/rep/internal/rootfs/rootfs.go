@@ -33,6 +33,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/gavel-sched/gavel/pkg/models"
 )
 
 // Schemes of the root filesystem URIs this package understands.
@@ -112,14 +114,13 @@ func NewResolver(cfg Config) (*Resolver, error) {
 	return &Resolver{cfg: cfg, inflight: map[string]*unpackCall{}}, nil
 }
 
-// preloadedName returns NAME for "preloaded:NAME" and "preloaded://NAME".
+// preloadedName returns NAME for any spelling of "preloaded:NAME" (models.ParseRootfs).
 func preloadedName(uri string) (string, bool) {
-	rest, ok := strings.CutPrefix(uri, SchemePreloaded+":")
-	if !ok {
+	r, err := models.ParseRootfs(uri)
+	if err != nil || !r.Preloaded() {
 		return "", false
 	}
-	rest = strings.TrimPrefix(rest, "//")
-	return rest, rest != ""
+	return r.Name, true
 }
 
 // Supports reports whether uri can be resolved here: a known preloaded name, or a scheme
@@ -129,11 +130,11 @@ func (r *Resolver) Supports(uri string) bool {
 		_, known := r.cfg.Preloaded[n]
 		return known
 	}
-	u, err := url.Parse(uri)
-	if err != nil || u.Scheme == "" {
+	u, err := models.ParseRootfs(uri)
+	if err != nil {
 		return false
 	}
-	return slices.Contains(r.cfg.Providers, u.Scheme)
+	return slices.ContainsFunc(r.cfg.Providers, func(p string) bool { return strings.EqualFold(p, u.Scheme) })
 }
 
 // Resolve returns the root filesystem for uri, for container containerGuid. For a docker
@@ -172,7 +173,11 @@ func (r *Resolver) Resolve(ctx context.Context, uri, containerGuid string) (Root
 // DockerReference turns docker://[registry[:port]]/repo[#tag|#sha256:...] into an image
 // reference. An empty registry means Docker Hub, a missing tag "latest".
 func (r *Resolver) DockerReference(uri string) (name.Reference, error) {
-	u, err := url.Parse(uri)
+	parsed, err := models.ParseRootfs(uri)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs %q %v", uri, err)
+	}
+	u, err := url.Parse(parsed.String())
 	if err != nil {
 		return nil, fmt.Errorf("parse %q: %w", uri, err)
 	}

@@ -179,7 +179,7 @@ func TestPreloaded(t *testing.T) {
 		if err != nil {
 			t.Fatalf("NewResolver: %v", err)
 		}
-		for _, uri := range []string{"preloaded:cflinuxfs4", "preloaded://cflinuxfs4"} {
+		for _, uri := range []string{"preloaded:cflinuxfs4", "preloaded://cflinuxfs4", "PRELOADED:cflinuxfs4", "preloaded:///cflinuxfs4/"} {
 			if !r.Supports(uri) {
 				t.Errorf("Supports(%q) = false", uri)
 			}

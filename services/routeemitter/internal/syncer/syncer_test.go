@@ -12,6 +12,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
 )
 
@@ -93,7 +94,7 @@ func (r *recorder) MarkSynced() {
 }
 
 func sched(guid, host string) *modelsv1.DesiredLRPSchedulingInfo {
-	return &modelsv1.DesiredLRPSchedulingInfo{ProcessGuid: guid, Routes: map[string][]byte{table.Provider: []byte(`[{"port": 8080, "routes": ["` + host + `"]}]`)}}
+	return &modelsv1.DesiredLRPSchedulingInfo{ProcessGuid: guid, Routes: map[string][]byte{cfrouter.Provider: []byte(`[{"port": 8080, "routes": ["` + host + `"]}]`)}}
 }
 
 func running(guid string, hostPort uint32) *modelsv1.ActualLRP {

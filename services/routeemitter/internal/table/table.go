@@ -16,6 +16,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 )
 
 // Key identifies a route: an HTTP hostname, or a TCP or UDP incoming port.
@@ -78,7 +79,7 @@ type slot struct {
 // desired is what the table keeps of a desired LRP: its cf-router document and its entries.
 type desired struct {
 	doc     []byte
-	entries []Entry
+	entries []cfrouter.Entry
 }
 
 // contribution is what one process adds to one route.
@@ -120,15 +121,15 @@ func New(logger hclog.Logger) *Table {
 // document matters; it is parsed again only when its bytes change, and a bad one is logged
 // once and gives the LRP no routes.
 func (t *Table) SetDesired(guid string, routes map[string][]byte) {
-	doc := routes[Provider]
+	doc := routes[cfrouter.Provider]
 	if d, ok := t.desired[guid]; ok && bytes.Equal(d.doc, doc) {
 		return
 	}
 	d := &desired{doc: doc}
 	if len(bytes.TrimSpace(doc)) > 0 {
-		entries, err := Parse(doc)
+		entries, err := cfrouter.Parse(doc)
 		if err != nil {
-			t.log.Warn("ignoring the routes of a desired LRP", "process_guid", guid, "provider", Provider, "error", err)
+			t.log.Warn("ignoring the routes of a desired LRP", "process_guid", guid, "provider", cfrouter.Provider, "error", err)
 		}
 		d.entries = entries
 	}

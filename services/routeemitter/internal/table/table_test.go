@@ -10,6 +10,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 )
 
 const (
@@ -17,65 +18,6 @@ const (
 	tcpP  = routeemitterv1.Route_PROTOCOL_TCP
 	udpP  = routeemitterv1.Route_PROTOCOL_UDP
 )
-
-func TestParse(t *testing.T) {
-	tests := []struct {
-		name    string
-		doc     string
-		want    []Entry
-		wantErr string
-	}{
-		{name: "proposal multiple ports", doc: `[{"port": 4000, "routes": ["foo.com", "bar.com"]}, {"port": 5000, "routes": ["admin.foo.com"]}]`,
-			want: []Entry{{Port: 4000, Protocol: httpP, Hostnames: []string{"foo.com", "bar.com"}}, {Port: 5000, Protocol: httpP, Hostnames: []string{"admin.foo.com"}}}},
-		{name: "route to instances", doc: `[{"port": 5000, "routes": ["admin.foo.com"], "route_to_instances": true}]`,
-			want: []Entry{{Port: 5000, Protocol: httpP, Hostnames: []string{"admin.foo.com"}, RouteToInstances: true}}},
-		{name: "tcp udp ssl", doc: `[{"port": 4000, "protocol": "tcp", "incoming_port": 62312}, {"port": 4000, "protocol": "udp", "incoming_port": 43218}, {"port": 5000, "routes": ["admin.foo.com"], "ssl": true}]`,
-			want: []Entry{{Port: 4000, Protocol: tcpP, IncomingPort: 62312}, {Port: 4000, Protocol: udpP, IncomingPort: 43218}, {Port: 5000, Protocol: httpP, Hostnames: []string{"admin.foo.com"}, TLSOnly: true}}},
-		{name: "hostnames synonym, merged, lower-cased, deduplicated", doc: `[{"port": 8080, "routes": ["A.example.com"], "hostnames": ["b.example.com.", "a.EXAMPLE.com"], "protocol": "HTTP"}]`,
-			want: []Entry{{Port: 8080, Protocol: httpP, Hostnames: []string{"a.example.com", "b.example.com"}}}},
-		{name: "json string holding the array", doc: `"[{\"port\": 8080, \"routes\": [\"x.com\"]}]"`,
-			want: []Entry{{Port: 8080, Protocol: httpP, Hostnames: []string{"x.com"}}}},
-		{name: "unknown fields ignored", doc: `[{"port": 8080, "routes": ["x.com"], "weight": 3}]`,
-			want: []Entry{{Port: 8080, Protocol: httpP, Hostnames: []string{"x.com"}}}},
-		{name: "empty array", doc: `[]`, want: []Entry{}},
-		{name: "invalid json", doc: `[{"port": 8080,`, wantErr: "unexpected end"},
-		{name: "not an array", doc: `{"port": 8080}`, wantErr: "JSON array"},
-		{name: "null", doc: `null`, wantErr: "JSON array"},
-		{name: "wrong type port", doc: `[{"port": "8080", "routes": ["x.com"]}]`, wantErr: "port"},
-		{name: "wrong type routes", doc: `[{"port": 8080, "routes": "x.com"}]`, wantErr: "routes"},
-		{name: "wrong type ssl", doc: `[{"port": 8080, "routes": ["x.com"], "ssl": "yes"}]`, wantErr: "ssl"},
-		{name: "negative port", doc: `[{"port": -1}]`, wantErr: "port"},
-		{name: "missing port", doc: `[{"routes": ["x.com"]}]`, wantErr: "entry 0: port is required"},
-		{name: "port out of range", doc: `[{"port": 70000, "routes": ["x.com"]}]`, wantErr: "not in 1-65535"},
-		{name: "null entry", doc: `[null]`, wantErr: "entry 0: entry is null"},
-		{name: "unknown protocol", doc: `[{"port": 8080, "protocol": "sctp", "incoming_port": 1}]`, wantErr: `protocol "sctp" is unknown`},
-		{name: "tcp without incoming port", doc: `[{"port": 8080, "protocol": "tcp"}]`, wantErr: "requires incoming_port"},
-		{name: "tcp incoming port zero", doc: `[{"port": 8080, "protocol": "tcp", "incoming_port": 0}]`, wantErr: "incoming_port 0"},
-		{name: "tcp with hostnames", doc: `[{"port": 8080, "protocol": "tcp", "incoming_port": 1000, "routes": ["x.com"]}]`, wantErr: "takes no routes"},
-		{name: "udp with ssl", doc: `[{"port": 8080, "protocol": "udp", "incoming_port": 1000, "ssl": true}]`, wantErr: "only to http"},
-		{name: "http with incoming port", doc: `[{"port": 8080, "routes": ["x.com"], "incoming_port": 1000}]`, wantErr: "incoming_port is only"},
-		{name: "bad hostname", doc: `[{"port": 8080, "routes": ["x.com/path"]}]`, wantErr: `contains '/'`},
-		{name: "empty hostname", doc: `[{"port": 8080, "routes": [""]}]`, wantErr: "empty"},
-		{name: "empty label", doc: `[{"port": 8080, "routes": ["a..b"]}]`, wantErr: "label"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := Parse([]byte(tt.doc))
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("Parse = %v, %v; want error containing %q", got, err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Parse: %v", err)
-			}
-			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
-				t.Fatalf("Parse = %+v\nwant    %+v", got, tt.want)
-			}
-		})
-	}
-}
 
 // actual is a RUNNING, routable instance of guid at index with host ports 30000+container port+index.
 func actual(guid string, index int32, instance string, presence modelsv1.ActualLRP_Presence, containerPorts ...uint32) *modelsv1.ActualLRP {
@@ -94,7 +36,7 @@ func actual(guid string, index int32, instance string, presence modelsv1.ActualL
 }
 
 func routes(doc string) map[string][]byte {
-	return map[string][]byte{Provider: []byte(doc), "skydns": []byte(`[{"port":5000,"host":"admin-api.service.skydns.local","priority":20}]`)}
+	return map[string][]byte{cfrouter.Provider: []byte(doc), "skydns": []byte(`[{"port":5000,"host":"admin-api.service.skydns.local","priority":20}]`)}
 }
 
 // render writes a table compactly: "http:foo.com[tls] g/0@10.0.0.1:34000" per route.
