@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,4 +131,18 @@ func peakRSS() uint64 {
 		}
 	}
 	return 0
+}
+
+// writeHeapProfile writes a heap profile of the live objects to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return f.Close()
 }

@@ -58,6 +58,8 @@ type runConfig struct {
 	CeilingDuration time.Duration
 	// Fsync keeps etcd's fsync on (as a deployment would); off, etcd measures the CPU path.
 	Fsync bool
+	// HeapProfile, when set, is where a heap profile is written at full size.
+	HeapProfile string
 }
 
 // report is what one run measured.
@@ -269,6 +271,11 @@ func run(t testing.TB, cfg runConfig) *report {
 		r.listN = len(resp.GetActualLrps())
 	}
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// Cell loss: cut whole simulated hosts until a tenth of the cells are gone; their leases
 	// expire and every instance they held must run elsewhere.

@@ -21,6 +21,7 @@ var (
 	flagPhaseTimeout = flag.Duration("phase-timeout", 15*time.Minute, "bound of each phase")
 	flagCeiling      = flag.Duration("ceiling", 3*time.Second, "duration of each etcd ceiling measurement")
 	flagFsync        = flag.Bool("fsync", true, "keep etcd's fsync on")
+	flagHeapProfile  = flag.String("heap-profile", "", "write a heap profile at full size to this file")
 	flagQuick        = flag.Bool("quick", false, "run the quick size (200 cells, 20,000 instances) instead of -cells/-instances")
 )
 
@@ -32,7 +33,7 @@ func BenchmarkScale(b *testing.B) {
 		Cells: *flagCells, Instances: *flagInstances, PerLRP: *flagPerLRP, Writers: *flagWriters,
 		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: *flagCellsPerHost,
 		LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
-		CeilingDuration: *flagCeiling, Fsync: *flagFsync,
+		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
 	}
 	if *flagQuick {
 		cfg.Cells, cfg.Instances = 200, 20000
