@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -27,7 +28,10 @@ import (
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/auctioneer"
+	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -60,6 +64,9 @@ type runConfig struct {
 	Fsync bool
 	// HeapProfile, when set, is where a heap profile is written at full size.
 	HeapProfile string
+	// BBSMaxInflightWrites and AuctioneerMaxInflight override the BBS's admission bound and
+	// the auctioneer's in-flight limit when not negative (zero turns them off).
+	BBSMaxInflightWrites, AuctioneerMaxInflight int
 }
 
 // report is what one run measured.
@@ -81,11 +88,16 @@ type report struct {
 	routeN, routeMissing   int
 	lostCells, lostSlots   int
 	recoverFromExpiry      time.Duration
+	recoverP50, recoverMax time.Duration // per instance, from its own cell's disappearance
 	peakRSS, peakHeap      uint64
 	stranded, duplicates   int
 	healthyLost            []string
 	auctionStates, auction time.Duration
 	auctionPerform         time.Duration
+	bbsLimit               int
+	auctioneerLimit        int
+	auctionRounds          int64
+	desireRefusals         int64
 }
 
 // scaleLRP is an LRP of the run: one HTTP route per LRP, so every start is a routing event.
@@ -136,6 +148,18 @@ func run(t testing.TB, cfg runConfig) *report {
 		UnsafeNoFsync: !cfg.Fsync, Cells: simCells(cfg), CellsPerHost: cfg.CellsPerHost,
 		Logger: logging.NewTest(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
 		RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
+		ConfigureBBS: func(bc *bbs.Config) {
+			if cfg.BBSMaxInflightWrites >= 0 {
+				bc.MaxInflightWrites = cfg.BBSMaxInflightWrites
+			}
+			r.bbsLimit = bc.MaxInflightWrites
+		},
+		ConfigureAuctioneer: func(ac *auctioneer.Config) {
+			if cfg.AuctioneerMaxInflight >= 0 {
+				ac.MaxInflightStarts = cfg.AuctioneerMaxInflight
+			}
+			r.auctioneerLimit = ac.MaxInflightStarts
+		},
 	})
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
@@ -180,13 +204,22 @@ func run(t testing.TB, cfg runConfig) *report {
 	<-rtReady
 
 	desired := map[string]time.Time{}
+	var refusals atomic.Int64
 	var desiredMu sync.Mutex
 	desire := func(guid string) error {
 		desiredMu.Lock()
 		desired[guid] = time.Now()
 		desiredMu.Unlock()
-		_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)})
-		return err
+		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names.
+		for {
+			_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)})
+			wait, shed := rpcerr.RetryAfter(err)
+			if !shed {
+				return err
+			}
+			refusals.Add(1)
+			time.Sleep(wait + rand.N(wait))
+		}
 	}
 	before := c.Auctioneer.Stats()
 
@@ -249,6 +282,8 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.auctionStates = after.ListCells + after.FetchStates - before.ListCells - before.FetchStates
 	r.auction = after.Place - before.Place
 	r.auctionPerform = after.Perform - before.Perform
+	r.auctionRounds = c.Auctioneer.Rounds()
+	r.desireRefusals = refusals.Load()
 
 	// Routing: every container that ran during the stream must reach the table.
 	waitUntil(t, cfg.PhaseTimeout, "every streamed instance routed", func() (bool, string) {
@@ -312,6 +347,8 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 	sort.Strings(r.healthyLost)
 	r.recoverFromExpiry = recovered.Sub(firstExpiry)
+	rec := obs.recoveries(slots, slots)
+	r.recoverP50, r.recoverMax = percentile(rec, 50), percentile(rec, 100)
 
 	// Correctness at full size.
 	r.stranded, r.duplicates = audit(t, ctx, c, lost, r.burstN+r.streamN)
@@ -414,17 +451,20 @@ func (r *report) print(w io.Writer) {
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
 	var b strings.Builder
-	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), fsync %v\n", r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, r.cfg.Fsync)
+	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
+		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, r.cfg.Fsync, r.bbsLimit, r.auctioneerLimit)
 	fmt.Fprintf(&b, "  etcd ceiling (same run):  %.0f single-key txn/s, %.0f keys/s in 64-key txns\n", r.ceiling.TxnPerSec, r.ceiling.KeysPerSec)
 	fmt.Fprintf(&b, "  burst:    %d instances by %d writers: desired in %s, all RUNNING in %s = %.0f placements/s (%s of single-key txn/s); per instance p50 %s p99 %s\n",
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), ms(r.burstP50), ms(r.burstP99))
 	fmt.Fprintf(&b, "  stream:   %d instances offered at %.0f/s: all RUNNING in %s = %.0f placements/s sustained (%s of single-key txn/s); per instance p50 %s p99 %s\n",
 		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), ms(r.streamP50), ms(r.streamP99))
-	fmt.Fprintf(&b, "  auction:  cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named\n", r.desireRefusals)
+	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
-	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: all RUNNING elsewhere %s after the first expiry was seen\n", r.lostCells, r.lostSlots, r.recoverFromExpiry.Round(time.Millisecond))
-	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak live heap %.0f MiB (whole process: etcd, services and cells)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
+	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
+		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
 	_, _ = io.WriteString(w, b.String())
 }

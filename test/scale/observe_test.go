@@ -202,14 +202,14 @@ func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, miss
 	return lat, missing
 }
 
-// slotsOn returns the running slots held by the given cells.
+// slotsOn returns the running slots held by the given cells, with their cell.
 func (o *observer) slotsOn(cells map[string]bool) map[string]string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[string]string{}
 	for s, p := range o.running {
 		if cells[p.cellID] {
-			out[s] = p.instanceGUID
+			out[s] = p.cellID
 		}
 	}
 	return out
@@ -248,4 +248,20 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	i := int(float64(len(ds)-1) * p / 100)
 	return ds[i]
+}
+
+// recoveries returns, for each slot that ran on a lost cell, the time from its cell's
+// disappearance to its instance RUNNING elsewhere.
+func (o *observer) recoveries(slots map[string]string, cellOf map[string]string) []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []time.Duration
+	for s := range slots {
+		gone, ok := o.disappeared[cellOf[s]]
+		p, running := o.running[s]
+		if ok && running {
+			out = append(out, p.at.Sub(gone))
+		}
+	}
+	return out
 }
