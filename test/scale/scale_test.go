@@ -13,7 +13,7 @@ var (
 	flagInstances    = flag.Int("instances", 100000, "instances desired in all: half as a burst, half as a stream")
 	flagPerLRP       = flag.Int("per-lrp", 10, "instances per desired LRP")
 	flagWriters      = flag.Int("writers", 32, "concurrent DesireLRP callers")
-	flagStreamRate   = flag.Int("stream-rate", 1000, "offered rate of the stream phase, instances per second")
+	flagStreamRate   = flag.Int("stream-rate", 2000, "offered rate of the stream phase, instances per second (the sustained goal; routing is measured at this event rate)")
 	flagLoss         = flag.Float64("loss", 0.10, "fraction of cells lost at full size")
 	flagCellsPerHost = flag.Int("cells-per-host", 10, "cells per simulated host (one presence connection each)")
 	flagLeaseTTL     = flag.Duration("lease-ttl", 10*time.Second, "cells' presence TTL")
