@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image compose-certs bench run clean
+.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image compose-certs bench bench-scale run clean
 
 all: check build test
 
@@ -78,6 +78,13 @@ compose-certs:
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:
 	$(GO) test $(BENCHFLAGS) ./pkg/transform/ ./services/... ./test/integration/
+
+## bench-scale: the scale harness (test/scale) at full size, 1,000 cells and 100,000 instances,
+## printing its report; sizes and phases from ARGS, e.g. make bench-scale ARGS='-quick' or
+## ARGS='-cells 200 -instances 20000'
+ARGS ?=
+bench-scale:
+	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime 1x -count 1 -timeout 3h ./test/scale/ -args $(ARGS)
 
 ## run: a local cluster on the embedded default (embedded etcd and every service); DEV_FLAGS adds gavel dev flags, e.g. -plugin NAME=SOCKET
 run:

@@ -81,6 +81,11 @@ type Config struct {
 	NsyncStacks  map[string]string
 	// ConfigureNsync, when set, adjusts nsync's configuration last.
 	ConfigureNsync func(*nsync.Config)
+	// CellsPerHost groups the reps, in order, into simulated hosts of this many cells; each
+	// host keeps its cells' presence on its own etcd connection, which DisconnectHost cuts.
+	// Zero puts every rep on one host. Presence never shares a connection with the BBS, so
+	// data-path load cannot starve the lease keepalives.
+	CellsPerHost int
 }
 
 // Cluster is a running cluster; its fields are valid once Run has called ready.
@@ -112,6 +117,9 @@ type Cluster struct {
 	// PKI holds the certificates by identity name (with Config.TLS): every component's, and
 	// "admin" and "read-only" for clients. BBS is a client with the admin identity.
 	PKI map[string]tlsx.Config
+
+	hostsMu sync.Mutex
+	hosts   map[int]*clientv3.Client // presence connection of each simulated host
 }
 
 // New returns a cluster; Run starts it.
@@ -238,7 +246,13 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if c.cfg.ConfigureBBS != nil {
 				c.cfg.ConfigureBBS(&cfg)
 			}
-			svc, err := bbs.New(cfg, log.Named("bbs"), c.Etcd, bbs.WithListener(bbsListener))
+			// The BBS's data path has its own etcd connection (as a BBS process would).
+			cli, err := etcdx.NewClient(etcdx.Config{Endpoints: c.EtcdEndpoints}, log.Named("bbs-etcd"))
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			svc, err := bbs.New(cfg, log.Named("bbs"), cli, bbs.WithListener(bbsListener))
 			if err != nil {
 				return err
 			}
@@ -283,6 +297,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 	}
 	for i := range c.cfg.Cells {
 		cell := c.cfg.Cells[i].Config
+		host := c.hostOf(i)
 		members = append(members, lifecycle.Member{Name: "rep-" + cell.CellID, Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			id := "rep/" + cell.CellID
 			cell.Config, cell.EtcdEndpoints = bbsCfg(id), c.EtcdEndpoints
@@ -305,7 +320,11 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), c.Etcd, bbsClient, backend, resolver)
+			presenceEtcd, err := c.hostEtcd(host, log)
+			if err != nil {
+				return err
+			}
+			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), presenceEtcd, bbsClient, backend, resolver)
 			if err != nil {
 				return err
 			}
@@ -329,6 +348,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		<-ctx.Done()
 		return nil
 	})})
+	defer c.closeHosts()
 	return lifecycle.Run(ctx, log, members...)
 }
 
@@ -366,6 +386,73 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string,
 			ready()
 		})
 	})}
+}
+
+// hostOf is the simulated host of the i-th cell.
+func (c *Cluster) hostOf(i int) int {
+	if c.cfg.CellsPerHost <= 0 {
+		return 0
+	}
+	return i / c.cfg.CellsPerHost
+}
+
+// Hosts is the number of simulated hosts the cells are grouped into.
+func (c *Cluster) Hosts() int {
+	if len(c.cfg.Cells) == 0 {
+		return 0
+	}
+	return c.hostOf(len(c.cfg.Cells)-1) + 1
+}
+
+// HostCells are the cell ids of a simulated host.
+func (c *Cluster) HostCells(host int) []string {
+	var ids []string
+	for i, cell := range c.cfg.Cells {
+		if c.hostOf(i) == host {
+			ids = append(ids, cell.Config.CellID)
+		}
+	}
+	return ids
+}
+
+// hostEtcd is the presence connection of a simulated host, dialled on first use.
+func (c *Cluster) hostEtcd(host int, log hclog.Logger) (*clientv3.Client, error) {
+	c.hostsMu.Lock()
+	defer c.hostsMu.Unlock()
+	if cli, ok := c.hosts[host]; ok {
+		return cli, nil
+	}
+	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: c.EtcdEndpoints}, log.Named("presence-etcd"))
+	if err != nil {
+		return nil, fmt.Errorf("presence connection of host %d: %w", host, err)
+	}
+	if c.hosts == nil {
+		c.hosts = map[int]*clientv3.Client{}
+	}
+	c.hosts[host] = cli
+	return cli, nil
+}
+
+// DisconnectHost cuts a simulated host's etcd connection without revoking its leases, as a
+// host that crashes or is partitioned away: its cells' presence expires after the lease TTL
+// and they cannot register again. Their containers and APIs keep running.
+func (c *Cluster) DisconnectHost(host int) error {
+	c.hostsMu.Lock()
+	cli, ok := c.hosts[host]
+	c.hostsMu.Unlock()
+	if !ok {
+		return fmt.Errorf("no simulated host %d", host)
+	}
+	return cli.Close()
+}
+
+// closeHosts closes every presence connection.
+func (c *Cluster) closeHosts() {
+	c.hostsMu.Lock()
+	defer c.hostsMu.Unlock()
+	for _, cli := range c.hosts {
+		_ = cli.Close()
+	}
 }
 
 // waitLeader waits (bounded) until the auctioneer leads, so work sent at once is placed.

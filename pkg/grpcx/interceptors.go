@@ -34,9 +34,11 @@ func InterceptorLogger(l hclog.Logger) grpclogging.Logger {
 	})
 }
 
-// callLevel logs successful calls at debug and failed ones at warn.
+// callLevel logs successful calls at debug and failed ones at warn, except calls refused
+// because the server sheds load (ResourceExhausted): those are the expected answer under a
+// burst, counted and summarised by whoever refuses them, and one line each would add load.
 func callLevel(code codes.Code) grpclogging.Level {
-	if code == codes.OK {
+	if code == codes.OK || code == codes.ResourceExhausted {
 		return grpclogging.LevelDebug
 	}
 	return grpclogging.LevelWarn

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -60,5 +61,31 @@ func TestInvalidDetails(t *testing.T) {
 	var e *InvalidError
 	if e.Err() != nil || (&InvalidError{}).Err() != nil {
 		t.Fatal("empty InvalidError must be nil")
+	}
+}
+
+func TestOverloaded(t *testing.T) {
+	tests := []struct {
+		name   string
+		err    error
+		want   time.Duration
+		wantOK bool
+	}{
+		{name: "overloaded", err: Overloaded(150*time.Millisecond, "busy: %d in flight", 3), want: 150 * time.Millisecond, wantOK: true},
+		{name: "wrapped", err: fmt.Errorf("claim: %w", Overloaded(time.Second, "busy")), want: time.Second, wantOK: true},
+		{name: "plain resource exhausted", err: status.Error(codes.ResourceExhausted, "message too large")},
+		{name: "other code", err: status.Error(codes.Unavailable, "down")},
+		{name: "nil", err: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := RetryAfter(tt.err)
+			if got != tt.want || ok != tt.wantOK {
+				t.Fatalf("RetryAfter = %v, %v; want %v, %v", got, ok, tt.want, tt.wantOK)
+			}
+			if tt.wantOK && status.Code(errors.Unwrap(tt.err)) != codes.ResourceExhausted && status.Code(tt.err) != codes.ResourceExhausted {
+				t.Fatalf("code of %v is not ResourceExhausted", tt.err)
+			}
+		})
 	}
 }

@@ -52,6 +52,9 @@ var ServiceName = auctioneerv1.AuctioneerService_ServiceDesc.ServiceName
 const (
 	maxRoundAttempts = 3
 	roundRetryDelay  = time.Second
+	// inflightRetryDelay is the least wait before a round for work deferred by the in-flight
+	// limit: the containers it waits for take about that long to start.
+	inflightRetryDelay = 200 * time.Millisecond
 )
 
 // Config is the auctioneer's configuration. Fields are set from a JSON config file and flags.
@@ -80,8 +83,9 @@ type Config struct {
 	// treated as having refused its work, which is retried once on another cell.
 	PerformTimeout Duration `json:"perform_timeout"`
 	// MaxInflightStarts limits how many containers may be starting at once across all cells
-	// (those the cells report plus those placed in the round); work over the limit fails with
-	// IN_FLIGHT_LIMIT. Zero means unlimited.
+	// (those the cells report plus those placed in the round). Work over the limit waits in
+	// the auctioneer's queue for a later round (at least inflightRetryDelay later), so a burst
+	// reaches the cells and the BBS at the pace they start work. Zero means unlimited.
 	MaxInflightStarts int `json:"max_inflight_starts"`
 	// LockTTL is the TTL of the election lease: a leader that cannot refresh it for this long
 	// loses leadership and a standby takes over.
@@ -102,15 +106,18 @@ type Duration = config.Duration
 // Default is the configuration of an auctioneer next to a local BBS and etcd.
 func Default() Config {
 	return Config{
-		ListenAddress:    "127.0.0.1:8890",
-		Config:           bbsclient.Default(),
-		EtcdEndpoints:    []string{"http://127.0.0.1:2379"},
-		BatchInterval:    Duration(50 * time.Millisecond),
-		CellStateTimeout: Duration(2 * time.Second),
-		PerformTimeout:   Duration(10 * time.Second),
-		LockTTL:          Duration(etcdx.DefaultElectionTTL),
-		Log:              logging.Config{Level: "info", Format: "text"},
-		Authz:            authz.Default(),
+		ListenAddress: "127.0.0.1:8890",
+		Config:        bbsclient.Default(),
+		EtcdEndpoints: []string{"http://127.0.0.1:2379"},
+		BatchInterval: Duration(50 * time.Millisecond),
+		// A second of starts at what one BBS over one etcd absorbs (claim and start are two
+		// writes each; see docs/performance.md).
+		MaxInflightStarts: 2000,
+		CellStateTimeout:  Duration(2 * time.Second),
+		PerformTimeout:    Duration(10 * time.Second),
+		LockTTL:           Duration(etcdx.DefaultElectionTTL),
+		Log:               logging.Config{Level: "info", Format: "text"},
+		Authz:             authz.Default(),
 	}
 }
 
@@ -217,6 +224,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 			StateTimeout:   time.Duration(cfg.CellStateTimeout),
 			PerformTimeout: time.Duration(cfg.PerformTimeout),
 			MaxInFlight:    cfg.MaxInflightStarts,
+			DeferOverLimit: true,
 		}, logger.Named("auction")),
 	}
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
@@ -358,6 +366,18 @@ func (s *Service) round(ctx context.Context, entries []batch.Entry) bool {
 	if err == nil {
 		s.stats.add(res.Timings)
 		s.metrics.observeRound(entries, res)
+		if len(res.Deferred) > 0 {
+			byKey := make(map[string]batch.Entry, len(entries))
+			for _, e := range entries {
+				byKey[e.Work.Key()] = e
+			}
+			deferred := make([]batch.Entry, 0, len(res.Deferred))
+			for _, w := range res.Deferred {
+				deferred = append(deferred, byKey[w.Key()])
+			}
+			s.batch.Requeue(deferred)
+			retry.Sleep(ctx, inflightRetryDelay)
+		}
 		return true
 	}
 	if ctx.Err() != nil {

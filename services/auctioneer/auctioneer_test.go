@@ -200,12 +200,15 @@ func TestAuctionUnschedulableTaskAndInFlightLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	testkit.Eventually(t, 15*time.Second, func() bool { return len(placementErrors(t, env, "web")) == 1 }, "web/2's in-flight failure")
-	if got := placementErrors(t, env, "web"); got["web/2"] != "CODE_IN_FLIGHT_LIMIT in-flight limit reached: 2 containers starting (limit 2)" {
-		t.Errorf("web placement errors %v", got)
+	// The first round places two (the limit); web/2 waits in the auctioneer for a later round,
+	// placed once the cell no longer reports them starting (this fake cell never does), and is
+	// never reported to the BBS as a failure.
+	testkit.Eventually(t, 15*time.Second, func() bool { return slices.Contains(rep.received(), "web/2") }, "web/2 placed in a later round")
+	if first := rep.performed(0); !slices.Equal(first, []string{"web/0", "web/1"}) {
+		t.Errorf("first Perform carried %v, want web/0 and web/1", first)
 	}
-	if got := rep.received(); !slices.Equal(got, []string{"web/0", "web/1"}) {
-		t.Errorf("rep received %v, want web/0 and web/1", got)
+	if got := placementErrors(t, env, "web"); len(got) != 0 {
+		t.Errorf("web placement errors %v, want none", got)
 	}
 	testkit.Eventually(t, 15*time.Second, func() bool {
 		resp, err := env.Client.TaskByGuid(ctxT(t), &bbsv1.TaskByGuidRequest{TaskGuid: "t-cpu"})

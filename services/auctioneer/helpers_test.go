@@ -91,6 +91,21 @@ func (r *fakeRep) received() []string {
 	return out
 }
 
+// performed lists the LRPs of the i-th Perform, as "guid/index", sorted (nil before it).
+func (r *fakeRep) performed(i int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i >= len(r.performs) {
+		return nil
+	}
+	var out []string
+	for _, l := range r.performs[i].GetLrps() {
+		out = append(out, fmt.Sprintf("%s/%d", l.GetKey().GetProcessGuid(), l.GetKey().GetIndex()))
+	}
+	slices.Sort(out)
+	return out
+}
+
 // cellSpec describes a fake cell.
 type cellSpec struct {
 	id, zone string

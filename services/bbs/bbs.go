@@ -91,6 +91,13 @@ type Config struct {
 	// Authz maps client certificate identities to roles (least privilege); enforced whenever
 	// tls is on.
 	Authz authz.Config `json:"authz"`
+	// MaxInflightWrites bounds the write calls served at once (new work may hold half of
+	// them); a write over the bound is refused at once with ResourceExhausted and a
+	// retry-after of OverloadRetryAfter rather than queued until its deadline. Zero is
+	// unbounded.
+	MaxInflightWrites int `json:"max_inflight_writes"`
+	// OverloadRetryAfter is how long a refused caller is told to wait.
+	OverloadRetryAfter Duration `json:"overload_retry_after"`
 }
 
 // DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
@@ -111,6 +118,9 @@ func Default() Config {
 		BookmarkInterval:  Duration(10 * time.Second),
 		EventRing:         100_000,
 		CallbackWorkers:   8,
+		// About a quarter second of the group committer's throughput at full batches.
+		MaxInflightWrites:  1024,
+		OverloadRetryAfter: Duration(100 * time.Millisecond),
 
 		ConvergenceInterval:  Duration(converge.DefaultInterval),
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
@@ -164,6 +174,12 @@ func (c Config) Validate() error {
 	}
 	if err := transform.ValidateChain(c.Transformers); err != nil {
 		errs = append(errs, err)
+	}
+	if c.MaxInflightWrites < 0 {
+		errs = append(errs, fmt.Errorf("max_inflight_writes must not be negative, got %d", c.MaxInflightWrites))
+	}
+	if c.MaxInflightWrites > 0 && c.OverloadRetryAfter <= 0 {
+		errs = append(errs, errors.New("overload_retry_after must be positive with max_inflight_writes"))
 	}
 	for _, d := range []struct {
 		name string
@@ -290,7 +306,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
-		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(),
+			api.NewAdmission(cfg.MaxInflightWrites, time.Duration(cfg.OverloadRetryAfter), logger.Named("admission")).UnaryServerInterceptor(),
+			rpcerr.UnaryServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
 		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 		grpcx.WithMetrics(registry),

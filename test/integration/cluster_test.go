@@ -30,14 +30,17 @@ func simCell(id, zone string, tags []string, preloaded map[string]string, provid
 // startCluster runs a cluster for the test and returns it once every component is ready.
 func startCluster(t testing.TB, cells []devcluster.Cell) *devcluster.Cluster {
 	t.Helper()
-	c := devcluster.New(devcluster.Config{
-		Dir:               t.TempDir(),
-		BBSAddress:        "127.0.0.1:0",
-		AuctioneerAddress: "127.0.0.1:0",
-		UnsafeNoFsync:     true,
-		Cells:             cells,
-		Logger:            logging.NewTest(t),
-	})
+	return startClusterWith(t, devcluster.Config{Cells: cells})
+}
+
+// startClusterWith is startCluster with more of the cluster's configuration; the directory,
+// addresses, fsync and logger are filled in.
+func startClusterWith(t testing.TB, cfg devcluster.Config) *devcluster.Cluster {
+	t.Helper()
+	cells := cfg.Cells
+	cfg.Dir, cfg.BBSAddress, cfg.AuctioneerAddress = t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
+	cfg.UnsafeNoFsync, cfg.Logger = true, logging.NewTest(t)
+	c := devcluster.New(cfg)
 	testkit.Start(t, "cluster", c)
 	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		resp, err := c.BBS.Cells(context.Background(), &bbsv1.CellsRequest{})

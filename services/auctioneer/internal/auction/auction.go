@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
 )
 
@@ -66,6 +68,9 @@ type Config struct {
 	BBSTimeout time.Duration
 	// MaxInFlight limits the containers starting at once across all cells; zero is unlimited.
 	MaxInFlight int
+	// DeferOverLimit hands work over MaxInFlight back in Result.Deferred, for a later round,
+	// instead of reporting it to the BBS as an IN_FLIGHT_LIMIT failure.
+	DeferOverLimit bool
 	// Parallelism bounds concurrent State calls, Perform calls and placement error reports.
 	Parallelism int
 }
@@ -116,6 +121,9 @@ type Result struct {
 	Placed map[string]string
 	// Failed maps each unplaced work key to its placement failure (reported to the BBS).
 	Failed map[string]*placement.Failure
+	// Deferred is the work over the in-flight limit, with Config.DeferOverLimit: not
+	// reported, for the caller to place in a later round.
+	Deferred []*placement.Work
 	// Cells is the number of registered cells.
 	Cells int
 	// Unreachable is the number of cells that did not answer State.
@@ -188,11 +196,19 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	mark = time.Now()
 	r.performWithRetry(ctx, works, cells, byCell, &inflight, &res)
 	res.Timings.Perform = time.Since(mark)
+	if r.cfg.DeferOverLimit {
+		for _, w := range works {
+			if f, ok := res.Failed[w.Key()]; ok && f.Code == modelsv1.PlacementError_CODE_IN_FLIGHT_LIMIT {
+				delete(res.Failed, w.Key())
+				res.Deferred = append(res.Deferred, w)
+			}
+		}
+	}
 	mark = time.Now()
 	res.ReportErrors = r.report(ctx, works, res.Failed)
 	res.Timings.Report = time.Since(mark)
 	r.logger.Info("auction round",
-		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed),
+		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed), "deferred", len(res.Deferred),
 		"cells", res.Cells, "cells_unreachable", res.Unreachable, "duration", time.Since(start))
 	return res, nil
 }
@@ -383,9 +399,29 @@ func (r *Runner) report(ctx context.Context, works []*placement.Work, failed map
 	return int(errCount.Load())
 }
 
+// reportOne reports one failure, waiting and trying again (within BBSTimeout) as long as the
+// BBS sheds load and says when to come back.
 func (r *Runner) reportOne(ctx context.Context, w *placement.Work, f *placement.Failure) error {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
+	for {
+		err := r.reportOnce(rctx, w, f)
+		wait, shed := rpcerr.RetryAfter(err)
+		if !shed {
+			return err
+		}
+		t := time.NewTimer(wait + rand.N(max(wait, time.Millisecond)))
+		select {
+		case <-rctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// reportOnce makes one report call.
+func (r *Runner) reportOnce(rctx context.Context, w *placement.Work, f *placement.Failure) error {
 	if w.Kind == placement.KindTask {
 		if _, err := r.bbs.RejectTask(rctx, &bbsv1.RejectTaskRequest{TaskGuid: w.TaskGuid, RejectionReason: f.Message, PlacementError: f.Proto()}); err != nil {
 			return fmt.Errorf("reject task %s: %w", w.TaskGuid, err)

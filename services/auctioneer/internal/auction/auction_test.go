@@ -222,6 +222,29 @@ func TestRoundInFlightLimit(t *testing.T) {
 	}
 }
 
+func TestRoundDefersOverTheInFlightLimit(t *testing.T) {
+	bbs, reps := env(t)
+	reps["a:1"].state.StartingContainerCount = 1
+	r := NewRunner(bbs, reps, Config{MaxInFlight: 3, DeferOverLimit: true}, logging.NewTest(t))
+	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1, 2, 3)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deferred []string
+	for _, w := range res.Deferred {
+		deferred = append(deferred, w.Key())
+	}
+	slices.Sort(deferred)
+	if len(res.Placed) != 2 || len(res.Failed) != 0 || !slices.Equal(deferred, []string{"lrp/web/2", "lrp/web/3"}) {
+		t.Fatalf("placed %v failed %v deferred %v", res.Placed, res.Failed, deferred)
+	}
+	bbs.mu.Lock()
+	defer bbs.mu.Unlock()
+	if len(bbs.failed) != 0 {
+		t.Fatalf("failures reported to the BBS: %v, want none for deferred work", bbs.failed)
+	}
+}
+
 func TestRoundWithoutCellList(t *testing.T) {
 	bbs, reps := env(t)
 	bbs.cellsErr = status.Error(codes.Unavailable, "bbs down")

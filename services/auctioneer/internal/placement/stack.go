@@ -9,6 +9,8 @@ type Stack struct {
 	capacity   []Filter
 	spread     Spreader
 	score      Scorer
+
+	classes classes // the compatibility filters' outcomes for the current round
 }
 
 // NewStack assembles the placement pipeline. This function is the one place that says which
@@ -18,7 +20,9 @@ func NewStack() *Stack {
 		// 1. Compatibility: could the cell ever run this work? Cheapest first; a cell failing
 		//    one filter is not asked the next, and its reasons are counted for the
 		//    CELL_MISMATCH message ("0/9 cells eligible (5 lack tag ...)"). Only these make
-		//    CELL_MISMATCH: it means no cell could ever satisfy the work.
+		//    CELL_MISMATCH: it means no cell could ever satisfy the work. They depend only on
+		//    the work's class (rootfs, tags) and the cell's State, so they run once per class
+		//    and cell per round (classes), not once per item.
 		compatible: []Filter{
 			Rootfs{},     // has the preloaded rootfs by name, or the provider of its scheme
 			Constraint{}, // carries every required tag and no disallowed tag
@@ -50,13 +54,15 @@ func NewStack() *Stack {
 }
 
 // Select picks the cell w should go to among cells, skipping the cells in refused (which may be
-// nil), or explains why no cell can take it. It does not reserve anything: the caller calls
+// nil), or explains why no cell can take it. Calls of one round pass the same cells slice;
+// a cell's tags, rootfses and providers must not change within it. It does not reserve anything: the caller calls
 // Cell.Reserve on the chosen cell so the next item sees the placement.
 func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure) {
 	t := tally{total: len(cells)}
 	fits := make([]*Cell, 0, len(cells))
-	for _, c := range cells {
-		if rs := firstFailure(w, c, nil, s.compatible); rs != nil {
+	classFails := s.classes.reasons(w, cells, s.compatible)
+	for i, c := range cells {
+		if rs := classFails[i]; rs != nil {
 			t.incompatible(rs)
 			continue
 		}

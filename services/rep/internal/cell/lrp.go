@@ -67,6 +67,17 @@ func (c *Cell) runLRP(ctr *container) {
 	c.linksRegistered(ctr.ctx, ctr)
 
 	net := exec.NetInfo()
+	// The reports of this container keep trying until they land, the container ends, or the
+	// rep stops it: an instance that runs must not stay CLAIMED because the BBS was busy.
+	reportCtx, endReports := context.WithCancel(ctr.ctx)
+	defer endReports()
+	go func() {
+		select {
+		case <-exec.Done():
+			endReports()
+		case <-reportCtx.Done():
+		}
+	}()
 	healthy, routableCh := exec.Healthy(), exec.Routable()
 	routable := false
 	for waiting := true; waiting; {
@@ -74,7 +85,7 @@ func (c *Cell) runLRP(ctr *container) {
 		case <-healthy:
 			healthy = nil
 			routable = latest(routableCh, routable)
-			c.reportRunning(ctr, log, net, routable, true)
+			c.reportRunning(reportCtx, ctr, log, net, routable, true)
 		case r, ok := <-routableCh:
 			if !ok {
 				routableCh = nil
@@ -83,7 +94,7 @@ func (c *Cell) runLRP(ctr *container) {
 			if r != routable {
 				routable = r
 				if healthy == nil {
-					c.reportRunning(ctr, log, net, routable, false)
+					c.reportRunning(reportCtx, ctr, log, net, routable, false)
 				}
 			}
 		case <-exec.Done():
@@ -154,8 +165,10 @@ func (c *Cell) create(ctr *container, spec func(ctx context.Context) (executor.S
 
 // reportRunning marks the instance healthy and tells the BBS it runs (first) or that its
 // routability changed. While the cell evacuates the evacuation reports instead. When the BBS
-// says the slot is no longer this container's, the container is stopped.
-func (c *Cell) reportRunning(ctr *container, log hclog.Logger, net *modelsv1.ActualLRPNetInfo, routable, first bool) {
+// says the slot is no longer this container's, the container is stopped. A report the BBS
+// cannot take yet (unavailable, busy, timed out) is retried with backoff until it lands or ctx
+// ends (the container ended or is being stopped), whatever the bulk interval.
+func (c *Cell) reportRunning(ctx context.Context, ctr *container, log hclog.Logger, net *modelsv1.ActualLRPNetInfo, routable, first bool) {
 	ctr.report.Lock()
 	defer ctr.report.Unlock()
 	c.mu.Lock()
@@ -170,11 +183,17 @@ func (c *Cell) reportRunning(ctr *container, log hclog.Logger, net *modelsv1.Act
 		return
 	}
 	key := ctr.key
-	err := c.call(c.base, "start actual lrp", func(ctx context.Context) error {
+	failures := 0
+	err := c.retry(ctx, "start actual lrp", 0, func(ctx context.Context) error {
 		_, err := c.bbs.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{
 			ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ctr.instanceKey(c.cfg.CellID),
 			NetInfo: net, Routable: routable,
 		})
+		if err != nil && retriable(err) {
+			if failures++; failures == callAttempts {
+				log.Warn("could not report the instance running yet, still trying", "error", err)
+			}
+		}
 		return err
 	})
 	switch {

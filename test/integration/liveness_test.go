@@ -1,0 +1,77 @@
+package integration
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// TestStartReportSurvivesAnOutage: the path by which reps report a started instance fails for
+// a while (the BBS unavailable, then busy and shedding load), far longer than one call's
+// retries; the bulk reconcile is an hour away. Every instance must still reach RUNNING once
+// the path heals: a rep that cannot report a start keeps trying.
+func TestStartReportSurvivesAnOutage(t *testing.T) {
+	var failing atomic.Bool
+	var refused atomic.Int64
+	failing.Store(true)
+	// The refusals alternate between a BBS that is down and one that sheds load.
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if failing.Load() && strings.HasSuffix(method, "/StartActualLRP") {
+			if refused.Add(1)%2 == 0 {
+				return rpcerr.Overloaded(50*time.Millisecond, "bbs busy (injected)")
+			}
+			return status.Error(codes.Unavailable, "bbs down (injected)")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	var cells []devcluster.Cell
+	for _, id := range []string{"cell-a", "cell-b"} {
+		c := simCell(id, "z1", nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
+		c.Config.BulkInterval = rep.Duration(time.Hour)
+		cells = append(cells, c)
+	}
+	c := startClusterWith(t, devcluster.Config{Cells: cells, RepBBSInterceptor: intercept})
+	ctx := context.Background()
+	const instances = 6
+	if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: desiredLRP("outage", "preloaded:cflinuxfs4", instances, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	count := func(state modelsv1.ActualLRP_State) int {
+		n := 0
+		for _, a := range actualLRPs(t, c, "outage") {
+			if a.GetState() == state {
+				n++
+			}
+		}
+		return n
+	}
+	// Every instance is claimed and its container healthy, but none can be reported.
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+		claimed := count(modelsv1.ActualLRP_STATE_CLAIMED)
+		return claimed == instances && refused.Load() >= instances, "claimed " + strconv.Itoa(claimed) + ", refused " + strconv.Itoa(int(refused.Load()))
+	}, "every instance claimed and its start refused")
+	// The outage outlasts a call's five attempts (about 1.5 s of backoff) several times over.
+	time.Sleep(6 * time.Second)
+	if claimed := count(modelsv1.ActualLRP_STATE_CLAIMED); claimed != instances {
+		t.Fatalf("%d of %d instances CLAIMED during the outage", claimed, instances)
+	}
+	failing.Store(false)
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
+		running := count(modelsv1.ActualLRP_STATE_RUNNING)
+		return running == instances, strconv.Itoa(running) + " running"
+	}, "every instance RUNNING after the outage")
+}

@@ -1,0 +1,491 @@
+// Package scale is Gavel's scale harness: an embedded etcd, the BBS, the auctioneer, the
+// route-emitter and many simulated cells in one process, driven through the public APIs as
+// clients would. It desires work as a burst and as a steady stream, lists it at full size,
+// loses a tenth of the cells, checks that nothing is stranded or running twice, and prints a
+// report next to the etcd ceiling measured in the same run. `make bench-scale` runs it at
+// full size; TestScaleQuick runs a small size in `make test`.
+package scale
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/gavel-sched/gavel/internal/devcluster"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/auctioneer"
+	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// runConfig sizes one run.
+type runConfig struct {
+	// Cells is the number of simulated cells.
+	Cells int
+	// Instances is the number of instances desired in all; half as a burst, half as a stream.
+	Instances int
+	// PerLRP is the number of instances of each desired LRP.
+	PerLRP int
+	// Writers is the number of concurrent DesireLRP callers of the burst.
+	Writers int
+	// StreamRate is the offered rate of the stream phase, in instances per second.
+	StreamRate int
+	// LossFraction is the fraction of cells lost at full size.
+	LossFraction float64
+	// CellsPerHost is how many cells share one simulated host (one presence connection);
+	// losing a host loses all its cells.
+	CellsPerHost int
+	// LeaseTTL is the cells' presence TTL.
+	LeaseTTL time.Duration
+	// StartLatency is how long a simulated container takes to become healthy.
+	StartLatency time.Duration
+	// PhaseTimeout bounds each phase.
+	PhaseTimeout time.Duration
+	// CeilingDuration is how long each etcd ceiling figure is measured.
+	CeilingDuration time.Duration
+	// Fsync keeps etcd's fsync on (as a deployment would); off, etcd measures the CPU path.
+	Fsync bool
+	// HeapProfile, when set, is where a heap profile is written at full size.
+	HeapProfile string
+	// BBSMaxInflightWrites and AuctioneerMaxInflight override the BBS's admission bound and
+	// the auctioneer's in-flight limit when not negative (zero turns them off).
+	BBSMaxInflightWrites, AuctioneerMaxInflight int
+}
+
+// report is what one run measured.
+type report struct {
+	cfg     runConfig
+	ceiling ceiling
+
+	burstN, streamN         int
+	burstDesire, burstTotal time.Duration
+	burstRate               float64
+	burstP50, burstP99      time.Duration
+	streamTotal             time.Duration
+	streamRate, offered     float64
+	streamP50, streamP99    time.Duration
+
+	listN                  int
+	listMedian, listMax    time.Duration
+	routeP50, routeP99     time.Duration
+	routeN, routeMissing   int
+	lostCells, lostSlots   int
+	recoverFromExpiry      time.Duration
+	recoverP50, recoverMax time.Duration // per instance, from its own cell's disappearance
+	peakRSS, peakHeap      uint64
+	stranded, duplicates   int
+	healthyLost            []string
+	auctionStates, auction time.Duration
+	auctionPerform         time.Duration
+	bbsLimit               int
+	auctioneerLimit        int
+	auctionRounds          int64
+	desireRefusals         int64
+}
+
+// scaleLRP is an LRP of the run: one HTTP route per LRP, so every start is a routing event.
+func scaleLRP(guid string, instances int) *modelsv1.DesiredLRP {
+	return &modelsv1.DesiredLRP{
+		ProcessGuid: guid,
+		Domain:      "scale",
+		Rootfs:      "preloaded:cflinuxfs4",
+		Instances:   int32(instances),
+		MemoryMb:    64,
+		DiskMb:      64,
+		Ports:       []uint32{8080},
+		Routes:      map[string][]byte{"cf-router": []byte(fmt.Sprintf(`[{"port": 8080, "routes": ["%s.scale.test"]}]`, guid))},
+		Action:      &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/app"}}},
+	}
+}
+
+// simCells are the run's cells, in three zones, each with room for twice its share of the work.
+func simCells(cfg runConfig) []devcluster.Cell {
+	perCell := 2*cfg.Instances/cfg.Cells + 20
+	cells := make([]devcluster.Cell, cfg.Cells)
+	for i := range cells {
+		rc := rep.Default()
+		rc.CellID, rc.Zone = fmt.Sprintf("cell-%04d", i), fmt.Sprintf("z%d", i%3)
+		rc.Backend = rep.BackendSim
+		rc.PreloadedRootfses = map[string]string{"cflinuxfs4": "/rootfs"}
+		rc.Capacity = rep.Capacity{MemoryMB: int32(64 * perCell), DiskMB: int32(64 * perCell), Containers: int32(perCell)}
+		rc.Sim.StartLatency = rep.Duration(cfg.StartLatency)
+		rc.LeaseTTL = rep.Duration(cfg.LeaseTTL)
+		rc.BulkInterval = rep.Duration(time.Hour) // nothing may depend on the bulk loop
+		rc.Log.Level = "error"
+		cells[i] = devcluster.Cell{Config: rc}
+	}
+	return cells
+}
+
+// run runs one whole scale run and returns its report; it fails t on a broken run (an error,
+// a phase that does not finish), not on slow figures.
+func run(t testing.TB, cfg runConfig) *report {
+	r := &report{cfg: cfg}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mem memory
+	go mem.sample(ctx, 250*time.Millisecond)
+
+	c := devcluster.New(devcluster.Config{
+		Dir: t.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
+		UnsafeNoFsync: !cfg.Fsync, Cells: simCells(cfg), CellsPerHost: cfg.CellsPerHost,
+		Logger: logging.NewTest(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
+		RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
+		ConfigureBBS: func(bc *bbs.Config) {
+			if cfg.BBSMaxInflightWrites >= 0 {
+				bc.MaxInflightWrites = cfg.BBSMaxInflightWrites
+			}
+			r.bbsLimit = bc.MaxInflightWrites
+		},
+		ConfigureAuctioneer: func(ac *auctioneer.Config) {
+			if cfg.AuctioneerMaxInflight >= 0 {
+				ac.MaxInflightStarts = cfg.AuctioneerMaxInflight
+			}
+			r.auctioneerLimit = ac.MaxInflightStarts
+		},
+	})
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("cluster: %v", err)
+	case <-time.After(cfg.PhaseTimeout):
+		t.Fatalf("cluster not ready after %s", cfg.PhaseTimeout)
+	}
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Error("cluster did not stop within 2m")
+		}
+	}()
+	waitUntil(t, cfg.PhaseTimeout, "every cell registered", func() (bool, string) {
+		resp, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.GetCells()) == cfg.Cells, fmt.Sprintf("%d/%d cells", len(resp.GetCells()), cfg.Cells)
+	})
+
+	var err error
+	if r.ceiling, err = measureCeiling(ctx, c.Etcd, cfg.CeilingDuration); err != nil {
+		t.Fatalf("etcd ceiling: %v", err)
+	}
+
+	obs := newObserver()
+	reConn, err := grpcx.Dial(c.RouteEmitterAddress, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+	if err != nil {
+		t.Fatalf("dial route-emitter: %v", err)
+	}
+	defer reConn.Close()
+	evReady, rtReady := make(chan struct{}), make(chan struct{})
+	go obs.followEvents(ctx, c.BBS, evReady)
+	go obs.followRoutes(ctx, routeemitterv1.NewRouteEmitterServiceClient(reConn), rtReady)
+	<-evReady
+	<-rtReady
+
+	desired := map[string]time.Time{}
+	var refusals atomic.Int64
+	var desiredMu sync.Mutex
+	desire := func(guid string) error {
+		desiredMu.Lock()
+		desired[guid] = time.Now()
+		desiredMu.Unlock()
+		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names.
+		for {
+			_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)})
+			wait, shed := rpcerr.RetryAfter(err)
+			if !shed {
+				return err
+			}
+			refusals.Add(1)
+			time.Sleep(wait + rand.N(wait))
+		}
+	}
+	before := c.Auctioneer.Stats()
+
+	// Burst: half the instances, desired by cfg.Writers callers as fast as the BBS takes them.
+	burstLRPs := max(1, cfg.Instances/2/cfg.PerLRP)
+	r.burstN = burstLRPs * cfg.PerLRP
+	start := time.Now()
+	var next atomic.Int64
+	g, _ := errgroup.WithContext(ctx)
+	for w := 0; w < cfg.Writers; w++ {
+		g.Go(func() error {
+			for i := next.Add(1) - 1; i < int64(burstLRPs); i = next.Add(1) - 1 {
+				if err := desire(fmt.Sprintf("burst-%06d", i)); err != nil {
+					return fmt.Errorf("desire burst-%06d: %w", i, err)
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	r.burstDesire = time.Since(start)
+	waitRunning(t, obs, "burst-", r.burstN, cfg.PhaseTimeout)
+	lat, last := obs.placements("burst-", desired)
+	r.burstTotal = last.Sub(start)
+	r.burstRate = float64(r.burstN) / r.burstTotal.Seconds()
+	r.burstP50, r.burstP99 = percentile(lat, 50), percentile(lat, 99)
+
+	// Stream: the other half at a steady offered rate, one LRP at a time.
+	streamLRPs := max(1, (cfg.Instances-r.burstN)/cfg.PerLRP)
+	r.streamN = streamLRPs * cfg.PerLRP
+	every := time.Duration(float64(time.Second) * float64(cfg.PerLRP) / float64(cfg.StreamRate))
+	start = time.Now()
+	sem := make(chan struct{}, cfg.Writers)
+	g, _ = errgroup.WithContext(ctx)
+	for i := 0; i < streamLRPs; i++ {
+		if wait := time.Until(start.Add(time.Duration(i) * every)); wait > 0 {
+			time.Sleep(wait)
+		}
+		sem <- struct{}{}
+		g.Go(func() error {
+			defer func() { <-sem }()
+			if err := desire(fmt.Sprintf("stream-%06d", i)); err != nil {
+				return fmt.Errorf("desire stream-%06d: %w", i, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	r.offered = float64(r.streamN) / time.Since(start).Seconds()
+	waitRunning(t, obs, "stream-", r.streamN, cfg.PhaseTimeout)
+	lat, last = obs.placements("stream-", desired)
+	r.streamTotal = last.Sub(start)
+	r.streamRate = float64(r.streamN) / r.streamTotal.Seconds()
+	r.streamP50, r.streamP99 = percentile(lat, 50), percentile(lat, 99)
+	after := c.Auctioneer.Stats()
+	r.auctionStates = after.ListCells + after.FetchStates - before.ListCells - before.FetchStates
+	r.auction = after.Place - before.Place
+	r.auctionPerform = after.Perform - before.Perform
+	r.auctionRounds = c.Auctioneer.Rounds()
+	r.desireRefusals = refusals.Load()
+
+	// Routing: every container that ran during the stream must reach the table.
+	waitUntil(t, cfg.PhaseTimeout, "every streamed instance routed", func() (bool, string) {
+		lat, missing := obs.routeLatencies(start, last.Add(time.Nanosecond))
+		return missing == 0, fmt.Sprintf("%d routed, %d missing", len(lat), missing)
+	})
+	lat, r.routeMissing = obs.routeLatencies(start, last.Add(time.Nanosecond))
+	r.routeN = len(lat)
+	r.routeP50, r.routeP99 = percentile(lat, 50), percentile(lat, 99)
+
+	// Reads at full size.
+	var lists []time.Duration
+	for i := 0; i < 5; i++ {
+		t0 := time.Now()
+		resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		if err != nil {
+			t.Fatalf("ActualLRPs at full size: %v", err)
+		}
+		lists = append(lists, time.Since(t0))
+		r.listN = len(resp.GetActualLrps())
+	}
+	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Cell loss: cut whole simulated hosts until a tenth of the cells are gone; their leases
+	// expire and every instance they held must run elsewhere.
+	lost := map[string]bool{}
+	for h := c.Hosts() - 1; h >= 0 && float64(len(lost)) < cfg.LossFraction*float64(cfg.Cells); h-- {
+		for _, id := range c.HostCells(h) {
+			lost[id] = true
+		}
+		if err := c.DisconnectHost(h); err != nil {
+			t.Fatalf("disconnect host %d: %v", h, err)
+		}
+	}
+	slots := obs.slotsOn(lost)
+	r.lostCells, r.lostSlots = len(lost), len(slots)
+	waitUntil(t, cfg.PhaseTimeout+2*cfg.LeaseTTL, "every lost cell disappeared and its instances run elsewhere", func() (bool, string) {
+		gone := 0
+		for id := range obs.disappearedCells() {
+			if lost[id] {
+				gone++
+			}
+		}
+		left, ok := obs.movedAway(slots, lost)
+		return ok && gone == len(lost), fmt.Sprintf("%d/%d cells disappeared, %d/%d instances not yet running elsewhere", gone, len(lost), left, len(slots))
+	})
+	recovered := time.Now()
+	var firstExpiry time.Time
+	for id, at := range obs.disappearedCells() {
+		if lost[id] && (firstExpiry.IsZero() || at.Before(firstExpiry)) {
+			firstExpiry = at
+		}
+		if !lost[id] {
+			r.healthyLost = append(r.healthyLost, id)
+		}
+	}
+	sort.Strings(r.healthyLost)
+	r.recoverFromExpiry = recovered.Sub(firstExpiry)
+	rec := obs.recoveries(slots, slots)
+	r.recoverP50, r.recoverMax = percentile(rec, 50), percentile(rec, 100)
+
+	// Correctness at full size.
+	r.stranded, r.duplicates = audit(t, ctx, c, lost, r.burstN+r.streamN)
+	r.peakRSS, r.peakHeap = peakRSS(), mem.peak()
+	if err := obs.err(); err != nil {
+		t.Fatalf("observer: %v", err)
+	}
+	return r
+}
+
+// audit lists every instance and asks every live cell what it holds: stranded are desired
+// slots without a RUNNING ordinary instance; duplicates are slots held by more than one
+// container on live cells.
+func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[string]bool, want int) (stranded, duplicates int) {
+	resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+	if err != nil {
+		t.Fatalf("audit: list: %v", err)
+	}
+	running := 0
+	for _, a := range resp.GetActualLrps() {
+		if a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY && a.GetState() == modelsv1.ActualLRP_STATE_RUNNING &&
+			!lost[a.GetInstanceKey().GetCellId()] {
+			running++
+		}
+	}
+	stranded = want - running
+	cells, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
+	if err != nil {
+		t.Fatalf("audit: cells: %v", err)
+	}
+	var mu sync.Mutex
+	holders := map[string]int{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for _, cell := range cells.GetCells() {
+		g.Go(func() error {
+			conn, err := grpcx.Dial(cell.GetRepAddress(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			st, err := repv1.NewRepServiceClient(conn).State(gctx, &repv1.StateRequest{})
+			if err != nil {
+				return fmt.Errorf("state of %s: %w", cell.GetCellId(), err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, l := range st.GetLrps() {
+				holders[slot(l.GetKey())]++
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatalf("audit: %v", err)
+	}
+	for _, n := range holders {
+		if n > 1 {
+			duplicates++
+		}
+	}
+	return stranded, duplicates
+}
+
+// waitRunning waits until want slots whose guid starts with prefix are RUNNING.
+func waitRunning(t testing.TB, obs *observer, prefix string, want int, timeout time.Duration) {
+	t.Helper()
+	waitUntil(t, timeout, fmt.Sprintf("%d %s instances running", want, prefix), func() (bool, string) {
+		if err := obs.err(); err != nil {
+			t.Fatalf("observer: %v", err)
+		}
+		n := obs.runningWith(prefix)
+		return n == want, fmt.Sprintf("%d/%d running", n, want)
+	})
+}
+
+// waitUntil polls cond every 100ms until it holds or timeout passes.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, state)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// print writes the report.
+func (r *report) print(w io.Writer) {
+	ratio := func(v, of float64) string {
+		if of == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f%%", 100*v/of)
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
+		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, r.cfg.Fsync, r.bbsLimit, r.auctioneerLimit)
+	fmt.Fprintf(&b, "  etcd ceiling (same run):  %.0f single-key txn/s, %.0f keys/s in 64-key txns\n", r.ceiling.TxnPerSec, r.ceiling.KeysPerSec)
+	fmt.Fprintf(&b, "  burst:    %d instances by %d writers: desired in %s, all RUNNING in %s = %.0f placements/s (%s of single-key txn/s); per instance p50 %s p99 %s\n",
+		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), ms(r.burstP50), ms(r.burstP99))
+	fmt.Fprintf(&b, "  stream:   %d instances offered at %.0f/s: all RUNNING in %s = %.0f placements/s sustained (%s of single-key txn/s); per instance p50 %s p99 %s\n",
+		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), ms(r.streamP50), ms(r.streamP99))
+	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named\n", r.desireRefusals)
+	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
+	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
+	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
+		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
+	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
+	_, _ = io.WriteString(w, b.String())
+}
+
+// check fails t on what must hold at any size and load: nothing stranded or running twice,
+// no healthy cell lost, every streamed instance routed.
+func (r *report) check(t testing.TB) {
+	t.Helper()
+	if r.stranded != 0 {
+		t.Errorf("%d instances stranded (not RUNNING on a live cell)", r.stranded)
+	}
+	if r.duplicates != 0 {
+		t.Errorf("%d instance indexes held by more than one container", r.duplicates)
+	}
+	if len(r.healthyLost) != 0 {
+		t.Errorf("healthy cells lost their presence: %v", r.healthyLost)
+	}
+	if r.routeMissing != 0 {
+		t.Errorf("%d running instances never reached the routing table", r.routeMissing)
+	}
+	if r.listN < r.burstN+r.streamN {
+		t.Errorf("ActualLRPs at full size listed %d of %d instances", r.listN, r.burstN+r.streamN)
+	}
+}

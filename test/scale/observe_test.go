@@ -1,0 +1,267 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+)
+
+// placed is where and since when an instance slot runs.
+type placed struct {
+	instanceGUID, cellID string
+	at                   time.Time
+}
+
+// observer follows the BBS event stream and the route-emitter's table, as a client would, and
+// keeps what the report needs: which instance slots run where, when each first ran, when each
+// container was first seen RUNNING in the events and routed in the table, and which cells
+// disappeared.
+type observer struct {
+	mu           sync.Mutex
+	running      map[string]placed    // "guid/index" → the RUNNING ordinary instance
+	firstRunning map[string]time.Time // "guid/index" → when it first ran
+	eventSeen    map[string]time.Time // instance guid → RUNNING event received
+	routeSeen    map[string]time.Time // instance guid → endpoint received from the route-emitter
+	disappeared  map[string]time.Time // cell id → CellDisappeared received
+	errs         []error
+}
+
+func newObserver() *observer {
+	return &observer{
+		running: map[string]placed{}, firstRunning: map[string]time.Time{},
+		eventSeen: map[string]time.Time{}, routeSeen: map[string]time.Time{}, disappeared: map[string]time.Time{},
+	}
+}
+
+func slot(k *modelsv1.ActualLRPKey) string {
+	return fmt.Sprintf("%s/%d", k.GetProcessGuid(), k.GetIndex())
+}
+
+// followEvents consumes the BBS event stream until ctx ends.
+func (o *observer) followEvents(ctx context.Context, bbs bbsv1.BBSServiceClient, ready chan<- struct{}) {
+	stream, err := bbs.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{})
+	if err != nil {
+		o.fail(fmt.Errorf("subscribe to events: %w", err))
+		close(ready)
+		return
+	}
+	close(ready)
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				o.fail(fmt.Errorf("event stream: %w", err))
+			}
+			return
+		}
+		now := time.Now()
+		o.mu.Lock()
+		for _, ev := range m.GetEvents() {
+			switch k := ev.GetKind().(type) {
+			case *bbsv1.Event_ActualLrpChanged:
+				o.actual(k.ActualLrpChanged.GetAfter(), now)
+			case *bbsv1.Event_ActualLrpCreated:
+				o.actual(k.ActualLrpCreated.GetActualLrp(), now)
+			case *bbsv1.Event_ActualLrpRemoved:
+				a := k.ActualLrpRemoved.GetActualLrp()
+				if a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY {
+					delete(o.running, slot(a.GetKey()))
+				}
+			case *bbsv1.Event_CellDisappeared:
+				o.disappeared[k.CellDisappeared.GetCell().GetCellId()] = now
+			}
+		}
+		o.mu.Unlock()
+	}
+}
+
+// actual records one instance record's new state; o.mu is held.
+func (o *observer) actual(a *modelsv1.ActualLRP, now time.Time) {
+	if a.GetPresence() != modelsv1.ActualLRP_PRESENCE_ORDINARY {
+		return
+	}
+	s := slot(a.GetKey())
+	if a.GetState() != modelsv1.ActualLRP_STATE_RUNNING {
+		delete(o.running, s)
+		return
+	}
+	ig := a.GetInstanceKey().GetInstanceGuid()
+	if cur, ok := o.running[s]; ok && cur.instanceGUID == ig {
+		return
+	}
+	o.running[s] = placed{instanceGUID: ig, cellID: a.GetInstanceKey().GetCellId(), at: now}
+	if _, ok := o.firstRunning[s]; !ok {
+		o.firstRunning[s] = now
+	}
+	if _, ok := o.eventSeen[ig]; !ok {
+		o.eventSeen[ig] = now
+	}
+}
+
+// followRoutes consumes the route-emitter's WatchRoutes stream until ctx ends.
+func (o *observer) followRoutes(ctx context.Context, re routeemitterv1.RouteEmitterServiceClient, ready chan<- struct{}) {
+	stream, err := re.WatchRoutes(ctx, &routeemitterv1.WatchRoutesRequest{})
+	if err != nil {
+		o.fail(fmt.Errorf("watch routes: %w", err))
+		close(ready)
+		return
+	}
+	close(ready)
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				o.fail(fmt.Errorf("route stream: %w", err))
+			}
+			return
+		}
+		now := time.Now()
+		o.mu.Lock()
+		for _, r := range m.GetUpserts() {
+			for _, ep := range r.GetEndpoints() {
+				if _, ok := o.routeSeen[ep.GetInstanceGuid()]; !ok {
+					o.routeSeen[ep.GetInstanceGuid()] = now
+				}
+			}
+		}
+		o.mu.Unlock()
+	}
+}
+
+func (o *observer) fail(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.errs = append(o.errs, err)
+}
+
+func (o *observer) err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.errs) == 0 {
+		return nil
+	}
+	return o.errs[0]
+}
+
+// runningWith counts the running slots whose guid starts with prefix.
+func (o *observer) runningWith(prefix string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for s := range o.running {
+		if strings.HasPrefix(s, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// placements returns, for the slots of guids starting with prefix, the latency from their
+// LRP's desire to their first RUNNING, and the time of the last first-RUNNING.
+func (o *observer) placements(prefix string, desired map[string]time.Time) ([]time.Duration, time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var lat []time.Duration
+	var last time.Time
+	for s, at := range o.firstRunning {
+		if !strings.HasPrefix(s, prefix) {
+			continue
+		}
+		guid := s[:strings.LastIndexByte(s, '/')]
+		lat = append(lat, at.Sub(desired[guid]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	return lat, last
+}
+
+// routeLatencies returns event → route latencies of the containers first seen RUNNING in
+// [from, to).
+func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, missing int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for ig, ev := range o.eventSeen {
+		if ev.Before(from) || !ev.Before(to) {
+			continue
+		}
+		rt, ok := o.routeSeen[ig]
+		if !ok {
+			missing++
+			continue
+		}
+		lat = append(lat, max(0, rt.Sub(ev)))
+	}
+	return lat, missing
+}
+
+// slotsOn returns the running slots held by the given cells, with their cell.
+func (o *observer) slotsOn(cells map[string]bool) map[string]string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]string{}
+	for s, p := range o.running {
+		if cells[p.cellID] {
+			out[s] = p.cellID
+		}
+	}
+	return out
+}
+
+// movedAway reports whether every slot runs again, on a cell outside lost.
+func (o *observer) movedAway(slots map[string]string, lost map[string]bool) (int, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	left := 0
+	for s := range slots {
+		p, ok := o.running[s]
+		if !ok || lost[p.cellID] {
+			left++
+		}
+	}
+	return left, left == 0
+}
+
+// disappearedCells returns the cells that disappeared and when.
+func (o *observer) disappearedCells() map[string]time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]time.Time, len(o.disappeared))
+	for id, at := range o.disappeared {
+		out[id] = at
+	}
+	return out
+}
+
+// percentile is the p-th percentile (0..100) of ds, which it sorts.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(float64(len(ds)-1) * p / 100)
+	return ds[i]
+}
+
+// recoveries returns, for each slot that ran on a lost cell, the time from its cell's
+// disappearance to its instance RUNNING elsewhere.
+func (o *observer) recoveries(slots map[string]string, cellOf map[string]string) []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []time.Duration
+	for s := range slots {
+		gone, ok := o.disappeared[cellOf[s]]
+		p, running := o.running[s]
+		if ok && running {
+			out = append(out, p.at.Sub(gone))
+		}
+	}
+	return out
+}

@@ -1,0 +1,81 @@
+package scale
+
+import (
+	"flag"
+	"os"
+	"testing"
+	"time"
+)
+
+// Flags of BenchmarkScale (`make bench-scale ARGS='-cells 200 -instances 20000'`).
+var (
+	flagCells        = flag.Int("cells", 1000, "simulated cells")
+	flagInstances    = flag.Int("instances", 100000, "instances desired in all: half as a burst, half as a stream")
+	flagPerLRP       = flag.Int("per-lrp", 10, "instances per desired LRP")
+	flagWriters      = flag.Int("writers", 32, "concurrent DesireLRP callers")
+	flagStreamRate   = flag.Int("stream-rate", 2000, "offered rate of the stream phase, instances per second (the sustained goal; routing is measured at this event rate)")
+	flagLoss         = flag.Float64("loss", 0.10, "fraction of cells lost at full size")
+	flagCellsPerHost = flag.Int("cells-per-host", 10, "cells per simulated host (one presence connection each)")
+	flagLeaseTTL     = flag.Duration("lease-ttl", 10*time.Second, "cells' presence TTL")
+	flagStartLatency = flag.Duration("start-latency", 10*time.Millisecond, "simulated container start time")
+	flagPhaseTimeout = flag.Duration("phase-timeout", 15*time.Minute, "bound of each phase")
+	flagCeiling      = flag.Duration("ceiling", 3*time.Second, "duration of each etcd ceiling measurement")
+	flagFsync        = flag.Bool("fsync", true, "keep etcd's fsync on")
+	flagHeapProfile  = flag.String("heap-profile", "", "write a heap profile at full size to this file")
+	flagBBSLimit     = flag.Int("bbs-max-inflight-writes", -1, "override the BBS's max_inflight_writes (0: unbounded; -1: its default)")
+	flagAuctLimit    = flag.Int("auctioneer-max-inflight", -1, "override the auctioneer's max_inflight_starts (0: unlimited; -1: its default)")
+	flagQuick        = flag.Bool("quick", false, "run the quick size (200 cells, 20,000 instances) instead of -cells/-instances")
+)
+
+// BenchmarkScale runs the scale harness once per iteration at the size the flags give
+// (default 1,000 cells, 100,000 instances) and prints the report. Run it with
+// `make bench-scale`; its figures are quoted in docs/performance.md.
+func BenchmarkScale(b *testing.B) {
+	cfg := runConfig{
+		Cells: *flagCells, Instances: *flagInstances, PerLRP: *flagPerLRP, Writers: *flagWriters,
+		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: *flagCellsPerHost,
+		LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
+		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
+		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit,
+	}
+	if *flagQuick {
+		cfg.Cells, cfg.Instances = 200, 20000
+	}
+	for i := 0; i < b.N; i++ {
+		r := run(b, cfg)
+		r.print(os.Stdout)
+		r.check(b)
+		b.ReportMetric(r.burstRate, "burst_placements/s")
+		b.ReportMetric(r.streamRate, "sustained_placements/s")
+		b.ReportMetric(float64(r.listMedian)/1e6, "list_ms")
+		b.ReportMetric(float64(r.routeP99)/1e6, "route_p99_ms")
+		b.ReportMetric(r.recoverMax.Seconds(), "cell_loss_max_s")
+		b.ReportMetric(float64(r.peakRSS)/(1<<20), "peak_rss_MiB")
+	}
+}
+
+// TestScaleQuick runs the harness at a size `make test` affords on a small machine and fails
+// on broken correctness only: stranded or doubly-running instances, a healthy cell that lost
+// its presence, an instance never routed, a phase that never finishes. Timings are printed,
+// never asserted.
+func TestScaleQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale run (about a minute) skipped with -short")
+	}
+	r := run(t, runConfig{
+		Cells: 50, Instances: 2000, PerLRP: 10, Writers: 16, StreamRate: 500, LossFraction: 0.10,
+		CellsPerHost: 5, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
+		PhaseTimeout: 3 * time.Minute, CeilingDuration: 500 * time.Millisecond, Fsync: false,
+		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1,
+	})
+	r.print(testWriter{t})
+	r.check(t)
+}
+
+// testWriter writes to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
