@@ -10,31 +10,20 @@
 package main
 
 import (
-	"context"
-	"flag"
-	"fmt"
-	"os"
-
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "auctioneer:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("auctioneer", run) }
 
 func run(args []string) error {
 	cfg := auctioneer.Default()
-	fs := flag.NewFlagSet("auctioneer", flag.ContinueOnError)
-	fs.String("config", "", "JSON config file (see services/auctioneer/README.md); flags override it")
+	fs := servicemain.NewFlagSet("auctioneer")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
 	bbsclient.Flags(fs, &cfg.Config)
@@ -48,11 +37,8 @@ func run(args []string) error {
 	fs.Var(&cfg.LockTTL, "lock-ttl", "leader election lease TTL")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	config.LogFlags(fs, &cfg.Log)
-	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
 	}
 
 	logger := logging.New("auctioneer", cfg.Log)
@@ -70,12 +56,5 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
-	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "auctioneer", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-		return svc.Run(ctx, func() {
-			logger.Info("auctioneer serving", "address", svc.Addr().String())
-			ready()
-		})
-	})})
+	return servicemain.ServeUntilSignal(logger, "auctioneer", svc)
 }

@@ -6,30 +6,19 @@
 package main
 
 import (
-	"context"
-	"flag"
-	"fmt"
-	"os"
-
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
-	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/bbs"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "bbs:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("bbs", run) }
 
 func run(args []string) error {
 	cfg := bbs.Default()
-	fs := flag.NewFlagSet("bbs", flag.ContinueOnError)
-	fs.String("config", "", "JSON config file (see services/bbs/README.md); flags override it")
+	fs := servicemain.NewFlagSet("bbs")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server (also presented to the auctioneer and reps)")
 	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
@@ -42,11 +31,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
 	fs.Var(transform.Flag{Plugins: &cfg.Transformers}, "transformer", "transformer plugin NAME=SOCKET[,kinds=desired_lrp+task][,timeout=2s][,failure_policy=fail|ignore][,check_determinism=true][,max_concurrency=32]; repeat for a chain, in order (see docs/plugins.md)")
 	config.LogFlags(fs, &cfg.Log)
-	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
 	}
 
 	logger := logging.New("bbs", cfg.Log)
@@ -59,12 +45,5 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
-	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-		return svc.Run(ctx, func() {
-			logger.Info("bbs serving", "address", svc.Addr().String())
-			ready()
-		})
-	})})
+	return servicemain.ServeUntilSignal(logger, "bbs", svc)
 }

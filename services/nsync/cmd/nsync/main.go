@@ -9,32 +9,21 @@
 package main
 
 import (
-	"context"
-	"flag"
-	"fmt"
-	"os"
-
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "nsync:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("nsync", run) }
 
 func run(args []string) error {
 	cfg := nsync.Default()
-	fs := flag.NewFlagSet("nsync", flag.ContinueOnError)
-	fs.String("config", "", "JSON config file (see services/nsync/README.md); flags override it")
+	fs := servicemain.NewFlagSet("nsync")
 	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
 	bbsclient.Flags(fs, &cfg.Config)
@@ -49,11 +38,8 @@ func run(args []string) error {
 	fs.Var(&cfg.LockTTL, "lock-ttl", "lease of the bulk loop's leadership")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
 	config.LogFlags(fs, &cfg.Log)
-	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
 	}
 
 	logger := logging.New("nsync", cfg.Log)
@@ -71,12 +57,5 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := lifecycle.SignalContext(context.Background())
-	defer stop()
-	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "nsync", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-		return svc.Run(ctx, func() {
-			logger.Info("nsync serving", "address", svc.Addr().String())
-			ready()
-		})
-	})})
+	return servicemain.ServeUntilSignal(logger, "nsync", svc)
 }

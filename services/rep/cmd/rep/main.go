@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -24,22 +23,16 @@ import (
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "rep:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("rep", run) }
 
 func run(args []string) error {
 	cfg := rep.Default()
-	fs := flag.NewFlagSet("rep", flag.ContinueOnError)
-	fs.String("config", "", "JSON config file (see services/rep/README.md); flags override it")
+	fs := servicemain.NewFlagSet("rep")
 	fs.StringVar(&cfg.CellID, "cell-id", cfg.CellID, "cell id")
 	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "availability zone")
 	fs.Var(config.List{Values: &cfg.Tags}, "tags", "comma-separated placement tags (case-insensitive)")
@@ -70,11 +63,8 @@ func run(args []string) error {
 	fs.Var(&cfg.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	config.LogFlags(fs, &cfg.Log)
-	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
 	}
 
 	logger := logging.New("rep", cfg.Log).With("cell_id", cfg.CellID)
@@ -133,12 +123,7 @@ func run(args []string) error {
 		case <-ctx.Done():
 		}
 	}()
-	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: "rep", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
-		return svc.Run(ctx, func() {
-			logger.Info("rep serving", "address", svc.Addr().String(), "advertise_address", svc.AdvertiseAddress(), "backend", cfg.Backend)
-			ready()
-		})
-	})})
+	return servicemain.Serve(ctx, logger, "rep", svc, "advertise_address", svc.AdvertiseAddress(), "backend", cfg.Backend)
 }
 
 // int32Flag is an int32 flag.

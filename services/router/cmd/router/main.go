@@ -8,28 +8,20 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
-	"os"
 
 	"github.com/gavel-sched/gavel/pkg/config"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 	"github.com/gavel-sched/gavel/services/router"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "router:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("router", run) }
 
 func run(args []string) error {
 	cfg := router.Default()
-	fs := flag.NewFlagSet("router", flag.ContinueOnError)
-	fs.String("config", "", "JSON config file (see services/router/README.md); flags override it")
+	fs := servicemain.NewFlagSet("router")
 	fs.StringVar(&cfg.HTTPAddress, "http", cfg.HTTPAddress, "plain HTTP listen address")
 	fs.StringVar(&cfg.HTTPSAddress, "https", cfg.HTTPSAddress, "TLS listen address (empty: none; tls_only routes unreachable)")
 	fs.StringVar(&cfg.HTTPSCertFile, "https-cert", cfg.HTTPSCertFile, "TLS listener certificate (PEM)")
@@ -43,11 +35,8 @@ func run(args []string) error {
 	fs.Var(&cfg.BackendResponseTimeout, "backend-response-timeout", "wait for backend response headers (e.g. 60s; 0: none)")
 	fs.Var(&cfg.UDPSessionIdleTimeout, "udp-session-idle-timeout", "idle time that ends a UDP session (e.g. 30s)")
 	config.LogFlags(fs, &cfg.Log)
-	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
 	}
 
 	logger := logging.New("router", cfg.Log)

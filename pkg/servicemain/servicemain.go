@@ -1,0 +1,81 @@
+// Package servicemain holds the wiring every service's main repeats, so that each main stays a
+// wiring script (config → logger → clients → components → ordered run group): the -config flag,
+// parsing the file and then the flags, validation, the exit on error, and running one service
+// until a signal.
+package servicemain
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/gavel-sched/gavel/pkg/config"
+	"github.com/gavel-sched/gavel/pkg/lifecycle"
+)
+
+// Main runs run on the process arguments; when it fails, Main prints "name: error" on stderr and
+// exits with status 1.
+func Main(name string, run func(args []string) error) {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
+
+// NewFlagSet returns the flag set of the service name with -config already declared: a JSON
+// config file (described in services/name/README.md) that the flags override.
+func NewFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.String("config", "", fmt.Sprintf("JSON config file (see services/%s/README.md); flags override it", name))
+	return fs
+}
+
+// Config is what a service's configuration offers its main.
+type Config interface {
+	// LoadFile reads a JSON config file over the configuration.
+	LoadFile(path string) error
+	// Validate reports what is wrong with the configuration.
+	Validate() error
+}
+
+// Parse reads the file named by -config and then the flags in args into cfg (so flags override
+// the file), and validates cfg.
+func Parse(fs *flag.FlagSet, args []string, cfg Config) error {
+	if err := config.Parse(fs, args, "config", cfg.LoadFile); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	return nil
+}
+
+// Service is a gRPC service as its main runs it.
+type Service interface {
+	// Run serves until ctx ends, calling ready once it listens.
+	Run(ctx context.Context, ready func()) error
+	// Addr is the bound listen address (valid once ready).
+	Addr() net.Addr
+}
+
+// Serve runs svc as the only member of a run group until ctx ends. Once svc is ready it logs
+// "NAME serving" with the bound address and fields (key, value, ...).
+func Serve(ctx context.Context, logger hclog.Logger, name string, svc Service, fields ...any) error {
+	return lifecycle.Run(ctx, logger, lifecycle.Member{Name: name, Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+		return svc.Run(ctx, func() {
+			logger.Info(name+" serving", append([]any{"address", svc.Addr().String()}, fields...)...)
+			ready()
+		})
+	})})
+}
+
+// ServeUntilSignal is Serve until SIGINT or SIGTERM (lifecycle.SignalContext).
+func ServeUntilSignal(logger hclog.Logger, name string, svc Service, fields ...any) error {
+	ctx, stop := lifecycle.SignalContext(context.Background())
+	defer stop()
+	return Serve(ctx, logger, name, svc, fields...)
+}
