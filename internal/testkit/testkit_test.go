@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -184,4 +185,39 @@ func TestStartReports(t *testing.T) {
 			t.Fatal("a second Stop lost the error")
 		}
 	})
+}
+
+func TestScrape(t *testing.T) {
+	tests := []struct {
+		name     string
+		status   int
+		wantFail bool
+	}{
+		{"served", http.StatusOK, false},
+		{"server error", http.StatusInternalServerError, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/metrics" {
+					http.NotFound(w, r)
+					return
+				}
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte("up 1\n"))
+			})}
+			l := Listen(t)
+			go func() { _ = srv.Serve(l) }()
+			t.Cleanup(func() { _ = srv.Close() })
+			r := &recorder{TB: t}
+			var got string
+			catch(func() { got = Scrape(r, l.Addr()) })
+			if r.failed.Load() != tt.wantFail {
+				t.Fatalf("Scrape failed = %v, want %v", r.failed.Load(), tt.wantFail)
+			}
+			if !tt.wantFail && got != "up 1\n" {
+				t.Fatalf("Scrape = %q, want %q", got, "up 1\n")
+			}
+		})
+	}
 }

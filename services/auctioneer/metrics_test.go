@@ -1,8 +1,6 @@
 package auctioneer_test
 
 import (
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -32,16 +30,7 @@ func TestMetrics(t *testing.T) {
 		`go_goroutines`,
 	}
 	testkit.Eventually(t, 15*time.Second, func() bool {
-		resp, err := http.Get("http://" + a.svc.MetricsAddr().String() + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return false
-		}
-		body = string(b)
+		body = testkit.Scrape(t, a.svc.MetricsAddr())
 		for _, w := range want {
 			if !strings.Contains(body, w) {
 				return false

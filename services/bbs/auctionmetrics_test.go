@@ -1,8 +1,6 @@
 package bbs_test
 
 import (
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -16,16 +14,7 @@ import (
 // metricLine returns the sample line of series (name and labels) from the BBS's /metrics.
 func metricLine(t *testing.T, env *bbstest.Env, series string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + env.Service.MetricsAddr().String() + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(testkit.Scrape(t, env.Service.MetricsAddr()), "\n") {
 		if strings.HasPrefix(line, series+" ") {
 			return line
 		}

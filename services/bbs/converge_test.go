@@ -3,7 +3,6 @@ package bbs_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -553,13 +552,7 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 
 	var body string
 	testkit.Eventually(t, 10*time.Second, func() bool {
-		resp, err := http.Get("http://" + leader.Service.MetricsAddr().String() + "/metrics")
-		if err != nil {
-			t.Fatalf("GET /metrics: %v", err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = string(b)
+		body = testkit.Scrape(t, leader.Service.MetricsAddr())
 		return strings.Contains(body, "gavel_bbs_convergence_runs_total ") && !strings.Contains(body, "gavel_bbs_convergence_runs_total 0")
 	}, "metrics after a convergence")
 	for _, name := range []string{"gavel_bbs_convergence_duration_seconds_count", "gavel_bbs_lrps_missing", "gavel_bbs_lrps_extra",

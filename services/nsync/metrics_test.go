@@ -1,12 +1,11 @@
 package nsync_test
 
 import (
-	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
@@ -27,15 +26,7 @@ func TestMetrics(t *testing.T) {
 	if _, err := e.bbs.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: "m-v2"}); err != nil {
 		t.Fatal(err)
 	}
-	scrape := func() string {
-		resp, err := http.Get(fmt.Sprintf("http://%s/metrics", e.svc.MetricsAddr()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
+	scrape := func() string { return testkit.Scrape(t, e.svc.MetricsAddr()) }
 	for _, want := range []string{
 		`gavel_nsync_restarts_total{outcome="completed"} 1`,
 		`gavel_nsync_bulk_lrps_total{action="desired"} 1`,

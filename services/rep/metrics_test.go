@@ -2,8 +2,6 @@ package rep_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -19,16 +17,7 @@ import (
 // scrape fetches the rep's /metrics.
 func scrape(t *testing.T, r *repEnv) string {
 	t.Helper()
-	resp, err := http.Get("http://" + r.svc.MetricsAddr().String() + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
-	}
-	return string(b)
+	return testkit.Scrape(t, r.svc.MetricsAddr())
 }
 
 // TestMetrics scrapes /metrics after an LRP ran, one was stopped, one failed its on_create

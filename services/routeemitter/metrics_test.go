@@ -2,11 +2,11 @@ package routeemitter_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
 
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/routeemitter"
@@ -15,16 +15,7 @@ import (
 // scrape fetches the route-emitter's /metrics.
 func scrape(t *testing.T, e *emitter) string {
 	t.Helper()
-	resp, err := http.Get("http://" + e.svc.MetricsAddr().String() + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
-	}
-	return string(b)
+	return testkit.Scrape(t, e.svc.MetricsAddr())
 }
 
 // TestMetrics scrapes /metrics after a first sync that found one LRP, a watcher's snapshot and

@@ -116,14 +116,9 @@ func TestHealthz(t *testing.T) {
 		t.Fatalf("healthz after the first table: %d %q", code, body)
 	}
 
-	resp, err := http.Get("http://" + r.AdminAddr().String() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	body := testkit.Scrape(t, r.AdminAddr())
 	for _, want := range []string{"gavel_router_table_version 1", `gavel_router_routes{protocol="http"} 1`, "gavel_router_http_table_not_loaded_total 1"} {
-		if !strings.Contains(string(b), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
