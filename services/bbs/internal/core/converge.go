@@ -311,22 +311,20 @@ func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index 
 // replacement's container is stopped by its rep, whose calls no longer match the slot. It
 // reports whether the suspect was promoted.
 func (c *ActualLRPs) ConvergePromoteSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		done = false
+	return c.convergeStep(ctx, "converge promote suspect", guid, index, func(t *store.Txn) (bool, error) {
 		sus, err := t.ActualLRP(guid, index, suspect)
 		if err != nil || sus == nil {
-			return err
+			return false, err
 		}
 		if cell, err := t.Cell(sus.GetInstanceKey().GetCellId()); err != nil || cell == nil {
-			return err
+			return false, err
 		}
 		ord, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if ord != nil && ord.GetState() != unclaimed && ord.GetState() != claimed {
-			return nil // the replacement runs (or crashed): the suspect is left for removal
+			return false, nil // the replacement runs (or crashed): the suspect is left for removal
 		}
 		promoted := clone(sus)
 		promoted.Presence = ordinary
@@ -336,77 +334,58 @@ func (c *ActualLRPs) ConvergePromoteSuspectLRP(ctx context.Context, guid string,
 			promoted.ModificationTag = bump(ord.GetModificationTag())
 		}
 		deleteActual(t, sus)
-		done = true
-		return putActual(t, promoted)
+		return true, putActual(t, promoted)
 	})
-	if err != nil {
-		return false, fmt.Errorf("converge promote suspect %s: %w", describe(guid, index), err)
-	}
-	return done, nil
 }
 
 // ConvergeRemoveSuspectLRP deletes the SUSPECT copy of guid/index once it has no reason to
 // stay: its replacement runs, or the slot is no longer desired. It reports whether it did.
 func (c *ActualLRPs) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		done = false
+	return c.convergeStep(ctx, "converge remove suspect", guid, index, func(t *store.Txn) (bool, error) {
 		sus, err := t.ActualLRP(guid, index, suspect)
 		if err != nil || sus == nil {
-			return err
+			return false, err
 		}
 		ord, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil {
-			return err
+			return false, err
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return false, err
 		}
 		desired := sched != nil && index < sched.GetInstances()
 		if desired && (ord == nil || ord.GetState() != running) {
-			return nil
+			return false, nil
 		}
 		deleteActual(t, sus)
-		done = true
-		return nil
+		return true, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("converge remove suspect %s: %w", describe(guid, index), err)
-	}
-	return done, nil
 }
 
 // ConvergeRemoveEvacuatingLRP deletes the EVACUATING copy of an instance slot whose cell has
 // vanished (its container is gone with the cell; the slot was already handed to a replacement
 // when the evacuation started) or whose slot is no longer desired. It reports whether it did.
 func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		done = false
+	return c.convergeStep(ctx, "converge remove evacuating", guid, index, func(t *store.Txn) (bool, error) {
 		evac, err := t.ActualLRP(guid, index, evacuating)
 		if err != nil || evac == nil {
-			return err
+			return false, err
 		}
 		cell, err := t.Cell(evac.GetInstanceKey().GetCellId())
 		if err != nil {
-			return err
+			return false, err
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if cell != nil && sched != nil && index < sched.GetInstances() {
-			return nil
+			return false, nil
 		}
 		deleteActual(t, evac)
-		done = true
-		return nil
+		return true, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("converge remove evacuating %s: %w", describe(guid, index), err)
-	}
-	return done, nil
 }
 
 // ConvergeExpirePendingTask fails a task that is still PENDING and was created at or before
@@ -508,6 +487,22 @@ func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline ti
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge delete task %s: %w", guid, err)
+	}
+	return done, nil
+}
+
+// convergeStep runs step, one convergence fix of the slot guid/index, in one transaction
+// (again on a lost race); step reports whether it changed anything. An error names op and the
+// slot.
+func (c *ActualLRPs) convergeStep(ctx context.Context, op, guid string, index int32, step func(t *store.Txn) (bool, error)) (bool, error) {
+	var done bool
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		var err error
+		done, err = step(t)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
 	}
 	return done, nil
 }
