@@ -44,10 +44,7 @@ func (f *ListFilter) selects(m map[string]string) bool {
 
 // DesiredLRPs lists desired LRPs ordered by guid, with the revision read.
 func (s *Store) DesiredLRPs(f ListFilter) ([]*modelsv1.DesiredLRP, int64) {
-	var out []*modelsv1.DesiredLRP
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.DesiredLRP) {
 		for _, g := range candidates(&f, st.sched) {
 			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
 			if (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
@@ -56,16 +53,13 @@ func (s *Store) DesiredLRPs(f ListFilter) ([]*modelsv1.DesiredLRP, int64) {
 			run, _ := st.run[g].msg.(*modelsv1.DesiredLRPRunInfo)
 			out = append(out, models.JoinDesiredLRP(sched, run))
 		}
+		return out
 	})
-	return out, rev
 }
 
 // SchedulingInfos lists desired LRP scheduling infos ordered by guid, with the revision read.
 func (s *Store) SchedulingInfos(f ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64) {
-	var out []*modelsv1.DesiredLRPSchedulingInfo
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.DesiredLRPSchedulingInfo) {
 		for _, g := range candidates(&f, st.sched) {
 			sched := st.sched[g].msg.(*modelsv1.DesiredLRPSchedulingInfo)
 			if (f.Domain != "" && sched.GetDomain() != f.Domain) || !f.selects(sched.GetLabels()) {
@@ -73,30 +67,24 @@ func (s *Store) SchedulingInfos(f ListFilter) ([]*modelsv1.DesiredLRPSchedulingI
 			}
 			out = append(out, sched)
 		}
+		return out
 	})
-	return out, rev
 }
 
 // DesiredLRP returns one desired LRP (nil when absent), with the revision read.
 func (s *Store) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64) {
-	var out *modelsv1.DesiredLRP
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out *modelsv1.DesiredLRP) {
 		if it, ok := st.sched[guid]; ok {
 			run, _ := st.run[guid].msg.(*modelsv1.DesiredLRPRunInfo)
 			out = models.JoinDesiredLRP(it.msg.(*modelsv1.DesiredLRPSchedulingInfo), run)
 		}
+		return out
 	})
-	return out, rev
 }
 
 // ActualLRPs lists instance records ordered by guid, index and presence, with the revision read.
 func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
-	var out []*modelsv1.ActualLRP
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {
 		guids := candidates(&f, st.actual)
 		if f.CellID == "" && f.Domain == "" && f.Selector.Empty() && f.Index == nil {
 			n := 0
@@ -127,16 +115,13 @@ func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
 				out = append(out, a)
 			}
 		}
+		return out
 	})
-	return out, rev
 }
 
 // Tasks lists tasks ordered by guid, with the revision read.
 func (s *Store) Tasks(f ListFilter) ([]*modelsv1.Task, int64) {
-	var out []*modelsv1.Task
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.Task) {
 		for _, g := range candidates(&f, st.tasks) {
 			t := st.tasks[g].msg.(*modelsv1.Task)
 			if (f.Domain != "" && t.GetDomain() != f.Domain) ||
@@ -145,34 +130,28 @@ func (s *Store) Tasks(f ListFilter) ([]*modelsv1.Task, int64) {
 			}
 			out = append(out, t)
 		}
+		return out
 	})
-	return out, rev
 }
 
 // Task returns one task (nil when absent), with the revision read.
 func (s *Store) Task(guid string) (*modelsv1.Task, int64) {
-	var out *modelsv1.Task
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out *modelsv1.Task) {
 		if it, ok := st.tasks[guid]; ok {
 			out = it.msg.(*modelsv1.Task)
 		}
+		return out
 	})
-	return out, rev
 }
 
 // Domains lists the fresh domains ordered by name, with the revision read.
 func (s *Store) Domains() ([]*modelsv1.Domain, int64) {
-	var out []*modelsv1.Domain
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.Domain) {
 		for _, n := range sortedKeys(st.domains) {
 			out = append(out, st.domains[n].msg.(*modelsv1.Domain))
 		}
+		return out
 	})
-	return out, rev
 }
 
 // Domain returns a fresh domain and the lease it is held by (nil when absent or expired).
@@ -186,15 +165,12 @@ func (s *Store) Domain(name string) (*modelsv1.Domain, int64) {
 
 // Cells lists registered cells ordered by id, with the revision read.
 func (s *Store) Cells() ([]*modelsv1.CellPresence, int64) {
-	var out []*modelsv1.CellPresence
-	var rev int64
-	s.cache.read(func(st *state, r int64) {
-		rev = r
+	return readAt(s, func(st *state) (out []*modelsv1.CellPresence) {
 		for _, id := range sortedKeys(st.cells) {
 			out = append(out, st.cells[id].msg.(*modelsv1.CellPresence))
 		}
+		return out
 	})
-	return out, rev
 }
 
 // Cell returns a registered cell (nil when absent).
@@ -213,4 +189,16 @@ func (s *Store) SchedulingInfo(guid string) *modelsv1.DesiredLRPSchedulingInfo {
 		return nil
 	}
 	return it.msg.(*modelsv1.DesiredLRPSchedulingInfo)
+}
+
+// readAt runs fn over one consistent state of the cache and returns what it built with the
+// revision that state reflects.
+func readAt[T any](s *Store, fn func(st *state) T) (T, int64) {
+	var out T
+	var rev int64
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		out = fn(st)
+	})
+	return out, rev
 }
