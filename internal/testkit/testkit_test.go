@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // recorder is a testing.TB that records failures instead of ending the test.
@@ -219,5 +222,21 @@ func TestScrape(t *testing.T) {
 				t.Fatalf("Scrape = %q, want %q", got, "up 1\n")
 			}
 		})
+	}
+}
+
+func TestDialReachesALoopbackServer(t *testing.T) {
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	l := Listen(t)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	conn := Dial(t, l.Addr().String())
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health check over Dial: %v %v", resp, err)
 	}
 }

@@ -16,8 +16,6 @@ import (
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 )
@@ -293,10 +291,7 @@ func TestBadRequestsAreRefused(t *testing.T) {
 
 func checkHealth(t *testing.T, addr string, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()
-	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, addr)
 	defer conn.Close()
 	var got healthpb.HealthCheckResponse_ServingStatus
 	testkit.Eventually(t, 15*time.Second, func() bool {

@@ -191,10 +191,7 @@ func startAuctioneer(t *testing.T, env *bbstest.Env, configure ...func(*auctione
 	}
 	a := &runningAuctioneer{svc: svc, run: testkit.Start(t, "auctioneer", svc)}
 	a.addr = svc.Addr().String()
-	conn, err := grpcx.Dial(a.addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, a.addr)
 	a.client = auctioneerv1.NewAuctioneerServiceClient(conn)
 	t.Cleanup(func() { conn.Close() })
 	return a

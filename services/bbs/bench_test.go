@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -19,8 +21,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 )
 
@@ -84,10 +84,7 @@ func dialBBS(b *testing.B, addr string, n int) []bbsv1.BBSServiceClient {
 	b.Helper()
 	out := make([]bbsv1.BBSServiceClient, n)
 	for i := range out {
-		conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-		if err != nil {
-			b.Fatalf("dial bbs: %v", err)
-		}
+		conn := testkit.Dial(b, addr)
 		b.Cleanup(func() { _ = conn.Close() })
 		out[i] = bbsv1.NewBBSServiceClient(conn)
 	}

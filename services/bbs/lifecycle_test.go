@@ -14,7 +14,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
@@ -65,10 +64,7 @@ func TestStopJoinsBackgroundWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := testkit.Start(t, "bbs", svc)
-	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, svc.Addr().String())
 	client := bbsv1.NewBBSServiceClient(conn)
 	rctx := ctxT(t)
 

@@ -17,7 +17,6 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/nsync"
@@ -124,10 +123,7 @@ func (e *env) startNsync(t *testing.T) {
 		cancel()
 		t.Fatalf("nsync stopped before it was ready: %v", err)
 	}
-	client, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := testkit.Dial(t, svc.Addr().String())
 	e.nsync, e.svc = nsyncv1.NewNsyncServiceClient(client), svc
 	var once sync.Once
 	e.stop = func() {

@@ -14,7 +14,6 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
@@ -75,10 +74,7 @@ func startRep(t *testing.T, env *bbstest.Env, configure ...func(*rep.Config)) *r
 		t.Fatalf("new rep: %v", err)
 	}
 	run := testkit.Start(t, "rep", svc)
-	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatalf("dial rep: %v", err)
-	}
+	conn := testkit.Dial(t, svc.Addr().String())
 	t.Cleanup(func() { conn.Close() })
 	stop := func() {
 		if err := run.Stop(); err != nil {

@@ -21,7 +21,6 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
@@ -65,10 +64,7 @@ func startEmitter(t testing.TB, bbsAddr string, configure ...func(*routeemitter.
 		t.Fatal(err)
 	}
 	run := testkit.Start(t, "route-emitter", svc)
-	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, svc.Addr().String())
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -106,10 +102,7 @@ func startBBS(t testing.TB, cli *clientv3.Client, addr string, configure ...func
 		t.Fatal(err)
 	}
 	run := testkit.Start(t, "bbs", svc)
-	conn, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, svc.Addr().String())
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {

@@ -25,8 +25,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
 // proc is a process started by a test: its output is kept for failure messages and it is
@@ -164,16 +162,10 @@ func startClusterWith(t *testing.T, bbsArgs ...string) *cluster {
 		c.procs = append(c.procs, startProc(t, "rep "+id, repBin, args...))
 	}
 
-	conn, err := grpcx.Dial(bbsAddr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Dial(t, bbsAddr)
 	t.Cleanup(func() { conn.Close() })
 	c.bbs = bbsv1.NewBBSServiceClient(conn)
-	aconn, err := grpcx.Dial(auctioneerAddr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	aconn := testkit.Dial(t, auctioneerAddr)
 	t.Cleanup(func() { aconn.Close() })
 	health := grpc_health_v1.NewHealthClient(aconn)
 

@@ -333,10 +333,7 @@ func (c *haCluster) heldByReps(t *testing.T) map[string]int {
 	}
 	held := map[string]int{}
 	for _, cell := range cells {
-		conn, err := grpcx.Dial(cell.GetRepAddress(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := testkit.Dial(t, cell.GetRepAddress())
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := repv1.NewRepServiceClient(conn).State(ctx, &repv1.StateRequest{})
 		cancel()

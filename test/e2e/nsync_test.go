@@ -467,10 +467,7 @@ func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 		_, err := client.CreatePlacementPool(ctx, &nsyncv1.CreatePlacementPoolRequest{Pool: &nsyncv1.PlacementPool{Name: "p", Require: []string{"staging"}}})
 		return err == nil, fmt.Sprint(err)
 	})
-	plain, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := testkit.Dial(t, addr)
 	defer plain.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
