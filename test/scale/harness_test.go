@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
+
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
@@ -192,10 +194,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 
 	obs := newObserver()
-	reConn, err := grpcx.Dial(c.RouteEmitterAddress, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
-	if err != nil {
-		t.Fatalf("dial route-emitter: %v", err)
-	}
+	reConn := testkit.Dial(t, c.RouteEmitterAddress)
 	defer reConn.Close()
 	evReady, rtReady := make(chan struct{}), make(chan struct{})
 	go obs.followEvents(ctx, c.BBS, evReady)
