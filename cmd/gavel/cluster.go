@@ -23,11 +23,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		Short: "List the cells present: zone, capacity, tags, root filesystems",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.list(cmd, wCells, func(p *printer) error {
-				bbs, err := c.bbsClient()
-				if err != nil {
-					return err
-				}
+			return c.listBBS(cmd, wCells, func(p *printer, bbs bbsv1.BBSServiceClient) error {
 				resp, err := bbs.Cells(cmd.Context(), &bbsv1.CellsRequest{})
 				if err != nil {
 					return err

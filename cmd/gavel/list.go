@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 )
 
 // watchFlags binds --watch and --interval on list commands.
@@ -16,6 +18,17 @@ type watchFlags struct {
 func (w *watchFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().BoolVarP(&w.watch, "watch", "w", false, "keep listing: print the list again whenever it changes")
 	cmd.Flags().DurationVar(&w.interval, "interval", 2*time.Second, "how often --watch reads the list")
+}
+
+// listBBS is list of a render that reads the BBS.
+func (c *cli) listBBS(cmd *cobra.Command, w watchFlags, render func(*printer, bbsv1.BBSServiceClient) error) error {
+	return c.list(cmd, w, func(p *printer) error {
+		bbs, err := c.bbsClient()
+		if err != nil {
+			return err
+		}
+		return render(p, bbs)
+	})
 }
 
 // list renders once, or with --watch renders every interval and prints each result that differs

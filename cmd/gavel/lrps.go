@@ -48,11 +48,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Short: "List desired LRPs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.list(cmd, watchLRPs, func(p *printer) error {
-				bbs, err := c.bbsClient()
-				if err != nil {
-					return err
-				}
+			return c.listBBS(cmd, watchLRPs, func(p *printer, bbs bbsv1.BBSServiceClient) error {
 				resp, err := bbs.DesiredLRPs(cmd.Context(), &bbsv1.DesiredLRPsRequest{Filter: &listFilter})
 				if err != nil {
 					return err
@@ -95,11 +91,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		Short:   "List actual LRPs (instances): state, cell, address, placement errors",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := &bbsv1.Filter{Domain: actualFilter.Domain, CellId: actualFilter.CellId, LabelSelector: actualFilter.LabelSelector, ProcessGuids: args}
-			return c.list(cmd, watchActuals, func(p *printer) error {
-				bbs, err := c.bbsClient()
-				if err != nil {
-					return err
-				}
+			return c.listBBS(cmd, watchActuals, func(p *printer, bbs bbsv1.BBSServiceClient) error {
 				resp, err := bbs.ActualLRPs(cmd.Context(), &bbsv1.ActualLRPsRequest{Filter: f})
 				if err != nil {
 					return err

@@ -21,11 +21,7 @@ func (c *cli) taskCommands() []*cobra.Command {
 		Short: "List tasks",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.list(cmd, wf, func(p *printer) error {
-				bbs, err := c.bbsClient()
-				if err != nil {
-					return err
-				}
+			return c.listBBS(cmd, wf, func(p *printer, bbs bbsv1.BBSServiceClient) error {
 				resp, err := bbs.Tasks(cmd.Context(), &bbsv1.TasksRequest{Filter: &f})
 				if err != nil {
 					return err
