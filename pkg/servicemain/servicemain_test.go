@@ -1,14 +1,12 @@
 package servicemain
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -92,44 +90,35 @@ func (l *listener) Run(ctx context.Context, ready func()) error {
 
 func (l *listener) Addr() net.Addr { return l.ln.Addr() }
 
-// lockedBuffer is a bytes.Buffer safe for the logger and the test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// lines is an io.Writer handing each log line to the test; it holds up to 64 unread lines.
+type lines chan string
 
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
+func (l lines) Write(p []byte) (int, error) {
+	l <- string(p)
+	return len(p), nil
 }
 
 func TestServeLogsAddressOnceReady(t *testing.T) {
-	var out lockedBuffer
-	logger := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	out := make(lines, 64)
+	logger := hclog.New(&hclog.LoggerOptions{Output: out, Level: hclog.Info})
 	svc := &listener{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, logger, "svc", svc, "extra", "v") }()
-	for !strings.Contains(out.String(), "svc serving") {
+	var line string
+	for !strings.Contains(line, "svc serving") {
 		select {
+		case line = <-out:
 		case err := <-done:
 			t.Fatalf("Serve returned before ready: %v", err)
-		default:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no serving line within 30s")
 		}
-		<-time.After(10 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Serve: %v", err)
 	}
-	line := out.String()
 	if !strings.Contains(line, "address="+svc.Addr().String()) || !strings.Contains(line, "extra=v") {
 		t.Fatalf("serving line %q lacks the address or the fields", line)
 	}
