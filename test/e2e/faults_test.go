@@ -323,6 +323,22 @@ func complete(actuals []*modelsv1.ActualLRP, guids []string, instances int) (boo
 	return false, fmt.Sprintf("%d missing %v; other records %v", len(missing), missing, other)
 }
 
+// waitComplete waits until every index of guids runs (complete), failing the test with what
+// when timeout passes first, and returns the records as last read, summarized.
+func (c *haCluster) waitComplete(t *testing.T, timeout time.Duration, guids []string, instances int, what string) slots {
+	t.Helper()
+	var last slots
+	testkit.EventuallyState(t, timeout, func() (bool, string) {
+		as, err := c.actuals(guids...)
+		if err != nil {
+			return false, err.Error()
+		}
+		last = summarize(as)
+		return complete(as, guids, instances)
+	}, what)
+	return last
+}
+
 // heldByReps asks every registered cell's rep for the instances it holds and counts the
 // containers per "guid/index".
 func (c *haCluster) heldByReps(t *testing.T) map[string]int {
@@ -354,15 +370,7 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 	c := startHACluster(t, haOptions{bbs: 1, auctioneers: 1, reps: 3})
 	const guid, n = "evacuee", 6
 	c.desire(t, simLRP(guid, n))
-	var before slots
-	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
-		as, err := c.actuals(guid)
-		if err != nil {
-			return false, err.Error()
-		}
-		before = summarize(as)
-		return complete(as, []string{guid}, n)
-	}, "every instance running")
+	before := c.waitComplete(t, 30*time.Second, []string{guid}, n, "every instance running")
 	victim := before.running[guid+"/0"]
 	var held []string
 	for k, cell := range before.running {
@@ -523,13 +531,7 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 	if len(guids) < lrps*9/10 {
 		t.Errorf("only %d of %d DesireLRP calls acknowledged", len(guids), lrps)
 	}
-	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
-		as, err := c.actuals(guids...)
-		if err != nil {
-			return false, err.Error()
-		}
-		return complete(as, guids, instances)
-	}, "every acknowledged LRP running")
+	c.waitComplete(t, 60*time.Second, guids, instances, "every acknowledged LRP running")
 	t.Logf("%d LRPs × %d instances running %s after the kill", len(guids), instances, time.Since(killed).Round(time.Millisecond))
 
 	// Exactly once: no cell holds a second container of an index (reps stop orphans in their
@@ -554,15 +556,7 @@ func TestKilledRepInstancesRestartElsewhere(t *testing.T) {
 	c := startHACluster(t, haOptions{bbs: 1, auctioneers: 1, reps: 3, leaseTTL: 2 * time.Second})
 	const guid, n = "orphaned", 9
 	c.desire(t, simLRP(guid, n))
-	var before slots
-	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
-		as, err := c.actuals(guid)
-		if err != nil {
-			return false, err.Error()
-		}
-		before = summarize(as)
-		return complete(as, []string{guid}, n)
-	}, "every instance running")
+	before := c.waitComplete(t, 30*time.Second, []string{guid}, n, "every instance running")
 	victim := before.running[guid+"/0"]
 	var held int
 	for _, cell := range before.running {
