@@ -46,23 +46,10 @@ func slot(k *modelsv1.ActualLRPKey) string {
 
 // followEvents consumes the BBS event stream until ctx ends.
 func (o *observer) followEvents(ctx context.Context, bbs bbsv1.BBSServiceClient, ready chan<- struct{}) {
-	stream, err := bbs.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{})
-	if err != nil {
-		o.fail(fmt.Errorf("subscribe to events: %w", err))
-		close(ready)
-		return
+	open := func() (recver[*bbsv1.SubscribeToEventsResponse], error) {
+		return bbs.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{})
 	}
-	close(ready)
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			if ctx.Err() == nil {
-				o.fail(fmt.Errorf("event stream: %w", err))
-			}
-			return
-		}
-		now := time.Now()
-		o.mu.Lock()
+	follow(ctx, o, "subscribe to events", "event stream", open, ready, func(m *bbsv1.SubscribeToEventsResponse, now time.Time) {
 		for _, ev := range m.GetEvents() {
 			switch k := ev.GetKind().(type) {
 			case *bbsv1.Event_ActualLrpChanged:
@@ -78,6 +65,36 @@ func (o *observer) followEvents(ctx context.Context, bbs bbsv1.BBSServiceClient,
 				o.disappeared[k.CellDisappeared.GetCell().GetCellId()] = now
 			}
 		}
+	})
+}
+
+// recver is a server stream as follow reads it.
+type recver[M any] interface {
+	Recv() (M, error)
+}
+
+// follow opens a stream (failing the run with opening when it cannot), closes ready, and hands
+// each message with its arrival time to handle, o.mu held, until ctx ends; a stream that breaks
+// first fails the run with broken.
+func follow[M any](ctx context.Context, o *observer, opening, broken string, open func() (recver[M], error), ready chan<- struct{}, handle func(m M, now time.Time)) {
+	stream, err := open()
+	if err != nil {
+		o.fail(fmt.Errorf("%s: %w", opening, err))
+		close(ready)
+		return
+	}
+	close(ready)
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				o.fail(fmt.Errorf("%s: %w", broken, err))
+			}
+			return
+		}
+		now := time.Now()
+		o.mu.Lock()
+		handle(m, now)
 		o.mu.Unlock()
 	}
 }
@@ -107,23 +124,10 @@ func (o *observer) actual(a *modelsv1.ActualLRP, now time.Time) {
 
 // followRoutes consumes the route-emitter's WatchRoutes stream until ctx ends.
 func (o *observer) followRoutes(ctx context.Context, re routeemitterv1.RouteEmitterServiceClient, ready chan<- struct{}) {
-	stream, err := re.WatchRoutes(ctx, &routeemitterv1.WatchRoutesRequest{})
-	if err != nil {
-		o.fail(fmt.Errorf("watch routes: %w", err))
-		close(ready)
-		return
+	open := func() (recver[*routeemitterv1.WatchRoutesResponse], error) {
+		return re.WatchRoutes(ctx, &routeemitterv1.WatchRoutesRequest{})
 	}
-	close(ready)
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			if ctx.Err() == nil {
-				o.fail(fmt.Errorf("route stream: %w", err))
-			}
-			return
-		}
-		now := time.Now()
-		o.mu.Lock()
+	follow(ctx, o, "watch routes", "route stream", open, ready, func(m *routeemitterv1.WatchRoutesResponse, now time.Time) {
 		for _, r := range m.GetUpserts() {
 			for _, ep := range r.GetEndpoints() {
 				if _, ok := o.routeSeen[ep.GetInstanceGuid()]; !ok {
@@ -131,8 +135,7 @@ func (o *observer) followRoutes(ctx context.Context, re routeemitterv1.RouteEmit
 				}
 			}
 		}
-		o.mu.Unlock()
-	}
+	})
 }
 
 func (o *observer) fail(err error) {
