@@ -32,65 +32,52 @@ func (c *ActualLRPs) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 // EvacuateClaimedActualLRP gives up a CLAIMED instance on a draining cell: the slot is
 // unclaimed for re-placement and the container is not kept.
 func (c *ActualLRPs) EvacuateClaimedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
-	var restarted *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		restarted = nil
+	return c.evacuateStep(ctx, "evacuate claimed", guid, index, func(t *store.Txn) (bool, *modelsv1.ActualLRP, error) {
 		ord, evac, err := slotRecords(t, guid, index)
 		if err != nil {
-			return err
+			return false, nil, err
 		}
 		if evac != nil && sameInstance(evac.GetInstanceKey(), ik) {
 			deleteActual(t, evac)
 		}
 		if ord != nil && ord.GetState() == claimed && sameInstance(ord.GetInstanceKey(), ik) {
-			restarted = c.unclaim(ord)
-			return putActual(t, restarted)
+			restarted := c.unclaim(ord)
+			return false, restarted, putActual(t, restarted)
 		}
-		return nil
+		return false, nil, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("evacuate claimed %s: %w", describe(guid, index), err)
-	}
-	if restarted != nil {
-		c.restartIfUnclaimed(restarted)
-	}
-	return false, nil
 }
 
 // EvacuateRunningActualLRP keeps a RUNNING instance of a draining cell routable as an
 // EVACUATING copy while its slot is placed again; once the replacement runs (or the slot is
 // gone) the copy is removed and the cell told to drop the container.
 func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo) (bool, error) {
-	var keep bool
-	var restarted *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		keep, restarted = false, nil
+	return c.evacuateStep(ctx, "evacuate running", guid, index, func(t *store.Txn) (bool, *modelsv1.ActualLRP, error) {
 		ord, evac, err := slotRecords(t, guid, index)
 		if err != nil {
-			return err
+			return false, nil, err
 		}
 		if evac != nil {
 			if !sameInstance(evac.GetInstanceKey(), ik) {
-				return rpcerr.FailedPrecondition("%s is already evacuating as %s", describe(guid, index), describeInstance(evac.GetInstanceKey()))
+				return false, nil, rpcerr.FailedPrecondition("%s is already evacuating as %s", describe(guid, index), describeInstance(evac.GetInstanceKey()))
 			}
 			if ord == nil || (ord.GetState() == running && !sameInstance(ord.GetInstanceKey(), ik)) {
 				deleteActual(t, evac) // replaced, or no longer desired
-				return nil
+				return false, nil, nil
 			}
-			keep = true
 			if !proto.Equal(evac.GetNetInfo(), net) {
 				next := c.changed(evac, running)
 				next.NetInfo = clone(net)
-				return putActual(t, next)
+				return true, nil, putActual(t, next)
 			}
-			return nil
+			return true, nil, nil
 		}
 		if ord == nil {
-			return nil
+			return false, nil, nil
 		}
 		mine := sameInstance(ord.GetInstanceKey(), ik) && (ord.GetState() == running || ord.GetState() == claimed)
 		if !mine && ord.GetState() != unclaimed {
-			return nil // the slot belongs to another container now
+			return false, nil, nil // the slot belongs to another container now
 		}
 		copyOf := c.changed(ord, running)
 		copyOf.Presence = evacuating
@@ -101,22 +88,14 @@ func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, 
 			copyOf.Zone = c.zoneOf(ik.GetCellId())
 		}
 		if err := putActual(t, copyOf); err != nil {
-			return err
+			return false, nil, err
 		}
-		keep = true
 		if mine {
-			restarted = c.unclaim(ord)
-			return putActual(t, restarted)
+			restarted := c.unclaim(ord)
+			return true, restarted, putActual(t, restarted)
 		}
-		return nil
+		return true, nil, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("evacuate running %s: %w", describe(guid, index), err)
-	}
-	if restarted != nil {
-		c.restartIfUnclaimed(restarted)
-	}
-	return keep, nil
 }
 
 // EvacuateStoppedActualLRP removes the records of a container that stopped on a draining cell.
@@ -149,37 +128,29 @@ func (c *ActualLRPs) EvacuateStoppedActualLRP(ctx context.Context, guid string, 
 // EvacuateCrashedActualLRP records a crash of a container on a draining cell: its evacuating
 // copy is removed and, when it still holds the slot, the slot is crashed as by CrashActualLRP.
 func (c *ActualLRPs) EvacuateCrashedActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (bool, error) {
-	var after *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		after = nil
+	return c.evacuateStep(ctx, "evacuate crashed", guid, index, func(t *store.Txn) (bool, *modelsv1.ActualLRP, error) {
 		ord, evac, err := slotRecords(t, guid, index)
 		if err != nil {
-			return err
+			return false, nil, err
 		}
 		found := false
 		if evac != nil && sameInstance(evac.GetInstanceKey(), ik) {
 			deleteActual(t, evac)
 			found = true
 		}
+		var after *modelsv1.ActualLRP
 		if ord != nil && sameInstance(ord.GetInstanceKey(), ik) && (ord.GetState() == claimed || ord.GetState() == running) {
 			after = c.crashed(ord, reason)
 			found = true
 			if err := putActual(t, after); err != nil {
-				return err
+				return false, nil, err
 			}
 		}
 		if !found {
-			return rpcerr.NotFound("%s has no record of %s", describe(guid, index), describeInstance(ik))
+			return false, nil, rpcerr.NotFound("%s has no record of %s", describe(guid, index), describeInstance(ik))
 		}
-		return nil
+		return false, after, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("evacuate crashed %s: %w", describe(guid, index), err)
-	}
-	if after != nil {
-		c.restartIfUnclaimed(after)
-	}
-	return false, nil
 }
 
 // RemoveEvacuatingActualLRP deletes the EVACUATING copy of an instance held by ik.
@@ -188,4 +159,25 @@ func (c *ActualLRPs) RemoveEvacuatingActualLRP(ctx context.Context, guid string,
 		return fmt.Errorf("remove evacuating: %w", err)
 	}
 	return nil
+}
+
+// evacuateStep runs step, one evacuation change of the slot guid/index, in one transaction
+// (again on a lost race). step reports whether the cell keeps its container and the record, if
+// any, that waits for placement again; that record is offered to the auctioneer once committed.
+// An error names op and the slot.
+func (c *ActualLRPs) evacuateStep(ctx context.Context, op, guid string, index int32, step func(t *store.Txn) (keep bool, restart *modelsv1.ActualLRP, err error)) (bool, error) {
+	var keep bool
+	var restart *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		var err error
+		keep, restart, err = step(t)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
+	}
+	if restart != nil {
+		c.restartIfUnclaimed(restart)
+	}
+	return keep, nil
 }
