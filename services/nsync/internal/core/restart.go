@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,43 +35,25 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 	if err := models.ValidateGuid("guid", guid); err != nil {
 		return nil, "", err
 	}
-	cur, err := c.getApp(ctx, guid)
-	if err != nil {
-		return nil, "", err
-	}
-	rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
-	if rec.GetPendingVersion() != 0 {
-		return nil, "", rpcerr.FailedPrecondition("app %q is already restarting (version %d)", guid, rec.GetPendingVersion())
-	}
-	app := rec.GetApp()
-	rootfs, constraint, err := c.placement(ctx, "app", app)
-	if err != nil {
-		return nil, "", err
-	}
-	next := app.GetVersion() + 1
-	d, err := c.lrp(ctx, app, next, rootfs, constraint)
-	if err != nil {
-		return nil, "", err
-	}
-	rec.LastError = nil
-	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
-		// Nothing serves: start the next version directly.
-		rec.State, rec.App.Version, rec.Rootfs, rec.PlacementConstraint = nsyncv1.AppState_APP_STATE_STARTED, next, rootfs, constraint
-		if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
-			return nil, "", err
+	// The record may change under us (the bulk loop records its own bookkeeping): a lost
+	// compare-and-swap is retried from a fresh read a few times before it is the caller's.
+	var (
+		started *nsyncv1.App
+		d       *modelsv1.DesiredLRP
+		next    int64
+		err     error
+	)
+	for attempt := 0; ; attempt++ {
+		started, d, next, err = c.beginRestart(ctx, guid)
+		if err == nil || !errors.Is(err, rpcerr.ErrAborted) || attempt == restartCASAttempts-1 {
+			break
 		}
-		if err := c.desire(ctx, d); err != nil {
-			c.log.Warn("desire at the BBS failed; the bulk loop retries", "process_guid", d.GetProcessGuid(), "error", err)
-		}
-		return rec.GetApp(), d.GetProcessGuid(), nil
 	}
-	rec.PendingVersion, rec.PendingRootfs, rec.PendingConstraint = next, rootfs, constraint
-	rec.PendingSinceUnixMs = c.cfg.Now().UnixMilli()
-	if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
+	if err != nil {
 		return nil, "", err
 	}
-	if err := c.desire(ctx, d); err != nil {
-		c.log.Warn("desire of the new version failed; the bulk loop retries", "process_guid", d.GetProcessGuid(), "error", err)
+	if started != nil {
+		return started, d.GetProcessGuid(), nil
 	}
 	t := time.NewTicker(c.cfg.RestartPoll)
 	defer t.Stop()
@@ -93,6 +76,54 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 		case <-t.C:
 		}
 	}
+}
+
+// restartCASAttempts bounds how often RestartApp re-reads the record after losing its
+// compare-and-swap to a concurrent write.
+const restartCASAttempts = 5
+
+// beginRestart records the pending next version of app guid (or, for an app that is not
+// started, starts the next version directly and returns the app) and desires it at the BBS.
+func (c *Core) beginRestart(ctx context.Context, guid string) (started *nsyncv1.App, d *modelsv1.DesiredLRP, next int64, err error) {
+	cur, err := c.getApp(ctx, guid)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	rec := proto.Clone(cur.Record).(*nsyncv1.AppRecord)
+	if rec.GetPendingVersion() != 0 {
+		return nil, nil, 0, rpcerr.FailedPrecondition("app %q is already restarting (version %d)", guid, rec.GetPendingVersion())
+	}
+	app := rec.GetApp()
+	rootfs, constraint, err := c.placement(ctx, "app", app)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	next = app.GetVersion() + 1
+	d, err = c.lrp(ctx, app, next, rootfs, constraint)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	rec.LastError = nil
+	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
+		// Nothing serves: start the next version directly.
+		rec.State, rec.App.Version, rec.Rootfs, rec.PlacementConstraint = nsyncv1.AppState_APP_STATE_STARTED, next, rootfs, constraint
+		if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
+			return nil, nil, 0, err
+		}
+		if err := c.desire(ctx, d); err != nil {
+			c.log.Warn("desire at the BBS failed; the bulk loop retries", "process_guid", d.GetProcessGuid(), "error", err)
+		}
+		return rec.GetApp(), d, next, nil
+	}
+	rec.PendingVersion, rec.PendingRootfs, rec.PendingConstraint = next, rootfs, constraint
+	rec.PendingSinceUnixMs = c.cfg.Now().UnixMilli()
+	if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := c.desire(ctx, d); err != nil {
+		c.log.Warn("desire of the new version failed; the bulk loop retries", "process_guid", d.GetProcessGuid(), "error", err)
+	}
+	return nil, d, next, nil
 }
 
 // restartResult answers a finished restart of guid to version: the app when version serves,
