@@ -41,7 +41,12 @@ func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []strin
 		if pc := a.GetPlacementConstraint(); len(pc.GetRequire())+len(pc.GetDisallow()) > 0 {
 			placement = fmt.Sprintf("require %v disallow %v", pc.GetRequire(), pc.GetDisallow())
 		}
+		running, crashed := fmt.Sprint(a.GetRunning()), fmt.Sprint(a.GetCrashed())
 		var notes []string
+		if a.GetCountsUnknown() {
+			running, crashed = "?", "?"
+			notes = append(notes, "instance counts unknown: the BBS is unreachable")
+		}
 		if a.GetRestartToApply() {
 			notes = append(notes, "pool changed: restart to apply")
 		}
@@ -51,8 +56,8 @@ func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []strin
 		if pe := a.GetPlacementError(); pe.GetMessage() != "" {
 			notes = append(notes, strings.TrimPrefix(pe.GetCode().String(), "CODE_")+": "+pe.GetMessage())
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\tv%d\t%s\t%d/%d\t%d\t%s\t%s\n", a.GetApp().GetGuid(), a.GetApp().GetName(), a.GetApp().GetSpaceGuid(),
-			a.GetApp().GetVersion(), state, a.GetRunning(), a.GetDesired(), a.GetCrashed(), placement, strings.Join(notes, "; "))
+		fmt.Fprintf(w, "%s\t%s\t%s\tv%d\t%s\t%s/%d\t%s\t%s\t%s\n", a.GetApp().GetGuid(), a.GetApp().GetName(), a.GetApp().GetSpaceGuid(),
+			a.GetApp().GetVersion(), state, running, a.GetDesired(), crashed, placement, strings.Join(notes, "; "))
 	}
 	return w.Flush()
 }

@@ -198,10 +198,11 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 					admin.CertFile, admin.KeyFile, admin.CAFile)
 				flags = ""
 			}
-			fmt.Fprintf(out, "\nTry:\n  gavel %s--bbs %s cells\n  gavel %s--bbs %s actual-lrps --watch\n  gavel %s--bbs %s desire-lrp examples/lrp.yaml --wait\n  gavel %s--route-emitter %s routes\n  gavel %s--nsync %s pools create staging --require staging && gavel %s--nsync %s pools bind dev-space staging\n",
-				flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.BBSAddress, flags, cluster.RouteEmitterAddress, flags, cluster.NsyncAddress, flags, cluster.NsyncAddress)
+			cli := cliPath()
+			fmt.Fprintf(out, "\nTry:\n  %[1]s %[2]s--bbs %[3]s cells\n  %[1]s %[2]s--bbs %[3]s actual-lrps --watch\n  %[1]s %[2]s--bbs %[3]s desire-lrp examples/lrp.yaml --wait\n  %[1]s %[2]s--route-emitter %[4]s routes\n  %[1]s %[2]s--nsync %[5]s pools create staging --require staging && %[1]s %[2]s--nsync %[5]s pools bind dev-space staging\n",
+				cli, flags, cluster.BBSAddress, cluster.RouteEmitterAddress, cluster.NsyncAddress)
 			if samplePath != "" {
-				fmt.Fprintf(out, "  sed 's|@HELLO@|%s|' examples/app.yaml | gavel %s--nsync %s app push - && gavel %s--nsync %s apps\n", samplePath, flags, cluster.NsyncAddress, flags, cluster.NsyncAddress)
+				fmt.Fprintf(out, "  sed 's|@HELLO@|%[1]s|' examples/app.yaml | %[2]s %[3]s--nsync %[4]s app push - && %[2]s %[3]s--nsync %[4]s apps\n", samplePath, cli, flags, cluster.NsyncAddress)
 			}
 			fmt.Fprintf(out, "Stop with Ctrl-C.\n")
 			ready()
@@ -209,6 +210,15 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 			return nil
 		})},
 	)
+}
+
+// cliPath is how the user ran this binary when that names gavel (bin/gavel under make run, which
+// is not on $PATH), and otherwise "gavel" (go run's temporary binary is no use to print).
+func cliPath() string {
+	if filepath.Base(os.Args[0]) == "gavel" {
+		return os.Args[0]
+	}
+	return "gavel"
 }
 
 // desireSample desires the sample app (once) and prints where its instances answer.

@@ -31,6 +31,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no etcd", func(c *Config) { c.EtcdEndpoints = nil }, "etcd_endpoints"},
 		{"zero drain", func(c *Config) { c.RouteDrain = 0 }, "route_drain must be positive"},
 		{"tls missing", func(c *Config) { c.TLS = tlsx.Config{} }, "tls:"},
+		{"unknown role", func(c *Config) { c.Authz.Roles = map[string]string{"spiffe://x/ops": "operator"} }, `authz: roles: spiffe://x/ops: unknown role "operator"`},
 		{"bad plugin name", func(c *Config) { c.Plugins = []transform.PluginConfig{{Name: "Net_1", Socket: "/s"}} }, `plugins: transformers[0]: transformer "Net_1": name "Net_1" must be a lower-case DNS subdomain`},
 	}
 	for _, tt := range tests {

@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/nsync"
@@ -41,9 +44,21 @@ type env struct {
 	nsync   nsyncv1.NsyncServiceClient
 	svc     *nsync.Service
 	stop    func()
+	// clientTLS is how e.nsync dials nsync (plaintext unless a test sets it before startNsync).
+	clientTLS tlsx.Config
+	// logger, when set before startNsync, is nsync's logger (the test's otherwise).
+	logger hclog.Logger
 }
 
 func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer) *env {
+	t.Helper()
+	e := newEnv(t, configure, tr)
+	e.startNsync(t)
+	return e
+}
+
+// newEnv is startEnv without starting nsync: the cluster, the proxy and e.cfg.
+func newEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer) *env {
 	t.Helper()
 	var cells []devcluster.Cell
 	for i, tags := range cellTags {
@@ -87,7 +102,7 @@ func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer)
 		return len(resp.GetCells()) == len(cells), fmt.Sprintf("%d cells", len(resp.GetCells()))
 	})
 
-	e := &env{cluster: c, bbs: c.BBS, proxy: startProxy(t, c.BBSAddress), tr: tr}
+	e := &env{cluster: c, bbs: c.BBS, proxy: startProxy(t, c.BBSAddress), tr: tr, clientTLS: tlsx.Config{Insecure: true}}
 	e.cfg = nsync.Default()
 	e.cfg.ListenAddress = "127.0.0.1:0"
 	e.cfg.TLS, e.cfg.BBSTLS, e.cfg.EtcdTLS = tlsx.Config{Insecure: true}, tlsx.Config{Insecure: true}, tlsx.Config{Insecure: true}
@@ -99,7 +114,6 @@ func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer)
 	if configure != nil {
 		configure(&e.cfg)
 	}
-	e.startNsync(t)
 	return e
 }
 
@@ -110,7 +124,11 @@ func (e *env) startNsync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := nsync.New(e.cfg, logging.NewTest(t).Named("nsync"), e.cluster.Etcd, bbsv1.NewBBSServiceClient(conn), e.tr)
+	logger := e.logger
+	if logger == nil {
+		logger = logging.NewTest(t).Named("nsync")
+	}
+	svc, err := nsync.New(e.cfg, logger, e.cluster.Etcd, bbsv1.NewBBSServiceClient(conn), e.tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +141,10 @@ func (e *env) startNsync(t *testing.T) {
 		cancel()
 		t.Fatalf("nsync stopped before it was ready: %v", err)
 	}
-	client := testkit.Dial(t, svc.Addr().String())
+	client, err := grpcx.Dial(svc.Addr().String(), grpcx.ClientConfig{TLS: e.clientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.nsync, e.svc = nsyncv1.NewNsyncServiceClient(client), svc
 	var once sync.Once
 	e.stop = func() {

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
@@ -77,6 +78,10 @@ type Config struct {
 	Log logging.Config `json:"log"`
 	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
 	MetricsAddress string `json:"metrics_address,omitempty"`
+	// Authz maps client certificate identities to roles (least privilege): admin may make
+	// every call, read-only may list apps and pools, every other identity is refused;
+	// enforced whenever tls is on.
+	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -96,6 +101,7 @@ func Default() Config {
 		LockTTL:        Duration(etcdx.DefaultElectionTTL),
 		MaxInstances:   models.DefaultMaxInstances,
 		Log:            logging.Config{Level: "info", Format: "text"},
+		Authz:          authz.Default(),
 	}
 }
 
@@ -163,6 +169,9 @@ func (c Config) Validate() error {
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("authz: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -221,9 +230,10 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Logger:         logger.Named("core"),
 		Observer:       m,
 	})
+	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 	)
 	if err != nil {
 		_ = chain.Close()
@@ -294,3 +304,18 @@ func (s *Service) Addr() net.Addr { return s.server.Addr() }
 // MetricsAddr is the metrics listener's bound address once Run has called ready (nil when
 // metrics are off).
 func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
+
+// Policy is the least-privilege rule of nsync's gRPC API (see pkg/authz): admin may make every
+// call, read-only may list apps and placement pools, and no other role may call nsync at all
+// (nsync is the platform's entry point, driven by operators, not by other Gavel services).
+// Every call but the two lists is audited.
+var Policy = authz.Methods{
+	Service: nsyncv1.NsyncService_ServiceDesc.ServiceName,
+	Reads:   []string{"Apps", "PlacementPools"},
+	Check: func(role authz.Role, method string, _ any) error {
+		if role.Kind != authz.ReadOnly {
+			return fmt.Errorf("role %s has no calls on nsync", role)
+		}
+		return nil
+	},
+}

@@ -319,6 +319,21 @@ func TestBulkKeepsTheBBSInStep(t *testing.T) {
 		t.Fatalf("DesireApp with the BBS away: %v", err)
 	}
 	waitFor(t, time.Duration(e.cfg.DomainTTL)+5*time.Second, "cf-apps to go stale", func() (bool, string) { return !fresh(), "fresh" })
+	// Apps answers from nsync's own records, each entry saying its instance counts are unknown.
+	apps, err := e.nsync.Apps(ctx, &nsyncv1.AppsRequest{})
+	if err != nil {
+		t.Fatalf("Apps with the BBS away: %v", err)
+	}
+	got := map[string]*nsyncv1.AppInfo{}
+	for _, a := range apps.GetApps() {
+		got[a.GetApp().GetGuid()] = a
+		if !a.GetCountsUnknown() || a.GetRunning() != 0 {
+			t.Errorf("app %s with the BBS away: counts_unknown %v, running %d", a.GetApp().GetGuid(), a.GetCountsUnknown(), a.GetRunning())
+		}
+	}
+	if len(got) != 4 || got["a"].GetDesired() != 3 || got["b"].GetState() != nsyncv1.AppState_APP_STATE_STOPPED || got["d"].GetDesired() != 1 {
+		t.Errorf("Apps with the BBS away is not nsync's records: %v", apps.GetApps())
+	}
 	if _, ok := e.desired(t, "b-v1"); !ok {
 		t.Error("b-v1 left the BBS while nsync could not reach it")
 	}
@@ -333,6 +348,10 @@ func TestBulkKeepsTheBBSInStep(t *testing.T) {
 	})
 	e.waitRunning(t, "a-v1", 3)
 	e.waitRunning(t, "d-v1", 1)
+	waitFor(t, 10*time.Second, "Apps to count a's instances again", func() (bool, string) {
+		info := e.appInfo(t, "a")
+		return !info.GetCountsUnknown() && info.GetRunning() == 3, info.String()
+	})
 }
 
 // TestRestartOfNsyncLosesNothing: apps, pools, bindings and the default survive nsync

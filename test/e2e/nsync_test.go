@@ -436,8 +436,8 @@ func TestNsyncEndToEnd(t *testing.T) {
 	routed("web still routed")
 }
 
-// TestNsyncBinaryMutualTLSAndBadConfig: the nsync binary serves its API over mutual TLS only,
-// and refuses a bad configuration before starting.
+// TestNsyncBinaryMutualTLSAndBadConfig: the nsync binary serves its API over mutual TLS only, to
+// identities with a role, and refuses a bad configuration before starting.
 func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 	bin := binary(t, "nsync")
 	out, err := exec.Command(bin, "-insecure", "-bbs-insecure", "-etcd-insecure", "-stacks", `{"CFLinuxFS4":"preloaded:cflinuxfs4"}`).CombinedOutput()
@@ -446,7 +446,7 @@ func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 	}
 
 	emb, _ := etcdtest.Start(t)
-	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "nsync", "client")
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "nsync", "admin", "client")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 	c.procs = append(c.procs, startProc(t, "nsync", bin, "-listen", addr,
 		"-tls-cert", pki["nsync"].CertFile, "-tls-key", pki["nsync"].KeyFile, "-tls-ca", pki["nsync"].CAFile,
 		"-bbs-address", testkit.ReservedAddr(t), "-bbs-insecure", "-etcd-endpoints", strings.Join(emb.Endpoints(), ","), "-etcd-insecure"))
-	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["client"]})
+	conn, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["admin"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +471,16 @@ func TestNsyncBinaryMutualTLSAndBadConfig(t *testing.T) {
 	defer plain.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
+	// A certificate of the CA whose identity has no role is refused, naming it and the call.
+	other, err := grpcx.Dial(addr, grpcx.ClientConfig{TLS: pki["client"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	_, err = nsyncv1.NewNsyncServiceClient(other).PlacementPools(ctx, &nsyncv1.PlacementPoolsRequest{})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "identity spiffe://gavel/client has no role") {
+		t.Fatalf("an identity without a role: got %v, want PermissionDenied naming it", err)
+	}
 	if _, err := nsyncv1.NewNsyncServiceClient(plain).PlacementPools(ctx, &nsyncv1.PlacementPoolsRequest{}); err == nil {
 		t.Fatal("a plaintext client reached the mTLS nsync")
 	}

@@ -411,9 +411,17 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 	if err != nil {
 		return nil, err
 	}
+	// nsync's records are its own: with the BBS unreachable they are still the answer, with
+	// the instance counts marked unknown.
 	actuals, err := c.bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{Domain: build.AppsDomain}})
+	countsUnknown := false
 	if err != nil {
-		return nil, err
+		unreachable := status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded
+		if !unreachable || ctx.Err() != nil {
+			return nil, err
+		}
+		c.log.Warn("apps: the BBS is unreachable; answering with instance counts unknown", "error", err)
+		countsUnknown = true
 	}
 	byGuid := map[string][]*modelsv1.ActualLRP{}
 	for _, a := range actuals.GetActualLrps() {
@@ -440,6 +448,7 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 			PendingVersion:      rec.GetPendingVersion(),
 			PlacementError:      rec.GetLastError(),
 			RestartToApply:      !models.SameConstraint(rec.GetPlacementConstraint(), build.Constraint(pools.For(app.GetSpaceGuid()))),
+			CountsUnknown:       countsUnknown,
 		}
 		if rec.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
 			info.ProcessGuid = build.ProcessGuid(app.GetGuid(), app.GetVersion())

@@ -541,8 +541,11 @@ type AppInfo struct {
 	RestartToApply bool `protobuf:"varint,9,opt,name=restart_to_apply,json=restartToApply,proto3" json:"restart_to_apply,omitempty"`
 	// PendingVersion is the version a restart under way is bringing up (zero: none).
 	PendingVersion int64 `protobuf:"varint,10,opt,name=pending_version,json=pendingVersion,proto3" json:"pending_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// CountsUnknown is set when the BBS could not be reached: running, crashed and the
+	// instances' placement errors are unknown (left zero); everything else is nsync's own record.
+	CountsUnknown bool `protobuf:"varint,11,opt,name=counts_unknown,json=countsUnknown,proto3" json:"counts_unknown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppInfo) Reset() {
@@ -643,6 +646,13 @@ func (x *AppInfo) GetPendingVersion() int64 {
 		return x.PendingVersion
 	}
 	return 0
+}
+
+func (x *AppInfo) GetCountsUnknown() bool {
+	if x != nil {
+		return x.CountsUnknown
+	}
+	return false
 }
 
 // DesireAppRequest is the request of DesireApp.
@@ -2073,7 +2083,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"last_error\x18\t \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\tlastError\x12)\n" +
 	"\x10draining_version\x18\n" +
 	" \x01(\x03R\x0fdrainingVersion\x12-\n" +
-	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\"\xc7\x03\n" +
+	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\"\xee\x03\n" +
 	"\aAppInfo\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12!\n" +
@@ -2085,7 +2095,8 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x14placement_constraint\x18\b \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12(\n" +
 	"\x10restart_to_apply\x18\t \x01(\bR\x0erestartToApply\x12'\n" +
 	"\x0fpending_version\x18\n" +
-	" \x01(\x03R\x0ependingVersion\"9\n" +
+	" \x01(\x03R\x0ependingVersion\x12%\n" +
+	"\x0ecounts_unknown\x18\v \x01(\bR\rcountsUnknown\"9\n" +
 	"\x10DesireAppRequest\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\"]\n" +
 	"\x11DesireAppResponse\x12%\n" +
