@@ -224,6 +224,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithUnaryInterceptors(rpcerr.UnaryServerInterceptor()),
 		grpcx.WithStreamInterceptors(rpcerr.StreamServerInterceptor()),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		_ = chain.Close()
