@@ -7,7 +7,8 @@
 // deployments/docker/compose.yaml runs them. A sample app desired through the CLI answers
 // through the router, and every service's /metrics shows per-RPC histograms. Faults are real: a
 // cell is cut off its network, an etcd member is killed. The test drives the docker CLI and
-// reaches the members only through ports published on 127.0.0.1.
+// reaches the members only through ports published on 127.0.0.1. TestCompose brings up
+// deployments/docker/compose.yaml itself, as shipped, and checks the same flow plus nsync.
 //
 //	make test-cluster     # go test -tags cluster -count=1 -timeout 20m ./test/cluster/
 package cluster
