@@ -196,38 +196,11 @@ func TestCompose(t *testing.T) {
 	// counted: the CLI's DesireLRP at a BBS, the app push at nsync and nsync's DesireLRP as a
 	// client, the auctions, the placement at a rep, the reps' StartActualLRP and the router's
 	// route stream.
-	histogram := regexp.MustCompile(`grpc_(server|client)_(msg_recv_)?handling_seconds_bucket\{`)
 	want := map[string][]*regexp.Regexp{
 		"router": {regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`)},
 		"nsync": {handled("server", "gavel.nsync.v1.NsyncService", "DesireApp"),
 			handled("client", "gavel.bbs.v1.BBSService", "DesireLRP")},
 	}
-	anywhere := []*regexp.Regexp{
-		handled("server", "gavel.bbs.v1.BBSService", "DesireLRP"),
-		handled("server", "gavel.auctioneer.v1.AuctioneerService", "RequestLRPAuctions"),
-		handled("server", "gavel.rep.v1.RepService", "Perform"),
-		handled("client", "gavel.bbs.v1.BBSService", "StartActualLRP"),
-	}
-	testkit.EventuallyState(t, waitLong, func() (bool, string) {
-		var all strings.Builder
-		for s, addr := range metrics {
-			body, err := scrape(addr)
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, re := range append([]*regexp.Regexp{histogram}, want[s]...) {
-				if !re.MatchString(body) {
-					return false, fmt.Sprintf("%s: no %s", s, re)
-				}
-			}
-			all.WriteString(body)
-		}
-		for _, re := range anywhere {
-			if !re.MatchString(all.String()) {
-				return false, fmt.Sprintf("no service shows %s", re)
-			}
-		}
-		return true, ""
-	}, "per-RPC histograms on every service's /metrics")
+	testkit.EventuallyState(t, waitLong, perRPCMetrics(metrics, want, desireFlow()), "per-RPC histograms on every service's /metrics")
 	t.Logf("compose deployment checked %s after the start (%s after up)", time.Since(start).Round(time.Millisecond), time.Since(up).Round(time.Millisecond))
 }
