@@ -70,9 +70,12 @@ image:
 	deployments/docker/build.sh $(IMAGE)
 
 ## compose-certs: the certificates deployments/docker/compose.yaml mounts (every identity, valid for every member's address)
-COMPOSE_HOSTS := 172.29.0.10 172.29.0.11 172.29.0.12 172.29.0.20 172.29.0.21 172.29.0.30 172.29.0.31 172.29.0.40 172.29.0.41 172.29.0.42 172.29.0.45 172.29.0.50 172.29.0.60
+## COMPOSE_NET is the /24's first three octets (compose.yaml's GAVEL_NET), COMPOSE_PKI the directory (its GAVEL_PKI)
+COMPOSE_NET ?= 172.29.0
+COMPOSE_PKI ?= deployments/docker/pki
+COMPOSE_HOSTS := $(addprefix $(COMPOSE_NET).,10 11 12 20 21 30 31 40 41 42 45 50 60)
 compose-certs:
-	$(GO) run ./cmd/gavel certs $(addprefix --host ,$(COMPOSE_HOSTS)) deployments/docker/pki \
+	$(GO) run ./cmd/gavel certs $(addprefix --host ,$(COMPOSE_HOSTS)) $(COMPOSE_PKI) \
 		etcd bbs auctioneer route-emitter router nsync admin read-only rep/cell-z1 rep/cell-z2 rep/cell-z3
 
 ## bench: benchmarks (figures quoted in the service READMEs)

@@ -12,7 +12,8 @@ import (
 	"github.com/gavel-sched/gavel/services/nsync"
 )
 
-// TestMetrics: the bulk loop's and the restarts' series move as nsync works.
+// TestMetrics: the bulk loop's and the restarts' series move as nsync works, and its API's calls
+// are counted and timed per RPC.
 func TestMetrics(t *testing.T) {
 	e := startEnv(t, func(c *nsync.Config) { c.MetricsAddress = "127.0.0.1:0" }, nil)
 	ctx := ctxT(t)
@@ -31,6 +32,8 @@ func TestMetrics(t *testing.T) {
 		`gavel_nsync_restarts_total{outcome="completed"} 1`,
 		`gavel_nsync_bulk_lrps_total{action="desired"} 1`,
 		`gavel_nsync_bulk_pass_duration_seconds_count`,
+		`grpc_server_handling_seconds_count{grpc_method="DesireApp",grpc_service="gavel.nsync.v1.NsyncService",grpc_type="unary"} 1`,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="RestartApp",grpc_service="gavel.nsync.v1.NsyncService",grpc_type="unary"} 1`,
 	} {
 		waitFor(t, 10*time.Second, want, func() (bool, string) {
 			s := scrape()

@@ -232,8 +232,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	})
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
+		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		_ = chain.Close()

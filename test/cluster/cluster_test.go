@@ -7,7 +7,8 @@
 // deployments/docker/compose.yaml runs them. A sample app desired through the CLI answers
 // through the router, and every service's /metrics shows per-RPC histograms. Faults are real: a
 // cell is cut off its network, an etcd member is killed. The test drives the docker CLI and
-// reaches the members only through ports published on 127.0.0.1.
+// reaches the members only through ports published on 127.0.0.1. TestCompose brings up
+// deployments/docker/compose.yaml itself, as shipped, and checks the same flow plus nsync.
 //
 //	make test-cluster     # go test -tags cluster -count=1 -timeout 20m ./test/cluster/
 package cluster
@@ -530,6 +531,46 @@ func scrape(addr string) (string, error) {
 	return string(body), err
 }
 
+// perRPCMetrics is a condition for EventuallyState: every /metrics page (service → host address)
+// has a go-grpc-middleware per-RPC histogram and its patterns in want, and the pages together
+// match every pattern of anywhere.
+func perRPCMetrics(pages map[string]string, want map[string][]*regexp.Regexp, anywhere []*regexp.Regexp) func() (bool, string) {
+	histogram := regexp.MustCompile(`grpc_(server|client)_(msg_recv_)?handling_seconds_bucket\{`)
+	return func() (bool, string) {
+		var all strings.Builder
+		for s, addr := range pages {
+			body, err := scrape(addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, re := range append([]*regexp.Regexp{histogram}, want[s]...) {
+				if !re.MatchString(body) {
+					return false, fmt.Sprintf("%s: no %s", s, re)
+				}
+			}
+			all.WriteString(body)
+		}
+		for _, re := range anywhere {
+			if !re.MatchString(all.String()) {
+				return false, fmt.Sprintf("no service shows %s", re)
+			}
+		}
+		return true, ""
+	}
+}
+
+// desireFlow are the calls desiring an LRP makes, each counted by some service: the CLI's
+// DesireLRP at a BBS, the BBS's auction request, the auctioneer's Perform at a rep and the
+// rep's StartActualLRP.
+func desireFlow() []*regexp.Regexp {
+	return []*regexp.Regexp{
+		handled("server", "gavel.bbs.v1.BBSService", "DesireLRP"),
+		handled("server", "gavel.auctioneer.v1.AuctioneerService", "RequestLRPAuctions"),
+		handled("server", "gavel.rep.v1.RepService", "Perform"),
+		handled("client", "gavel.bbs.v1.BBSService", "StartActualLRP"),
+	}
+}
+
 // handled matches a per-RPC latency histogram's count for one method with a non-zero value.
 func handled(side, service, method string) *regexp.Regexp {
 	return regexp.MustCompile(`grpc_` + side + `_handling_seconds_count\{grpc_method="` + method + `",grpc_service="` +
@@ -552,17 +593,7 @@ func TestCluster(t *testing.T) {
 		}
 		t.Logf("gavel desire-lrp --wait:\n%s", out)
 		router := b.hostAddr(b.router, "8080")
-		b.waitFor(waitLong, "hello.cluster.test through the router", func() (bool, string) {
-			req, _ := http.NewRequest(http.MethodGet, "http://"+router+"/", nil)
-			req.Host = "hello.cluster.test"
-			resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
-			if err != nil {
-				return false, err.Error()
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK, fmt.Sprintf("%s %s", resp.Status, body)
-		})
+		b.waitFor(waitLong, "hello.cluster.test through the router", func() (bool, string) { return get(router, "hello.cluster.test") })
 		if out, err := b.gavel("routes", "--route-emitter", b.subnet+"50:8893"); err != nil || !strings.Contains(out, "hello.cluster.test") {
 			t.Fatalf("gavel routes: %v\n%s", err, out)
 		}
@@ -570,38 +601,10 @@ func TestCluster(t *testing.T) {
 		// Per-RPC histograms on every server and client, with real calls counted: the CLI's
 		// DesireLRP at a BBS, the BBS's auction requests, the auctioneer's Perform at a rep,
 		// the reps' BBS calls, the route-emitter's event stream and the router's route stream.
-		want := map[string][]*regexp.Regexp{}
-		for c := range b.metrics {
-			want[c] = []*regexp.Regexp{regexp.MustCompile(`grpc_(server|client)_(msg_recv_)?handling_seconds_bucket\{`)}
+		want := map[string][]*regexp.Regexp{
+			b.router: {regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`)},
 		}
-		want[b.router] = append(want[b.router], regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`))
-		anywhere := []*regexp.Regexp{
-			handled("server", "gavel.bbs.v1.BBSService", "DesireLRP"),
-			handled("server", "gavel.auctioneer.v1.AuctioneerService", "RequestLRPAuctions"),
-			handled("server", "gavel.rep.v1.RepService", "Perform"),
-			handled("client", "gavel.bbs.v1.BBSService", "StartActualLRP"),
-		}
-		b.waitFor(waitLong, "per-RPC metrics on every service", func() (bool, string) {
-			var all strings.Builder
-			for c, addr := range b.metrics {
-				body, err := scrape(addr)
-				if err != nil {
-					return false, err.Error()
-				}
-				for _, re := range want[c] {
-					if !re.MatchString(body) {
-						return false, fmt.Sprintf("%s: no %s", c, re)
-					}
-				}
-				all.WriteString(body)
-			}
-			for _, re := range anywhere {
-				if !re.MatchString(all.String()) {
-					return false, fmt.Sprintf("no service shows %s", re)
-				}
-			}
-			return true, ""
-		})
+		b.waitFor(waitLong, "per-RPC metrics on every service", perRPCMetrics(b.metrics, want, desireFlow()))
 
 		if out, err := b.gavel("remove-lrp", "hello"); err != nil {
 			t.Fatalf("gavel remove-lrp: %v\n%s", err, out)
