@@ -237,6 +237,14 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			<-ctx.Done()
 			return cli.Close()
 		})},
+		// The simulated hosts' presence connections close once every rep has stopped and
+		// before etcd does: an open keepalive stream would hold etcd's graceful stop.
+		{Name: "presence-connections", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			ready()
+			<-ctx.Done()
+			c.closeHosts()
+			return nil
+		})},
 		{Name: "bbs", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
 			cfg := bbs.Default()
 			cfg.ListenAddress, cfg.AuctioneerAddress = c.BBSAddress, c.AuctioneerAddress
@@ -348,7 +356,6 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 		<-ctx.Done()
 		return nil
 	})})
-	defer c.closeHosts()
 	return lifecycle.Run(ctx, log, members...)
 }
 
