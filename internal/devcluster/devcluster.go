@@ -99,6 +99,8 @@ type Cluster struct {
 	EtcdEndpoints []string
 	// BBS is a client of the BBS.
 	BBS bbsv1.BBSServiceClient
+	// BBSService is the running BBS (for in-process observers such as the scale harness).
+	BBSService *bbs.Service
 	// BBSAddress and AuctioneerAddress are where those services listen.
 	BBSAddress, AuctioneerAddress string
 	// RouteEmitterAddress is where the route-emitter listens (with Config.Routing).
@@ -269,6 +271,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 				return err
 			}
 			c.BBS = bbsv1.NewBBSServiceClient(conn)
+			c.BBSService = svc
 			return svc.Run(ctx, ready)
 		})},
 		{Name: "auctioneer", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {

@@ -330,8 +330,29 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
 		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
+	registerCommitMetrics(registry, st)
 	return svc, nil
 }
+
+// registerCommitMetrics exports the store's group-commit counts.
+func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
+	counter := func(name, help string, v func(store.CommitStats) int64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v(st.CommitStats())) }))
+	}
+	counter("gavel_bbs_store_transactions_total", "etcd transactions sent by the store's group committer.",
+		func(s store.CommitStats) int64 { return s.Transactions })
+	counter("gavel_bbs_store_batched_transactions_total", "etcd transactions that carried more than one change request.",
+		func(s store.CommitStats) int64 { return s.Batched })
+	counter("gavel_bbs_store_commit_requests_total", "change requests committed by the store.",
+		func(s store.CommitStats) int64 { return s.Requests })
+	counter("gavel_bbs_store_commit_retried_alone_total", "requests of a batch whose compare failed, sent again alone.",
+		func(s store.CommitStats) int64 { return s.RetriedAlone })
+}
+
+// CommitStats counts the store's group commits since the BBS started: transactions sent and the
+// change requests they carried (the scale harness reports requests per transaction).
+func (s *Service) CommitStats() store.CommitStats { return s.store.CommitStats() }
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
 // API is serving.

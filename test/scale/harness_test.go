@@ -100,6 +100,14 @@ type report struct {
 	auctioneerLimit        int
 	auctionRounds          int64
 	desireRefusals         int64
+	heapShares             []heapShare
+	writes                 commitCounts
+}
+
+// commitCounts is what the BBS's group committer did during the burst and the stream.
+type commitCounts struct {
+	transactions, batched, requests, alone int64
+	perTxn                                 float64
 }
 
 // scaleLRP is an LRP of the run: one HTTP route per LRP, so every start is a routing event.
@@ -221,6 +229,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		}
 	}
 	before := c.Auctioneer.Stats()
+	commitsBefore := c.BBSService.CommitStats()
 
 	// Burst: half the instances, desired by cfg.Writers callers as fast as the BBS takes them.
 	burstLRPs := max(1, cfg.Instances/2/cfg.PerLRP)
@@ -283,6 +292,9 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.auctionPerform = after.Perform - before.Perform
 	r.auctionRounds = c.Auctioneer.Rounds()
 	r.desireRefusals = refusals.Load()
+	commits := c.BBSService.CommitStats().Sub(commitsBefore)
+	r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
+		alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
 
 	// Routing: every container that ran during the stream must reach the table.
 	waitUntil(t, cfg.PhaseTimeout, "every streamed instance routed", func() (bool, string) {
@@ -305,6 +317,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		r.listN = len(resp.GetActualLrps())
 	}
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
+	r.heapShares = heapByOwner()
 	if cfg.HeapProfile != "" {
 		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
 			t.Fatal(err)
@@ -459,11 +472,14 @@ func (r *report) print(w io.Writer) {
 		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), ms(r.streamP50), ms(r.streamP99))
 	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named\n", r.desireRefusals)
 	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
+		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)
 	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
 		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
+	fmt.Fprintf(&b, "  heap:     live at full size, after a GC, by allocating service: %s\n", formatShares(r.heapShares))
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
 	_, _ = io.WriteString(w, b.String())
 }

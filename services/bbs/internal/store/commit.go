@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,6 +47,42 @@ type committer struct {
 	stopped chan struct{}
 	// txns counts the goroutines committing batches, joined by run before it returns.
 	txns sync.WaitGroup
+	// stats count what was committed and how (CommitStats).
+	stats struct{ txns, batched, requests, alone atomic.Int64 }
+}
+
+// CommitStats counts the store's group commits since it started: how many etcd transactions it
+// sent and how many change requests they carried, which shows how well concurrent writes (claims
+// and starts from many reps, convergence changes) are grouped.
+type CommitStats struct {
+	// Transactions is the number of etcd transactions sent, including requests retried alone.
+	Transactions int64
+	// Batched is the number of those transactions that carried more than one request.
+	Batched int64
+	// Requests is the number of change requests committed (each answered once).
+	Requests int64
+	// RetriedAlone counts requests of batches whose compare failed, each then sent again in a
+	// transaction of its own so that it gets its own answer.
+	RetriedAlone int64
+}
+
+// RequestsPerTransaction is Requests / Transactions, zero before any transaction.
+func (s CommitStats) RequestsPerTransaction() float64 {
+	if s.Transactions == 0 {
+		return 0
+	}
+	return float64(s.Requests) / float64(s.Transactions)
+}
+
+// Sub is s minus earlier, the counts of an interval.
+func (s CommitStats) Sub(earlier CommitStats) CommitStats {
+	return CommitStats{Transactions: s.Transactions - earlier.Transactions, Batched: s.Batched - earlier.Batched,
+		Requests: s.Requests - earlier.Requests, RetriedAlone: s.RetriedAlone - earlier.RetriedAlone}
+}
+
+func (c *committer) snapshot() CommitStats {
+	return CommitStats{Transactions: c.stats.txns.Load(), Batched: c.stats.batched.Load(),
+		Requests: c.stats.requests.Load(), RetriedAlone: c.stats.alone.Load()}
 }
 
 // errStopped answers a commit made after the store stopped.
@@ -153,6 +190,7 @@ func pick(pending []*commitReq) (batch, rest []*commitReq) {
 }
 
 func (c *committer) txn(cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
+	c.stats.txns.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
@@ -163,6 +201,7 @@ func (c *committer) txn(cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
 }
 
 func (c *committer) commitBatch(batch []*commitReq) {
+	c.stats.requests.Add(int64(len(batch)))
 	if len(batch) == 1 {
 		batch[0].done <- c.txn(batch[0].cmps, batch[0].ops)
 		return
@@ -173,6 +212,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		cmps = append(cmps, r.cmps...)
 		ops = append(ops, r.ops...)
 	}
+	c.stats.batched.Add(1)
 	res := c.txn(cmps, ops)
 	if res.err == nil && res.ok {
 		for _, r := range batch {
@@ -182,6 +222,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 	}
 	// Some compare failed (or the batch was refused): each request on its own, joined here so
 	// the batch's slot is held until every request has its answer.
+	c.stats.alone.Add(int64(len(batch)))
 	var wg sync.WaitGroup
 	for _, r := range batch {
 		wg.Add(1)

@@ -92,6 +92,9 @@ func New(client *clientv3.Client, opts Options) *Store {
 	}
 }
 
+// CommitStats counts the store's group commits so far.
+func (s *Store) CommitStats() CommitStats { return s.committer.snapshot() }
+
 // Client is the etcd client the store writes through.
 func (s *Store) Client() *clientv3.Client { return s.client }
 
