@@ -2,8 +2,9 @@
 // desired LRP scheduling infos and the actual LRPs, subscribes to the BBS's events from the
 // listing's revision, applies each revision's events to the table and publishes the delta. A
 // broken stream is resumed from the last revision received; a resume the BBS can no longer
-// serve (OUT_OF_RANGE after compaction) and a timer (the sync interval) lead to a fresh listing,
-// which is diffed against the table so watchers see deltas, never a jump.
+// serve (OUT_OF_RANGE after compaction) leads to a fresh listing, and a timer (the sync
+// interval) to a listing beside the open stream; either is diffed against the table so watchers
+// see deltas, never a jump.
 package syncer
 
 import (
@@ -126,7 +127,7 @@ type Syncer struct {
 	revision                                   atomic.Int64
 }
 
-// errSyncDue ends a stream when the next full listing is due.
+// errSyncDue ends a stream when a periodic listing must be done with the stream closed.
 var errSyncDue = errors.New("full sync due")
 
 // New returns a syncer for cfg.
@@ -195,7 +196,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 			needList = false
 			nextList = time.Now().Add(s.cfg.SyncInterval)
 		}
-		progressed, err := s.watch(ctx, nextList)
+		progressed, err := s.watch(ctx, &nextList)
 		if progressed {
 			failures = 0
 			wait.Reset()
@@ -204,7 +205,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, errSyncDue):
-			s.log.Debug("periodic full sync", "revision", s.cursor)
+			s.log.Debug("periodic full sync could not overlap the stream; listing with the stream closed", "revision", s.cursor)
 			needList = true
 			continue
 		case status.Code(err) == codes.OutOfRange:
@@ -234,70 +235,183 @@ func (s *Syncer) Run(ctx context.Context) error {
 // table is exact from its own revision on, and nothing between the two is lost.
 func (s *Syncer) list(ctx context.Context) error {
 	start := time.Now()
-	lctx, cancel := context.WithTimeout(ctx, s.cfg.ListTimeout)
-	defer cancel()
-	var desired *bbsv1.DesiredLRPSchedulingInfosResponse
-	var actual *bbsv1.ActualLRPsResponse
-	for attempt := 1; attempt <= listAttempts; attempt++ {
-		var err error
-		desired, err = s.cfg.BBS.DesiredLRPSchedulingInfos(lctx, &bbsv1.DesiredLRPSchedulingInfosRequest{})
-		if err != nil {
-			return fmt.Errorf("list desired LRP scheduling infos: %w", err)
-		}
-		actual, err = s.cfg.BBS.ActualLRPs(lctx, &bbsv1.ActualLRPsRequest{})
-		if err != nil {
-			return fmt.Errorf("list actual LRPs: %w", err)
-		}
-		if desired.GetRevision() == actual.GetRevision() {
-			break
-		}
+	l, err := s.fetch(ctx)
+	if err != nil {
+		return err
 	}
-	d, a := desired.GetRevision(), actual.GetRevision()
-	s.cfg.Table.Replace(desired.GetSchedulingInfos(), actual.GetActualLrps())
-	s.desiredRev, s.actualRev = d, a
-	s.cursor = min(d, a)
-	// Never publish a table older than the one already published (a lagging BBS replica).
-	s.holdUntil = max(d, a, s.published)
-	s.lists.Add(1)
-	s.log.Debug("listed the BBS", "desired_lrps", len(desired.GetSchedulingInfos()), "actual_lrps", len(actual.GetActualLrps()),
-		"desired_revision", d, "actual_revision", a, "invalid_routes", s.cfg.Table.Invalid())
+	s.install(l)
+	s.cursor = min(l.desired.GetRevision(), l.actual.GetRevision())
 	s.publish()
 	s.cfg.Observer.Listed(time.Since(start))
 	return nil
 }
 
-// watch follows the event stream from the cursor until it fails or until is reached. It
-// reports whether any message arrived.
-func (s *Syncer) watch(ctx context.Context, until time.Time) (bool, error) {
-	if !time.Now().Before(until) {
-		return false, errSyncDue
-	}
-	sctx, cancel := context.WithDeadline(ctx, until)
+// listing is one full read of the BBS: the desired LRPs' scheduling infos and the actual LRPs,
+// each with the revision it reflects.
+type listing struct {
+	desired *bbsv1.DesiredLRPSchedulingInfosResponse
+	actual  *bbsv1.ActualLRPsResponse
+	err     error
+}
+
+// fetch reads both lists, repeating them (up to listAttempts) to read them at one revision. It
+// touches no syncer state, so it may run beside the event stream.
+func (s *Syncer) fetch(ctx context.Context) (listing, error) {
+	lctx, cancel := context.WithTimeout(ctx, s.cfg.ListTimeout)
 	defer cancel()
+	var l listing
+	for attempt := 1; attempt <= listAttempts; attempt++ {
+		var err error
+		l.desired, err = s.cfg.BBS.DesiredLRPSchedulingInfos(lctx, &bbsv1.DesiredLRPSchedulingInfosRequest{})
+		if err != nil {
+			return l, fmt.Errorf("list desired LRP scheduling infos: %w", err)
+		}
+		l.actual, err = s.cfg.BBS.ActualLRPs(lctx, &bbsv1.ActualLRPsRequest{})
+		if err != nil {
+			return l, fmt.Errorf("list actual LRPs: %w", err)
+		}
+		if l.desired.GetRevision() == l.actual.GetRevision() {
+			break
+		}
+	}
+	return l, nil
+}
+
+// install replaces the table's inputs with l; events at or before each list's revision are
+// skipped from now on, and nothing is published before the stream has passed both (nor older
+// than the table already published: a lagging BBS replica).
+func (s *Syncer) install(l listing) {
+	d, a := l.desired.GetRevision(), l.actual.GetRevision()
+	s.cfg.Table.Replace(l.desired.GetSchedulingInfos(), l.actual.GetActualLrps())
+	s.desiredRev, s.actualRev = d, a
+	s.holdUntil = max(d, a, s.published)
+	s.lists.Add(1)
+	s.log.Debug("listed the BBS", "desired_lrps", len(l.desired.GetSchedulingInfos()), "actual_lrps", len(l.actual.GetActualLrps()),
+		"desired_revision", d, "actual_revision", a, "invalid_routes", s.cfg.Table.Invalid())
+}
+
+// maxOverlapBuffer bounds the stream messages kept while a periodic listing runs beside the
+// stream; past it the listing is dropped and done again with the stream closed.
+const maxOverlapBuffer = 100_000
+
+// recvd is one stream message or the stream's end.
+type recvd struct {
+	resp *bbsv1.SubscribeToEventsResponse
+	err  error
+}
+
+// watch follows the event stream from the cursor until it fails. It reports whether any message
+// arrived.
+//
+// When *nextList comes, the periodic listing runs beside the stream instead of closing it, so
+// routes keep flowing while a large BBS is listed: every message received meanwhile is applied
+// and published as usual and also kept. When the listing arrives it replaces the table's
+// inputs, the kept messages newer than each list are applied again on top of it, and the
+// difference is published: the same table the stream alone would give, plus whatever the
+// listing repairs. If a list is older than the revision the stream had reached when the
+// listing started (a lagging BBS replica), the kept messages do not cover the gap and watch
+// returns errSyncDue, for a listing with the stream closed.
+func (s *Syncer) watch(ctx context.Context, nextList *time.Time) (bool, error) {
+	sctx, cancel := context.WithCancel(ctx)
 	s.subscriptions.Add(1)
 	stream, err := s.cfg.BBS.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{SinceRevision: s.cursor})
 	if err != nil {
-		if ctx.Err() == nil && sctx.Err() != nil {
-			return false, errSyncDue
-		}
+		cancel()
 		return false, fmt.Errorf("subscribe to BBS events after revision %d: %w", s.cursor, err)
 	}
+	msgs := make(chan recvd, 64)
+	var listed chan listing // non-nil while a periodic listing runs
+	receiving := make(chan struct{})
+	go func() {
+		defer close(receiving)
+		for {
+			resp, err := stream.Recv()
+			select {
+			case msgs <- recvd{resp, err}:
+			case <-sctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		<-receiving
+		if listed != nil {
+			<-listed
+		}
+	}()
+
 	progressed := false
+	var kept []*bbsv1.SubscribeToEventsResponse
+	var keptFrom int64 // the cursor when the listing started
+	overflow := false
+	var started time.Time
+	due := time.NewTimer(time.Until(*nextList))
+	defer due.Stop()
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			if ctx.Err() == nil && sctx.Err() != nil {
+		select {
+		case <-sctx.Done():
+			return progressed, fmt.Errorf("BBS events after revision %d: %w", s.cursor, sctx.Err())
+		case m := <-msgs:
+			if m.err != nil {
+				return progressed, fmt.Errorf("BBS events after revision %d: %w", s.cursor, m.err)
+			}
+			progressed = true
+			s.apply(m.resp)
+			if listed != nil && !overflow {
+				if kept = append(kept, m.resp); len(kept) > maxOverlapBuffer {
+					overflow, kept = true, nil
+				}
+			}
+		case <-due.C:
+			started, keptFrom, kept, overflow = time.Now(), s.cursor, nil, false
+			listed = make(chan listing, 1)
+			go func(out chan<- listing) {
+				l, err := s.fetch(sctx)
+				l.err = err
+				out <- l
+			}(listed)
+		case l := <-listed:
+			listed = nil
+			*nextList = time.Now().Add(s.cfg.SyncInterval)
+			due.Reset(s.cfg.SyncInterval)
+			switch {
+			case sctx.Err() != nil:
+				return progressed, fmt.Errorf("BBS events after revision %d: %w", s.cursor, sctx.Err())
+			case l.err != nil:
+				s.failures.Add(1)
+				s.cfg.Observer.SyncFailed("list")
+				s.log.Warn("periodic listing of the BBS failed; the stream goes on and the next one retries", "error", l.err)
+				continue
+			case overflow || l.desired.GetRevision() < keptFrom || l.actual.GetRevision() < keptFrom:
 				return progressed, errSyncDue
 			}
-			return progressed, fmt.Errorf("BBS events after revision %d: %w", s.cursor, err)
+			s.install(l)
+			for _, resp := range kept {
+				s.applyEvents(resp, nopObserver{}) // counted when first applied
+			}
+			kept = nil
+			s.publish()
+			s.cfg.Observer.Listed(time.Since(started))
 		}
-		progressed = true
-		s.apply(resp)
 	}
 }
 
 // apply feeds one revision's events (or a bookmark) to the table and publishes the result.
 func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
+	s.applyEvents(resp, s.cfg.Observer)
+	if resp.GetRevision() > s.cursor {
+		s.cursor = resp.GetRevision()
+	}
+	s.publish()
+}
+
+// applyEvents feeds one revision's events to the table's inputs, skipping those the last
+// listing already holds, and tells obs of each one applied.
+func (s *Syncer) applyEvents(resp *bbsv1.SubscribeToEventsResponse, obs Observer) {
 	for _, e := range resp.GetEvents() {
 		rev := e.GetRevision()
 		if rev == 0 {
@@ -307,39 +421,35 @@ func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
 		case *bbsv1.Event_DesiredLrpCreated:
 			if d := k.DesiredLrpCreated.GetDesiredLrp(); rev > s.desiredRev {
 				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
-				s.cfg.Observer.EventApplied("desired_lrp_created")
+				obs.EventApplied("desired_lrp_created")
 			}
 		case *bbsv1.Event_DesiredLrpChanged:
 			if d := k.DesiredLrpChanged.GetAfter(); rev > s.desiredRev {
 				s.cfg.Table.SetDesired(d.GetProcessGuid(), d.GetRoutes())
-				s.cfg.Observer.EventApplied("desired_lrp_changed")
+				obs.EventApplied("desired_lrp_changed")
 			}
 		case *bbsv1.Event_DesiredLrpRemoved:
 			if rev > s.desiredRev {
 				s.cfg.Table.RemoveDesired(k.DesiredLrpRemoved.GetDesiredLrp().GetProcessGuid())
-				s.cfg.Observer.EventApplied("desired_lrp_removed")
+				obs.EventApplied("desired_lrp_removed")
 			}
 		case *bbsv1.Event_ActualLrpCreated:
 			if rev > s.actualRev {
 				s.cfg.Table.SetActual(k.ActualLrpCreated.GetActualLrp())
-				s.cfg.Observer.EventApplied("actual_lrp_created")
+				obs.EventApplied("actual_lrp_created")
 			}
 		case *bbsv1.Event_ActualLrpChanged:
 			if rev > s.actualRev {
 				s.cfg.Table.SetActual(k.ActualLrpChanged.GetAfter())
-				s.cfg.Observer.EventApplied("actual_lrp_changed")
+				obs.EventApplied("actual_lrp_changed")
 			}
 		case *bbsv1.Event_ActualLrpRemoved:
 			if rev > s.actualRev {
 				s.cfg.Table.RemoveActual(k.ActualLrpRemoved.GetActualLrp())
-				s.cfg.Observer.EventApplied("actual_lrp_removed")
+				obs.EventApplied("actual_lrp_removed")
 			}
 		}
 	}
-	if resp.GetRevision() > s.cursor {
-		s.cursor = resp.GetRevision()
-	}
-	s.publish()
 }
 
 // publish commits the table and hands the delta to the publisher, unless a listing is still

@@ -25,14 +25,27 @@ type fakeBBS struct {
 	since   chan int64 // since_revision of each subscription
 	dCalls  int
 	aCalls  int
+	// gate, when set, holds every desired listing after the first until the test sends on it;
+	// listing is told first.
+	gate, listing chan struct{}
 }
 
 type fakeStream struct {
 	msgs []*bbsv1.SubscribeToEventsResponse
 	err  error // returned after msgs; nil blocks until the call's context ends
+	// live, when set, delivers further messages after msgs as the test sends them.
+	live chan *bbsv1.SubscribeToEventsResponse
 }
 
-func (f *fakeBBS) DesiredLRPSchedulingInfos(context.Context, *bbsv1.DesiredLRPSchedulingInfosRequest, ...grpc.CallOption) (*bbsv1.DesiredLRPSchedulingInfosResponse, error) {
+func (f *fakeBBS) DesiredLRPSchedulingInfos(ctx context.Context, _ *bbsv1.DesiredLRPSchedulingInfosRequest, _ ...grpc.CallOption) (*bbsv1.DesiredLRPSchedulingInfosResponse, error) {
+	if f.gate != nil && f.dCalls > 0 {
+		f.listing <- struct{}{}
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
 	r := f.desired[min(f.dCalls, len(f.desired)-1)]
 	f.dCalls++
 	return r, nil
@@ -69,7 +82,11 @@ func (c *fakeClientStream) Recv() (*bbsv1.SubscribeToEventsResponse, error) {
 	if c.s.err != nil {
 		return nil, c.s.err
 	}
-	<-c.ctx.Done()
+	select {
+	case m := <-c.s.live:
+		return m, nil
+	case <-c.ctx.Done():
+	}
 	return nil, status.FromContextError(c.ctx.Err()).Err()
 }
 
@@ -228,5 +245,73 @@ func TestListsAtDifferentRevisions(t *testing.T) {
 	expectDelta(t, rec, map[string]uint32{"a.com": 4444, "b.com": 0})
 	if st := s.Stats(); st.Lists != 2 || st.OutOfRange != 1 || st.Revision != 30 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestPeriodicListingBesideTheStream: a periodic listing runs while the event stream stays open.
+// A route change arriving during the (held) listing is published at once; the listing, older
+// than that change, repairs what the stream missed (b) without rolling the change back; the
+// stream is never closed. A later listing older than the stream's position (a lagging replica)
+// falls back to listing with the stream closed.
+func TestPeriodicListingBesideTheStream(t *testing.T) {
+	list := func(rev int64, a uint32, withB bool) (*bbsv1.DesiredLRPSchedulingInfosResponse, *bbsv1.ActualLRPsResponse) {
+		d := &bbsv1.DesiredLRPSchedulingInfosResponse{Revision: rev, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com")}}
+		l := &bbsv1.ActualLRPsResponse{Revision: rev, ActualLrps: []*modelsv1.ActualLRP{running("a", a)}}
+		if withB {
+			d.SchedulingInfos = append(d.SchedulingInfos, sched("b", "b.com"))
+			l.ActualLrps = append(l.ActualLrps, running("b", 5555))
+		}
+		return d, l
+	}
+	d1, a1 := list(10, 1111, false)
+	d2, a2 := list(10, 1111, true) // b: missed by the stream, repaired by the listing
+	d3, a3 := list(5, 1111, true)  // a lagging replica's listing
+	d4, a4 := list(20, 2222, true) // the listing with the stream closed
+	f := &fakeBBS{
+		desired: []*bbsv1.DesiredLRPSchedulingInfosResponse{d1, d2, d3, d4},
+		actual:  []*bbsv1.ActualLRPsResponse{a1, a2, a3, a4},
+		streams: make(chan fakeStream), since: make(chan int64, 10),
+		gate: make(chan struct{}), listing: make(chan struct{}),
+	}
+	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
+	s, err := New(Config{BBS: f, Table: table.New(logging.NewTest(t)), Publisher: rec, Logger: logging.NewTest(t),
+		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	expectSince(t, f, 10)
+	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
+	live := make(chan *bbsv1.SubscribeToEventsResponse)
+	f.streams <- fakeStream{live: live}
+	<-f.listing // the periodic listing started, and is held
+	select {
+	case live <- changed(11, running("a", 2222)):
+	case <-time.After(5 * time.Second):
+		t.Fatal("nobody reads the stream while the periodic listing runs")
+	}
+	expectDelta(t, rec, map[string]uint32{"a.com": 2222})
+	f.gate <- struct{}{}
+	expectDelta(t, rec, map[string]uint32{"b.com": 5555})
+	if st := s.Stats(); st.Lists != 2 || st.Subscriptions != 1 || st.Revision != 11 {
+		t.Fatalf("after the overlapping listing: stats %+v, want 2 lists over 1 subscription at revision 11", st)
+	}
+
+	<-f.listing // the next periodic listing: its revision (5) is older than the stream's (11)
+	f.gate <- struct{}{}
+	<-f.listing // so it lists again, with the stream closed
+	f.gate <- struct{}{}
+	expectSince(t, f, 20)
+	if st := s.Stats(); st.Lists != 3 || st.Subscriptions != 2 {
+		t.Fatalf("after the lagging listing: stats %+v, want 3 lists and a second subscription", st)
 	}
 }
