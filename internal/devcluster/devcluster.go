@@ -74,6 +74,9 @@ type Config struct {
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
 	ConfigureBBS        func(*bbs.Config)
 	ConfigureAuctioneer func(*auctioneer.Config)
+	// ConfigureRouteEmitter, when set, adjusts the route-emitter's configuration last (with
+	// Routing).
+	ConfigureRouteEmitter func(*routeemitter.Config)
 	// Nsync runs nsync too, on NsyncAddress ("127.0.0.1:0" picks a port), with NsyncStacks as
 	// its stack → rootfs map (nil: nsync's default).
 	Nsync        bool
@@ -491,6 +494,9 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(addr, identity stri
 			cfg := routeemitter.Default()
 			cfg.ListenAddress, cfg.Config = c.RouteEmitterAddress, bbsclient.Config{BBSAddress: c.BBSAddress, BBSTLS: c.tlsFor("route-emitter")}
 			cfg.TLS = c.tlsFor("route-emitter")
+			if c.cfg.ConfigureRouteEmitter != nil {
+				c.cfg.ConfigureRouteEmitter(&cfg)
+			}
 			bbsClient, err := bbsAs("route-emitter", nil)
 			if err != nil {
 				return err

@@ -35,6 +35,7 @@ import (
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
+	"github.com/gavel-sched/gavel/services/routeemitter"
 )
 
 // runConfig sizes one run.
@@ -69,6 +70,8 @@ type runConfig struct {
 	// BBSMaxInflightWrites and AuctioneerMaxInflight override the BBS's admission bound and
 	// the auctioneer's in-flight limit when not negative (zero turns them off).
 	BBSMaxInflightWrites, AuctioneerMaxInflight int
+	// RouteSyncInterval overrides the route-emitter's full-listing interval when positive.
+	RouteSyncInterval time.Duration
 }
 
 // report is what one run measured.
@@ -169,6 +172,11 @@ func run(t testing.TB, cfg runConfig) *report {
 				ac.MaxInflightStarts = cfg.AuctioneerMaxInflight
 			}
 			r.auctioneerLimit = ac.MaxInflightStarts
+		},
+		ConfigureRouteEmitter: func(rc *routeemitter.Config) {
+			if cfg.RouteSyncInterval > 0 {
+				rc.SyncInterval = routeemitter.Duration(cfg.RouteSyncInterval)
+			}
 		},
 	})
 	ready, done := make(chan struct{}), make(chan error, 1)

@@ -24,6 +24,7 @@ var (
 	flagHeapProfile  = flag.String("heap-profile", "", "write a heap profile at full size to this file")
 	flagBBSLimit     = flag.Int("bbs-max-inflight-writes", -1, "override the BBS's max_inflight_writes (0: unbounded; -1: its default)")
 	flagAuctLimit    = flag.Int("auctioneer-max-inflight", -1, "override the auctioneer's max_inflight_starts (0: unlimited; -1: its default)")
+	flagRouteSync    = flag.Duration("route-sync-interval", 0, "override the route-emitter's sync_interval (0: its default, 60s)")
 	flagQuick        = flag.Bool("quick", false, "run the quick size (200 cells, 20,000 instances) instead of -cells/-instances")
 )
 
@@ -36,7 +37,7 @@ func BenchmarkScale(b *testing.B) {
 		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: *flagCellsPerHost,
 		LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
 		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
-		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit,
+		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, RouteSyncInterval: *flagRouteSync,
 	}
 	if *flagQuick {
 		cfg.Cells, cfg.Instances = 200, 20000
