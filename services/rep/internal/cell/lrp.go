@@ -3,6 +3,7 @@ package cell
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -21,6 +22,30 @@ func (c *Cell) runLRP(ctr *container) {
 	log := c.log.With("process_guid", guid, "index", index, "instance_guid", ctr.guid)
 	ik := ctr.instanceKey(c.cfg.CellID)
 
+	// The desired LRP is read while the claim is in flight: two BBS round trips overlap instead
+	// of following each other, so the container starts (and leaves the auctioneer's in-flight
+	// count) one round trip sooner. A failed claim cancels the read.
+	fetchCtx, cancelFetch := context.WithCancel(ctr.ctx)
+	fetched := make(chan desiredFetch, 1)
+	var fetchOnce sync.Once
+	var fetch desiredFetch
+	awaitFetch := func() desiredFetch {
+		fetchOnce.Do(func() { fetch = <-fetched })
+		return fetch
+	}
+	defer func() {
+		cancelFetch()
+		awaitFetch() // the read ends before the lifecycle does
+	}()
+	go func() {
+		var f desiredFetch
+		f.err = c.call(fetchCtx, "fetch desired lrp", func(ctx context.Context) error {
+			var err error
+			f.resp, err = c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
+			return err
+		})
+		fetched <- f
+	}()
 	err := c.call(ctr.ctx, "claim", func(ctx context.Context) error {
 		_, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik})
 		return err
@@ -38,15 +63,11 @@ func (c *Cell) runLRP(ctr *container) {
 	}
 
 	exec, cleanup, err := c.create(ctr, func(ctx context.Context) (executor.Spec, error) {
-		var resp *bbsv1.DesiredLRPByProcessGuidResponse
-		err := c.call(ctx, "fetch desired lrp", func(ctx context.Context) error {
-			var err error
-			resp, err = c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
-			return err
-		})
-		if err != nil {
-			return executor.Spec{}, err
+		f := awaitFetch()
+		if f.err != nil {
+			return executor.Spec{}, f.err
 		}
+		resp := f.resp
 		spec := lrpSpec(resp.GetDesiredLrp(), ctr.key, ctr.guid)
 		cons, err := c.addLinks(ctx, resp.GetDesiredLrp(), &spec)
 		if err != nil {
@@ -108,6 +129,12 @@ func (c *Cell) runLRP(ctr *container) {
 		reason = "exited"
 	}
 	c.lrpEnded(ctr, log, reason)
+}
+
+// desiredFetch is the outcome of reading an instance's desired LRP.
+type desiredFetch struct {
+	resp *bbsv1.DesiredLRPByProcessGuidResponse
+	err  error
 }
 
 // latest drains the readiness changes already sent and returns the last one.
