@@ -15,6 +15,11 @@ type batch struct {
 
 // hub keeps the recent event batches in revision order so subscribers can catch up from any
 // revision after start without touching etcd, and wakes them when a batch arrives.
+//
+// Subscribers filtered by cell (every rep follows its own cell's events) are indexed: for each
+// cell the hub keeps the revisions whose events concern it, and a channel closed only when one
+// arrives, so each such subscriber wakes for and reads only its cell's revisions. Without the
+// index every revision woke and was filtered by every rep's subscription: O(cells × events).
 type hub struct {
 	mu      sync.RWMutex
 	start   int64 // the ring holds every batch with start < rev <= head
@@ -22,10 +27,21 @@ type hub struct {
 	batches []batch
 	limit   int
 	notify  chan struct{}
+	// cells indexes the ring's revisions by the cells their events concern.
+	cells map[string]*cellIndex
+	// broadcast are the ring's revisions with an event every cell filter keeps (LinksChanged).
+	broadcast []int64
+}
+
+// cellIndex is one cell's view of the ring.
+type cellIndex struct {
+	revs   []int64       // revisions in the ring whose events concern the cell, ascending
+	notify chan struct{} // closed when such a revision (or a broadcast one) is published
+	subs   int           // subscribers following the cell
 }
 
 func newHub(limit int) *hub {
-	return &hub{limit: limit, notify: make(chan struct{})}
+	return &hub{limit: limit, notify: make(chan struct{}), cells: map[string]*cellIndex{}}
 }
 
 // reset empties the ring; it now covers revisions after rev.
@@ -34,6 +50,14 @@ func (h *hub) reset(rev int64) {
 	defer h.mu.Unlock()
 	h.start, h.head = rev, rev
 	h.batches = nil
+	h.broadcast = nil
+	for id, ci := range h.cells {
+		ci.revs = nil
+		ci.wake()
+		if ci.subs == 0 {
+			delete(h.cells, id)
+		}
+	}
 	close(h.notify)
 	h.notify = make(chan struct{})
 }
@@ -48,16 +72,167 @@ func (h *hub) publish(rev int64, events []*bbsv1.Event) {
 	h.head = rev
 	if len(events) > 0 {
 		h.batches = append(h.batches, batch{rev: rev, events: events})
+		h.index(rev, events)
 		if len(h.batches) > 2*h.limit {
 			drop := len(h.batches) - h.limit
 			h.start = h.batches[drop-1].rev
 			kept := make([]batch, h.limit)
 			copy(kept, h.batches[drop:])
 			h.batches = kept
+			h.trimIndex()
 		}
 	}
 	close(h.notify)
 	h.notify = make(chan struct{})
+}
+
+// index records revision rev under every cell its events concern and wakes those cells'
+// subscribers (every cell's, for a broadcast revision).
+func (h *hub) index(rev int64, events []*bbsv1.Event) {
+	ids, all := cellsOf(events)
+	for _, id := range ids {
+		ci := h.cells[id]
+		if ci == nil {
+			ci = &cellIndex{notify: make(chan struct{})}
+			h.cells[id] = ci
+		}
+		ci.revs = append(ci.revs, rev)
+		if !all {
+			ci.wake()
+		}
+	}
+	if all {
+		h.broadcast = append(h.broadcast, rev)
+		for _, ci := range h.cells {
+			ci.wake()
+		}
+	}
+}
+
+// trimIndex drops the indexed revisions the ring no longer holds, and the cells left with none
+// and no subscriber.
+func (h *hub) trimIndex() {
+	after := func(revs []int64) []int64 {
+		i := sort.Search(len(revs), func(i int) bool { return revs[i] > h.start })
+		return append([]int64(nil), revs[i:]...)
+	}
+	h.broadcast = after(h.broadcast)
+	for id, ci := range h.cells {
+		if ci.revs = after(ci.revs); len(ci.revs) == 0 && ci.subs == 0 {
+			delete(h.cells, id)
+		}
+	}
+}
+
+// wake closes the cell's channel and makes a new one.
+func (ci *cellIndex) wake() {
+	close(ci.notify)
+	ci.notify = make(chan struct{})
+}
+
+// follow registers a subscriber of cell's events; the returned func unregisters it.
+func (h *hub) follow(cell string) (unfollow func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ci := h.cells[cell]
+	if ci == nil {
+		ci = &cellIndex{notify: make(chan struct{})}
+		h.cells[cell] = ci
+	}
+	ci.subs++
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if ci.subs--; ci.subs == 0 && len(ci.revs) == 0 && h.cells[cell] == ci {
+			delete(h.cells, cell)
+		}
+	}
+}
+
+// sinceCell is since for a subscriber of cell (registered with follow): it returns the batches
+// after rev whose events concern the cell or every cell (whole: the caller filters them), and a
+// channel closed when the next such batch is published.
+func (h *hub) sinceCell(cell string, rev int64, max int) (bs []batch, upTo int64, notify <-chan struct{}, ok bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if rev < h.start {
+		return nil, 0, nil, false
+	}
+	ci := h.cells[cell]
+	if ci == nil { // not followed (only tests read without following): wake on every publish
+		ci = &cellIndex{notify: h.notify}
+	}
+	revs := mergeAfter(ci.revs, h.broadcast, rev, max)
+	upTo = h.head
+	if len(revs) == max {
+		upTo = revs[max-1]
+	}
+	for _, r := range revs {
+		i := sort.Search(len(h.batches), func(i int) bool { return h.batches[i].rev >= r })
+		bs = append(bs, h.batches[i])
+	}
+	return bs, upTo, ci.notify, true
+}
+
+// mergeAfter returns, ascending and without repeats, at most max of the revisions of a and b
+// (each ascending) that are after rev.
+func mergeAfter(a, b []int64, rev int64, max int) []int64 {
+	i := sort.Search(len(a), func(i int) bool { return a[i] > rev })
+	j := sort.Search(len(b), func(j int) bool { return b[j] > rev })
+	var out []int64
+	for len(out) < max && (i < len(a) || j < len(b)) {
+		var next int64
+		switch {
+		case j >= len(b) || (i < len(a) && a[i] < b[j]):
+			next, i = a[i], i+1
+		case i >= len(a) || b[j] < a[i]:
+			next, j = b[j], j+1
+		default: // equal
+			next, i, j = a[i], i+1, j+1
+		}
+		out = append(out, next)
+	}
+	return out
+}
+
+// cellsOf lists the cells the events concern: every cell x for which some event passes
+// EventFilter{CellID: x} (instance, task and presence events name their cells), each once; all
+// is true when an event passes every cell filter (LinksChanged).
+func cellsOf(events []*bbsv1.Event) (ids []string, all bool) {
+	seen := map[string]bool{}
+	add := func(id string) {
+		if id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	for _, e := range events {
+		switch k := e.GetKind().(type) {
+		case *bbsv1.Event_ActualLrpCreated:
+			add(k.ActualLrpCreated.GetActualLrp().GetInstanceKey().GetCellId())
+		case *bbsv1.Event_ActualLrpChanged:
+			add(k.ActualLrpChanged.GetBefore().GetInstanceKey().GetCellId())
+			add(k.ActualLrpChanged.GetAfter().GetInstanceKey().GetCellId())
+		case *bbsv1.Event_ActualLrpRemoved:
+			add(k.ActualLrpRemoved.GetActualLrp().GetInstanceKey().GetCellId())
+		case *bbsv1.Event_ActualLrpCrashed:
+			add(k.ActualLrpCrashed.GetInstanceKey().GetCellId())
+		case *bbsv1.Event_TaskCreated:
+			add(k.TaskCreated.GetTask().GetCellId())
+		case *bbsv1.Event_TaskChanged:
+			add(k.TaskChanged.GetBefore().GetCellId())
+			add(k.TaskChanged.GetAfter().GetCellId())
+		case *bbsv1.Event_TaskRemoved:
+			add(k.TaskRemoved.GetTask().GetCellId())
+		case *bbsv1.Event_CellAppeared:
+			add(k.CellAppeared.GetCell().GetCellId())
+		case *bbsv1.Event_CellDisappeared:
+			add(k.CellDisappeared.GetCell().GetCellId())
+		case *bbsv1.Event_LinksChanged:
+			all = true
+		}
+	}
+	return ids, all
 }
 
 // since returns up to max batches after rev, the revision the reader is complete up to once it

@@ -38,11 +38,19 @@ func (s *Store) Subscribe(ctx context.Context, since int64, f EventFilter, bookm
 			return rpcerr.OutOfRange("since_revision %d is ahead of the store's revision %d", since, cur)
 		}
 	}
+	read := s.hub.since
+	if f.CellID != "" {
+		// A cell's subscriber reads (and wakes for) only the revisions that concern its cell.
+		defer s.hub.follow(f.CellID)()
+		read = func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {
+			return s.hub.sinceCell(f.CellID, rev, max)
+		}
+	}
 	ticker := time.NewTicker(bookmarkEvery)
 	defer ticker.Stop()
 	cursor, lastSent := since, time.Now()
 	for {
-		bs, upTo, notify, ok := s.hub.since(cursor, maxBatchesPerRead)
+		bs, upTo, notify, ok := read(cursor, maxBatchesPerRead)
 		if !ok {
 			s.log.Debug("subscriber is behind the event ring; following etcd", "since", cursor)
 			return s.subscribeFromEtcd(ctx, cursor, f, bookmarkEvery, send)

@@ -1,0 +1,185 @@
+package store
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+)
+
+// randomEvent is an event of a random kind naming random cells (or none) and domains.
+func randomEvent(r *rand.Rand) *bbsv1.Event {
+	cell := func() string { return []string{"", "c0", "c1", "c2", "c3"}[r.IntN(5)] }
+	domain := []string{"d0", "d1"}[r.IntN(2)]
+	actual := func() *modelsv1.ActualLRP {
+		if r.IntN(6) == 0 {
+			return nil
+		}
+		return &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p", Domain: domain},
+			InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: cell()}}
+	}
+	task := func() *modelsv1.Task { return &modelsv1.Task{TaskGuid: "t", Domain: domain, CellId: cell()} }
+	presence := func() *modelsv1.CellPresence { return &modelsv1.CellPresence{CellId: cell()} }
+	switch r.IntN(12) {
+	case 0:
+		return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpCreated{ActualLrpCreated: &bbsv1.ActualLRPCreated{ActualLrp: actual()}}}
+	case 1:
+		return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{Before: actual(), After: actual()}}}
+	case 2:
+		return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpRemoved{ActualLrpRemoved: &bbsv1.ActualLRPRemoved{ActualLrp: actual()}}}
+	case 3:
+		return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpCrashed{ActualLrpCrashed: &bbsv1.ActualLRPCrashed{
+			Key: &modelsv1.ActualLRPKey{ProcessGuid: "p", Domain: domain}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: cell()}}}}
+	case 4:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskCreated{TaskCreated: &bbsv1.TaskCreated{Task: task()}}}
+	case 5:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskChanged{TaskChanged: &bbsv1.TaskChanged{Before: task(), After: task()}}}
+	case 6:
+		return &bbsv1.Event{Kind: &bbsv1.Event_TaskRemoved{TaskRemoved: &bbsv1.TaskRemoved{Task: task()}}}
+	case 7:
+		return &bbsv1.Event{Kind: &bbsv1.Event_CellAppeared{CellAppeared: &bbsv1.CellAppeared{Cell: presence()}}}
+	case 8:
+		return &bbsv1.Event{Kind: &bbsv1.Event_CellDisappeared{CellDisappeared: &bbsv1.CellDisappeared{Cell: presence()}}}
+	case 9:
+		return &bbsv1.Event{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p", Domain: domain}}}
+	default:
+		return &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpCreated{DesiredLrpCreated: &bbsv1.DesiredLRPCreated{
+			DesiredLrp: &modelsv1.DesiredLRP{ProcessGuid: "p", Domain: domain}}}}
+	}
+}
+
+// readAll reads every message a subscriber with filter f would be sent after rev, through
+// read, as "rev:event-index,…" strings (indexes into the revision's batch).
+func readAll(t *testing.T, read func(int64, int) ([]batch, int64, <-chan struct{}, bool), f EventFilter, rev, head int64) ([]string, bool) {
+	t.Helper()
+	var out []string
+	for cursor := rev; cursor < head; {
+		bs, upTo, _, ok := read(cursor, 3) // small pages exercise the max
+		if !ok {
+			return out, false
+		}
+		for _, b := range bs {
+			if evs := f.filterEvents(b.events); len(evs) > 0 {
+				out = append(out, fmt.Sprint(b.rev, evs))
+			}
+		}
+		if upTo <= cursor {
+			t.Fatalf("no progress from %d", cursor)
+		}
+		cursor = upTo
+	}
+	return out, true
+}
+
+// TestCellIndexMatchesTheFilter: for random event streams (every kind, events naming no cell,
+// several cells, or every cell), a cell's subscriber reading through the cell index gets exactly
+// the messages the whole ring filtered by its filter gives, from any revision, including after
+// the ring has been trimmed and reset.
+func TestCellIndexMatchesTheFilter(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		h := newHub(4 + r.IntN(8))
+		h.reset(int64(r.IntN(5)))
+		unfollow := h.follow("c1") // one subscribed cell; the others are indexed unsubscribed
+		_, rev := h.window()
+		for n := 10 + r.IntN(40); n > 0; n-- {
+			rev += 1 + int64(r.IntN(2))
+			var evs []*bbsv1.Event
+			for k := r.IntN(4); k > 0; k-- {
+				evs = append(evs, randomEvent(r))
+			}
+			h.publish(rev, evs)
+		}
+		start, head := h.window()
+		for _, cell := range []string{"c0", "c1", "c2", "c9"} {
+			for _, f := range []EventFilter{{CellID: cell}, {CellID: cell, Domain: "d1"}} {
+				for from := start - 1; from <= head; from++ {
+					want, wok := readAll(t, h.since, f, from, head)
+					got, gok := readAll(t, func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {
+						return h.sinceCell(cell, rev, max)
+					}, f, from, head)
+					if wok != gok || !slices.Equal(want, got) {
+						t.Fatalf("round %d, filter %+v from %d: cell index gave %v (ok %v), the ring %v (ok %v)", round, f, from, got, gok, want, wok)
+					}
+				}
+			}
+		}
+		unfollow()
+	}
+}
+
+// TestCellIndexWakesOnlyItsCell: a cell's subscriber is woken by its own cell's events and by
+// broadcast ones, not by other cells'.
+func TestCellIndexWakesOnlyItsCell(t *testing.T) {
+	h := newHub(100)
+	h.reset(1)
+	defer h.follow("c1")()
+	wait := func() <-chan struct{} {
+		_, _, n, _ := h.sinceCell("c1", 1, 100)
+		return n
+	}
+	isClosed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	presence := func(id string) *bbsv1.Event {
+		return &bbsv1.Event{Kind: &bbsv1.Event_CellAppeared{CellAppeared: &bbsv1.CellAppeared{Cell: &modelsv1.CellPresence{CellId: id}}}}
+	}
+	n := wait()
+	h.publish(2, []*bbsv1.Event{presence("c2")})
+	if isClosed(n) {
+		t.Fatal("another cell's event woke the subscriber")
+	}
+	h.publish(3, []*bbsv1.Event{presence("c1")})
+	if !isClosed(n) {
+		t.Fatal("its own cell's event did not wake the subscriber")
+	}
+	n = wait()
+	h.publish(4, []*bbsv1.Event{{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p"}}}})
+	if !isClosed(n) {
+		t.Fatal("a broadcast event did not wake the subscriber")
+	}
+}
+
+// BenchmarkFanOut publishes revisions each concerning one of 1,000 cells while 1,000
+// cell-filtered subscribers (one per cell, as reps subscribe) and one unfiltered subscriber
+// (the route-emitter) follow them, and reports the cost per published revision.
+func BenchmarkFanOut(b *testing.B) {
+	const cells = 1000
+	s := &Store{hub: newHub(100_000)}
+	s.hub.reset(1)
+	ctx := b.Context()
+	ready := make(chan struct{})
+	close(ready)
+	s.synced = ready
+	got := make(chan struct{}, cells+1)
+	for i := 0; i <= cells; i++ {
+		f := EventFilter{}
+		if i < cells {
+			f.CellID = fmt.Sprintf("cell-%04d", i)
+		}
+		go func() {
+			_ = s.Subscribe(ctx, 1, f, 1<<40, func(*bbsv1.SubscribeToEventsResponse) error {
+				got <- struct{}{}
+				return nil
+			})
+		}()
+	}
+	rev := int64(1) // every subscriber reads from here on, whenever it starts
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rev++
+		id := fmt.Sprintf("cell-%04d", i%cells)
+		s.hub.publish(rev, []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
+			After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}})
+		<-got // the unfiltered subscriber
+		<-got // the cell's
+	}
+}
