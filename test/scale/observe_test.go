@@ -30,6 +30,8 @@ type observer struct {
 	eventSeen    map[string]time.Time // instance guid → RUNNING event received
 	routeSeen    map[string]time.Time // instance guid → endpoint received from the route-emitter
 	disappeared  map[string]time.Time // cell id → CellDisappeared received
+	unclaimedAt  map[string]time.Time // "guid/index" → last seen turning UNCLAIMED
+	claimedAt    map[string]time.Time // "guid/index" → last seen turning CLAIMED
 	errs         []error
 }
 
@@ -37,6 +39,7 @@ func newObserver() *observer {
 	return &observer{
 		running: map[string]placed{}, firstRunning: map[string]time.Time{},
 		eventSeen: map[string]time.Time{}, routeSeen: map[string]time.Time{}, disappeared: map[string]time.Time{},
+		unclaimedAt: map[string]time.Time{}, claimedAt: map[string]time.Time{},
 	}
 }
 
@@ -107,6 +110,12 @@ func (o *observer) actual(a *modelsv1.ActualLRP, now time.Time) {
 	s := slot(a.GetKey())
 	if a.GetState() != modelsv1.ActualLRP_STATE_RUNNING {
 		delete(o.running, s)
+		switch a.GetState() {
+		case modelsv1.ActualLRP_STATE_UNCLAIMED:
+			o.unclaimedAt[s] = now
+		case modelsv1.ActualLRP_STATE_CLAIMED:
+			o.claimedAt[s] = now
+		}
 		return
 	}
 	ig := a.GetInstanceKey().GetInstanceGuid()
@@ -256,15 +265,30 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 // recoveries returns, for each slot that ran on a lost cell, the time from its cell's
 // disappearance to its instance RUNNING elsewhere.
 func (o *observer) recoveries(slots map[string]string, cellOf map[string]string) []time.Duration {
+	rec, _ := o.recoverySteps(slots, cellOf)
+	return rec
+}
+
+// recoverySteps is recoveries plus its split into steps, for each instance moved: its cell's
+// disappearance → the slot UNCLAIMED (the BBS's convergence), → CLAIMED (the auction and the
+// chosen rep's claim), → RUNNING (the container's start and its report).
+func (o *observer) recoverySteps(slots map[string]string, cellOf map[string]string) (rec []time.Duration, steps [3][]time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var out []time.Duration
 	for s := range slots {
 		gone, ok := o.disappeared[cellOf[s]]
 		p, running := o.running[s]
-		if ok && running {
-			out = append(out, p.at.Sub(gone))
+		if !ok || !running {
+			continue
+		}
+		rec = append(rec, p.at.Sub(gone))
+		u, uok := o.unclaimedAt[s]
+		c, cok := o.claimedAt[s]
+		if uok && cok && !u.Before(gone) && !c.Before(u) && !p.at.Before(c) {
+			steps[0] = append(steps[0], u.Sub(gone))
+			steps[1] = append(steps[1], c.Sub(u))
+			steps[2] = append(steps[2], p.at.Sub(c))
 		}
 	}
-	return out
+	return rec, steps
 }

@@ -28,7 +28,7 @@ const (
 )
 
 // workers bounds the changes applied at once (the store group-commits them).
-const workers = 16
+const workers = 256
 
 // Config tunes a Converger; zero values take the defaults.
 type Config struct {
