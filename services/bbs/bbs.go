@@ -76,6 +76,9 @@ type Config struct {
 	// UnclaimedTimeout is how long an instance may stay UNCLAIMED before convergence auctions
 	// it again; PENDING tasks and completed tasks' callbacks are retried after the same time.
 	UnclaimedTimeout Duration `json:"unclaimed_timeout"`
+	// ClaimedTimeout is how long an instance may stay CLAIMED on a cell that is present before
+	// convergence unclaims it and auctions it again (its rep never reported it running).
+	ClaimedTimeout Duration `json:"claimed_timeout"`
 	// PendingTaskTimeout fails a task that has not started this long after it was desired.
 	PendingTaskTimeout Duration `json:"pending_task_timeout"`
 	// CompletedTaskTimeout deletes a completed task that was not resolved this long after it
@@ -124,6 +127,7 @@ func Default() Config {
 
 		ConvergenceInterval:  Duration(converge.DefaultInterval),
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
+		ClaimedTimeout:       Duration(converge.DefaultClaimedTimeout),
 		PendingTaskTimeout:   Duration(converge.DefaultPendingTaskTimeout),
 		CompletedTaskTimeout: Duration(converge.DefaultCompletedTaskTimeout),
 		Authz:                authz.Default(),
@@ -187,6 +191,7 @@ func (c Config) Validate() error {
 	}{
 		{"convergence_interval", c.ConvergenceInterval},
 		{"unclaimed_timeout", c.UnclaimedTimeout},
+		{"claimed_timeout", c.ClaimedTimeout},
 		{"pending_task_timeout", c.PendingTaskTimeout},
 		{"completed_task_timeout", c.CompletedTaskTimeout},
 	} {
@@ -321,6 +326,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	conv := converge.New(c, converge.Config{
 		Interval:             time.Duration(cfg.ConvergenceInterval),
 		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),
+		ClaimedTimeout:       time.Duration(cfg.ClaimedTimeout),
 		PendingTaskTimeout:   time.Duration(cfg.PendingTaskTimeout),
 		CompletedTaskTimeout: time.Duration(cfg.CompletedTaskTimeout),
 		Logger:               logger.Named("converge"),

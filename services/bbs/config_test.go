@@ -50,6 +50,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bookmark", func(c *Config) { c.BookmarkInterval = 0 }, "bookmark_interval"},
 		{"convergence interval", func(c *Config) { c.ConvergenceInterval = 0 }, "convergence_interval"},
 		{"unclaimed timeout", func(c *Config) { c.UnclaimedTimeout = -1 }, "unclaimed_timeout"},
+		{"claimed timeout", func(c *Config) { c.ClaimedTimeout = 0 }, "claimed_timeout"},
 		{"pending task timeout", func(c *Config) { c.PendingTaskTimeout = 0 }, "pending_task_timeout"},
 		{"completed task timeout", func(c *Config) { c.CompletedTaskTimeout = 0 }, "completed_task_timeout"},
 		{"transformer name", func(c *Config) { c.Transformers = []transform.PluginConfig{{Name: "Net_1", Socket: "/s"}} }, `transformers[0]: transformer "Net_1": name "Net_1" must be a lower-case DNS subdomain`},

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -604,5 +605,54 @@ func TestConvergeRemovesEvacuatingCopyOfVanishedCell(t *testing.T) {
 	}
 	if a := lrpStored(t, e.Env, "evac", 1, modelsv1.ActualLRP_PRESENCE_EVACUATING); a != nil {
 		t.Fatalf("evacuating copy of an undesired slot still stored: %v", a)
+	}
+}
+
+// TestConvergeUnclaimsStaleClaimed: an instance CLAIMED on a present cell whose rep never
+// reports it running is unclaimed and auctioned again once it has been CLAIMED for the claimed
+// timeout (5 min), not before; a younger claim is left alone. Afterwards one container holds the
+// slot whichever report comes first: once the replacement has claimed it, the old container's
+// late start is refused (its rep stops it); a late start that comes first is accepted (the BBS
+// starts an UNCLAIMED slot, as Diego does) and the replacement's claim is refused.
+func TestConvergeUnclaimsStaleClaimed(t *testing.T) {
+	e := convStart(t)
+	convRegister(t, e.Env, "cell-1")
+	lrpDesire(t, e.Env, "stale", 2)
+	e.auc.waitCount(t, "lrp:stale/0", 1)
+	old := lrpInstKey("ig-old", "cell-1")
+	lrpClaim(t, e.Env, "stale", 0, old)
+	e.clock.Advance(4 * time.Minute)
+	lrpClaim(t, e.Env, "stale", 1, lrpInstKey("ig-young", "cell-1"))
+
+	e.clock.Advance(time.Minute - time.Second)
+	if r := e.converge(t); r.Unclaimed != 0 || r.StaleClaimedLRPs != 0 {
+		t.Fatalf("report %+v after 4m59s, want nothing unclaimed", r)
+	}
+	e.clock.Advance(time.Second)
+	if r := e.converge(t); r.Unclaimed != 1 || r.StaleClaimedLRPs != 1 {
+		t.Fatalf("report %+v after 5m, want the old claim unclaimed", r)
+	}
+	if a := lrpStored(t, e.Env, "stale", 0, lrpOrdinary); a.GetState() != lrpUnclaimed || a.GetInstanceKey() != nil {
+		t.Fatalf("stale instance %v, want UNCLAIMED without an instance", a)
+	}
+	if a := lrpStored(t, e.Env, "stale", 1, lrpOrdinary); a.GetState() != modelsv1.ActualLRP_STATE_CLAIMED {
+		t.Fatalf("young claim %v, want still CLAIMED", a)
+	}
+	e.auc.waitCount(t, "lrp:stale/0", 2)
+
+	lrpClaim(t, e.Env, "stale", 0, lrpInstKey("ig-new", "cell-1"))
+	_, err := e.Client.StartActualLRP(ctxT(t), &bbsv1.StartActualLRPRequest{ProcessGuid: "stale", Index: 0, InstanceKey: old, NetInfo: lrpNetInfo(61001)})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("late start report of the unclaimed container after the replacement's claim = %v, want FailedPrecondition", err)
+	}
+
+	e.clock.Advance(5 * time.Minute)
+	if r := e.converge(t); r.Unclaimed != 2 { // the young claim, and the replacement that never started
+		t.Fatalf("report %+v, want both stale claims unclaimed", r)
+	}
+	lrpStart(t, e.Env, "stale", 1, lrpInstKey("ig-young", "cell-1"), lrpNetInfo(61002))
+	_, err = e.Client.ClaimActualLRP(ctxT(t), &bbsv1.ClaimActualLRPRequest{ProcessGuid: "stale", Index: 1, InstanceKey: lrpInstKey("ig-late", "cell-1")})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("replacement's claim after the old container started = %v, want FailedPrecondition", err)
 	}
 }

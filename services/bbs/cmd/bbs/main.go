@@ -26,6 +26,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.AuctioneerAddress, "auctioneer-address", "", "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
 	fs.Var(&cfg.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
 	fs.Var(&cfg.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
+	fs.Var(&cfg.ClaimedTimeout, "claimed-timeout", "unclaim and re-auction instances CLAIMED this long on a present cell without being reported running")
 	fs.Var(&cfg.PendingTaskTimeout, "pending-task-timeout", "fail tasks not started within this long")
 	fs.Var(&cfg.CompletedTaskTimeout, "completed-task-timeout", "delete completed tasks not resolved within this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")

@@ -25,6 +25,7 @@ const (
 	DefaultUnclaimedTimeout     = 30 * time.Second
 	DefaultPendingTaskTimeout   = 30 * time.Minute
 	DefaultCompletedTaskTimeout = 2 * time.Minute
+	DefaultClaimedTimeout       = 5 * time.Minute
 )
 
 // workers bounds the changes applied at once (the store group-commits them).
@@ -43,6 +44,9 @@ type Config struct {
 	// CompletedTaskTimeout deletes a completed (or resolving) task this long after it first
 	// completed (default 2 min).
 	CompletedTaskTimeout time.Duration
+	// ClaimedTimeout unclaims and auctions again an instance CLAIMED this long on a cell that is
+	// present, whose rep never reported it running (default 5 min).
+	ClaimedTimeout time.Duration
 	// Now is the clock (default: the core's).
 	Now func() time.Time
 	// Logger receives convergence logs.
@@ -82,6 +86,9 @@ func New(c *core.Core, cfg Config) *Converger {
 	if cfg.CompletedTaskTimeout <= 0 {
 		cfg.CompletedTaskTimeout = DefaultCompletedTaskTimeout
 	}
+	if cfg.ClaimedTimeout <= 0 {
+		cfg.ClaimedTimeout = DefaultClaimedTimeout
+	}
 	if cfg.Now == nil {
 		cfg.Now = c.Now
 	}
@@ -119,7 +126,7 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 			c.log.Warn("convergence pass had failures; the next pass retries them", "errors", r.Errors, "error", err)
 		}
 		c.log.Debug("convergence pass", "duration", r.Duration, "missing", r.LRPsMissing, "extra", r.LRPsExtra,
-			"crashed", r.CrashedLRPs, "suspect", r.SuspectLRPs, "tasks_failed", r.TasksFailed)
+			"crashed", r.CrashedLRPs, "suspect", r.SuspectLRPs, "stale_claimed", r.StaleClaimedLRPs, "tasks_failed", r.TasksFailed)
 	}
 }
 
@@ -133,6 +140,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		Unclaimed:     c.cfg.UnclaimedTimeout,
 		PendingTask:   c.cfg.PendingTaskTimeout,
 		CompletedTask: c.cfg.CompletedTaskTimeout,
+		Claimed:       c.cfg.ClaimedTimeout,
 	})
 	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}

@@ -31,6 +31,8 @@ type Applied struct {
 	Restarted int
 	// Suspected counts instances of vanished cells unclaimed for replacement.
 	Suspected int
+	// Unclaimed counts instances unclaimed after staying CLAIMED for the claimed timeout.
+	Unclaimed int
 	// Promoted counts suspects promoted back to ordinary after their cell returned.
 	Promoted int
 	// SuspectsRemoved counts suspects removed because their replacement runs.
@@ -115,6 +117,8 @@ func (a *Applied) counter(ch plan.Change) *int {
 		return &a.Restarted
 	case plan.MarkSuspect:
 		return &a.Suspected
+	case plan.UnclaimStale:
+		return &a.Unclaimed
 	case plan.PromoteSuspect:
 		return &a.Promoted
 	case plan.RemoveSuspect:
@@ -149,6 +153,8 @@ func (c *Core) apply(ctx context.Context, ch plan.Change) (int, error) {
 		return one(c.ActualLRPs.ConvergeCrashedLRP(ctx, ch.ProcessGuid, ch.Index))
 	case plan.MarkSuspect:
 		return one(c.ActualLRPs.ConvergeSuspectLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance))
+	case plan.UnclaimStale:
+		return one(c.ActualLRPs.ConvergeStaleClaimedLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance, ch.Deadline))
 	case plan.PromoteSuspect:
 		return one(c.ActualLRPs.ConvergePromoteSuspectLRP(ctx, ch.ProcessGuid, ch.Index))
 	case plan.RemoveSuspect:
@@ -297,6 +303,36 @@ func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index 
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge suspect %s: %w", describe(guid, index), err)
+	}
+	if next == nil {
+		return false, nil
+	}
+	c.restartIfUnclaimed(next)
+	return true, nil
+}
+
+// ConvergeStaleClaimedLRP unclaims the ordinary instance guid/index when it is still CLAIMED by
+// ik since at or before deadline (its rep never reported it running nor gave it up) and asks
+// for it to be placed again. Should the claiming rep still have the container, whichever of it
+// and the replacement reports first keeps the slot and the other is refused. It reports whether
+// the instance was unclaimed.
+func (c *ActualLRPs) ConvergeStaleClaimedLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, deadline time.Time) (bool, error) {
+	var next *modelsv1.ActualLRP
+	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+		next = nil
+		a, err := t.ActualLRP(guid, index, ordinary)
+		if err != nil || a == nil {
+			return err
+		}
+		if a.GetState() != claimed || !sameInstance(a.GetInstanceKey(), ik) || a.GetSince().AsTime().After(deadline) {
+			return nil // started, given up, or claimed again meanwhile
+		}
+		next = c.unclaim(a)
+		next.PlacementError = nil
+		return putActual(t, next)
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge stale claimed %s: %w", describe(guid, index), err)
 	}
 	if next == nil {
 		return false, nil

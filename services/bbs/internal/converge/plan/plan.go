@@ -13,6 +13,10 @@
 //     pkg/models restart policy);
 //   - vanished cells: a CLAIMED or RUNNING instance on a cell without presence is replaced, a
 //     RUNNING one being kept as a SUSPECT copy meanwhile (MarkSuspect);
+//   - stale CLAIMED: an instance CLAIMED for the claimed timeout on a cell that is present (its
+//     rep claimed it and never reported it running, nor gave it up) is unclaimed and auctioned
+//     again (UnclaimStale), so it reaches RUNNING in bounded time whatever the rep's bulk
+//     interval;
 //   - SUSPECT copies are removed once their replacement runs or their slot is no longer desired
 //     (RemoveSuspect), and promoted back when their cell returns first (PromoteSuspect);
 //   - EVACUATING copies are removed once their cell is gone or their slot is no longer desired
@@ -60,6 +64,9 @@ type Timeouts struct {
 	PendingTask time.Duration
 	// CompletedTask deletes a completed or resolving task this long after it first completed.
 	CompletedTask time.Duration
+	// Claimed is how long an instance may stay CLAIMED on a present cell before it is unclaimed
+	// and auctioned again; zero never does.
+	Claimed time.Duration
 }
 
 // Found counts what a pass found wrong, whether or not it acts on it.
@@ -72,6 +79,8 @@ type Found struct {
 	CrashedLRPs int
 	// SuspectLRPs counts SUSPECT records.
 	SuspectLRPs int
+	// StaleClaimedLRPs counts instances CLAIMED on a present cell for the claimed timeout.
+	StaleClaimedLRPs int
 }
 
 // Plan is the outcome of Make.
@@ -128,6 +137,18 @@ type MarkSuspect struct {
 	Index       int32
 	// Instance is the container on the vanished cell.
 	Instance *modelsv1.ActualLRPInstanceKey
+}
+
+// UnclaimStale unclaims an instance that stayed CLAIMED by Instance, on a present cell, since at
+// or before Deadline, and auctions it again.
+type UnclaimStale struct {
+	// ProcessGuid and Index name the instance slot.
+	ProcessGuid string
+	Index       int32
+	// Instance is the container that claimed it.
+	Instance *modelsv1.ActualLRPInstanceKey
+	// Deadline is the latest claim time that is stale.
+	Deadline time.Time
 }
 
 // PromoteSuspect makes a SUSPECT copy whose cell returned the ordinary record again.
@@ -190,6 +211,7 @@ func (RetireExtra) change()            {}
 func (AuctionLRP) change()             {}
 func (RestartCrashed) change()         {}
 func (MarkSuspect) change()            {}
+func (UnclaimStale) change()           {}
 func (PromoteSuspect) change()         {}
 func (RemoveSuspect) change()          {}
 func (RemoveEvacuating) change()       {}
@@ -213,6 +235,9 @@ func (c RestartCrashed) String() string {
 }
 func (c MarkSuspect) String() string {
 	return fmt.Sprintf("mark-suspect %s/%d on %s", c.ProcessGuid, c.Index, c.Instance.GetCellId())
+}
+func (c UnclaimStale) String() string {
+	return fmt.Sprintf("unclaim-stale %s/%d on %s", c.ProcessGuid, c.Index, c.Instance.GetCellId())
 }
 func (c PromoteSuspect) String() string {
 	return fmt.Sprintf("promote-suspect %s/%d", c.ProcessGuid, c.Index)
@@ -325,8 +350,13 @@ func Make(s Snapshot, t Timeouts) Plan {
 					stale.Indices = append(stale.Indices, index)
 				}
 			case a.GetState() == modelsv1.ActualLRP_STATE_CLAIMED, a.GetState() == modelsv1.ActualLRP_STATE_RUNNING:
-				if ik := a.GetInstanceKey(); !cells[ik.GetCellId()] {
+				ik := a.GetInstanceKey()
+				switch {
+				case !cells[ik.GetCellId()]:
 					p.Changes = append(p.Changes, MarkSuspect{ProcessGuid: guid, Index: index, Instance: ik})
+				case a.GetState() == modelsv1.ActualLRP_STATE_CLAIMED && t.Claimed > 0 && expired(a.GetSince().AsTime(), t.Claimed, now):
+					p.Found.StaleClaimedLRPs++
+					p.Changes = append(p.Changes, UnclaimStale{ProcessGuid: guid, Index: index, Instance: ik, Deadline: now.Add(-t.Claimed)})
 				}
 			case a.GetState() == modelsv1.ActualLRP_STATE_CRASHED:
 				p.Found.CrashedLRPs++

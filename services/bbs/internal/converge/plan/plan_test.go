@@ -318,3 +318,42 @@ func TestMakeIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleClaimed: an instance CLAIMED on a present cell is left alone until the claimed
+// timeout, then unclaimed (with the deadline the core re-checks); on a vanished cell it is a
+// suspect case at once; a zero timeout never unclaims.
+func TestStaleClaimed(t *testing.T) {
+	claimedOn := func(cell string, age time.Duration) *modelsv1.ActualLRP {
+		return &modelsv1.ActualLRP{
+			Key:         &modelsv1.ActualLRPKey{ProcessGuid: "p", Index: 0, Domain: "d"},
+			InstanceKey: &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ig", CellId: cell},
+			State:       modelsv1.ActualLRP_STATE_CLAIMED, Presence: modelsv1.ActualLRP_PRESENCE_ORDINARY, Since: ago(age),
+		}
+	}
+	withClaimed := timeouts
+	withClaimed.Claimed = 5 * time.Minute
+	snap := func(a *modelsv1.ActualLRP) Snapshot {
+		return Snapshot{Desired: []*modelsv1.DesiredLRPSchedulingInfo{desired("p", 1)}, Actual: []*modelsv1.ActualLRP{a},
+			Cells: []*modelsv1.CellPresence{{CellId: "c1"}}, Domains: []*modelsv1.Domain{{Name: "d"}}, Now: now}
+	}
+	if p := Make(snap(claimedOn("c1", 5*time.Minute-time.Second)), withClaimed); len(p.Changes) != 0 || p.Found.StaleClaimedLRPs != 0 {
+		t.Fatalf("claimed for less than the timeout: %v (found %+v), want nothing", p.Changes, p.Found)
+	}
+	p := Make(snap(claimedOn("c1", 5*time.Minute)), withClaimed)
+	want := UnclaimStale{ProcessGuid: "p", Index: 0, Instance: &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ig", CellId: "c1"}, Deadline: now.Add(-5 * time.Minute)}
+	if len(p.Changes) != 1 || p.Found.StaleClaimedLRPs != 1 {
+		t.Fatalf("claimed for the timeout: %v (found %+v), want %v", p.Changes, p.Found, want)
+	}
+	if got, ok := p.Changes[0].(UnclaimStale); !ok || got.ProcessGuid != want.ProcessGuid || got.Index != want.Index ||
+		got.Instance.GetCellId() != "c1" || got.Instance.GetInstanceGuid() != "ig" || !got.Deadline.Equal(want.Deadline) {
+		t.Fatalf("change %v, want %v", p.Changes[0], want)
+	}
+	if p := Make(snap(claimedOn("gone", time.Hour)), withClaimed); len(p.Changes) != 1 {
+		t.Fatalf("claimed on a vanished cell: %v, want one change", p.Changes)
+	} else if _, ok := p.Changes[0].(MarkSuspect); !ok {
+		t.Fatalf("claimed on a vanished cell: %v, want MarkSuspect", p.Changes[0])
+	}
+	if p := Make(snap(claimedOn("c1", time.Hour)), timeouts); len(p.Changes) != 0 {
+		t.Fatalf("without a claimed timeout: %v, want nothing", p.Changes)
+	}
+}
