@@ -142,6 +142,20 @@ func TestStateReflectsReservations(t *testing.T) {
 	if st.GetTasks()[0].GetTaskGuid() != "job-1" || st.GetTasks()[0].GetDomain() != "jobs" {
 		t.Fatalf("held task %v", st.GetTasks()[0])
 	}
+	// The summary the auctioneer asks for: the same capacity, support and starting count, the
+	// instances counted per process guid, no lists.
+	sum, err := r.client.State(ctxT(t), &repv1.StateRequest{Summary: true})
+	if err != nil {
+		t.Fatalf("State summary: %v", err)
+	}
+	if len(sum.GetLrps()) != 0 || len(sum.GetTasks()) != 0 || !maps.Equal(sum.GetLrpInstances(), map[string]int32{"web": 2}) ||
+		!proto.Equal(sum.GetAvailableResources(), wantAvail) || sum.GetStartingContainerCount() < 2 ||
+		!slices.Equal(sum.GetPlacementTags(), st.GetPlacementTags()) || !slices.Equal(sum.GetPreloadedRootfses(), st.GetPreloadedRootfses()) {
+		t.Fatalf("summary %v, want the state with {web: 2} instead of the lists", sum)
+	}
+	if len(st.GetLrpInstances()) != 0 {
+		t.Fatalf("full state carries counts %v", st.GetLrpInstances())
+	}
 	// Once running, the instances are no longer starting; the finished task frees its room.
 	waitRunning(t, env, r, "web", 0)
 	waitRunning(t, env, r, "web", 1)

@@ -298,7 +298,7 @@ func (r *Runner) state(ctx context.Context, p *modelsv1.CellPresence) (*repv1.St
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.StateTimeout)
 	defer cancel()
-	state, err := client.State(sctx, &repv1.StateRequest{})
+	state, err := client.State(sctx, &repv1.StateRequest{Summary: true})
 	if err != nil {
 		return nil, fmt.Errorf("state of cell %s at %s: %w", p.GetCellId(), p.GetRepAddress(), err)
 	}

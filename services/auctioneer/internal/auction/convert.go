@@ -129,8 +129,11 @@ func cellFromState(p *modelsv1.CellPresence, s *repv1.StateResponse) *placement.
 	for i, pr := range providers {
 		lower[i] = strings.ToLower(pr)
 	}
-	instances := map[string]int{}
-	for _, l := range s.GetLrps() {
+	instances := make(map[string]int, len(s.GetLrpInstances()))
+	for guid, n := range s.GetLrpInstances() {
+		instances[guid] += int(n)
+	}
+	for _, l := range s.GetLrps() { // a full answer (a rep that ignores summary)
 		instances[l.GetKey().GetProcessGuid()]++
 	}
 	return &placement.Cell{

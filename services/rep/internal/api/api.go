@@ -16,6 +16,8 @@ import (
 type Cell interface {
 	// State is the cell's state.
 	State() *repv1.StateResponse
+	// StateSummary is the cell's state with instance counts per process guid instead of lists.
+	StateSummary() *repv1.StateResponse
 	// Perform takes work and returns what it could not take.
 	Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) ([]*repv1.LRPInstance, []*repv1.TaskWork)
 	// StopLRPInstance stops an instance and removes its record.
@@ -37,8 +39,12 @@ var _ repv1.RepServiceServer = (*Server)(nil)
 // New builds the handlers over a cell.
 func New(cell Cell) *Server { return &Server{cell: cell} }
 
-// State reports the cell's capacity, what it supports and what it runs.
-func (s *Server) State(context.Context, *repv1.StateRequest) (*repv1.StateResponse, error) {
+// State reports the cell's capacity, what it supports and what it runs (as instance counts per
+// process guid when the request asks for a summary).
+func (s *Server) State(_ context.Context, req *repv1.StateRequest) (*repv1.StateResponse, error) {
+	if req.GetSummary() {
+		return s.cell.StateSummary(), nil
+	}
 	return s.cell.State(), nil
 }
 

@@ -280,8 +280,14 @@ func (c *Cell) shutdown() {
 	c.cancelBase()
 }
 
-// State is the cell's state as the auctioneer sees it.
-func (c *Cell) State() *repv1.StateResponse {
+// State is the cell's state, with every instance and task it holds.
+func (c *Cell) State() *repv1.StateResponse { return c.state(false) }
+
+// StateSummary is the cell's state as placement needs it: the lrps and tasks lists are left
+// out and LrpInstances counts the instances per process guid instead, without copying them.
+func (c *Cell) StateSummary() *repv1.StateResponse { return c.state(true) }
+
+func (c *Cell) state(summary bool) *repv1.StateResponse {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	avail := proto.Clone(c.cfg.Capacity).(*modelsv1.CellCapacity)
@@ -302,6 +308,15 @@ func (c *Cell) State() *repv1.StateResponse {
 		avail.Containers--
 		if ctr.phase == phaseReserved || ctr.phase == phaseStarting {
 			out.StartingContainerCount++
+		}
+		if summary {
+			if ctr.kind == executor.KindLRP {
+				if out.LrpInstances == nil {
+					out.LrpInstances = map[string]int32{}
+				}
+				out.LrpInstances[ctr.key.GetProcessGuid()]++
+			}
+			continue
 		}
 		if ctr.kind == executor.KindLRP {
 			out.Lrps = append(out.Lrps, &repv1.LRPInstance{

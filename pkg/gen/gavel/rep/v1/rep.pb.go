@@ -191,7 +191,11 @@ func (x *TaskWork) GetPlacementConstraint() *v1.PlacementConstraint {
 
 // StateRequest is the request of State.
 type StateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Summary asks for the instance count of each process guid (lrp_instances) instead of the
+	// lrps and tasks lists: what placement needs, at a fraction of the size. The auctioneer asks
+	// every cell for it every round.
+	Summary       bool `protobuf:"varint,1,opt,name=summary,proto3" json:"summary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +230,13 @@ func (*StateRequest) Descriptor() ([]byte, []int) {
 	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{2}
 }
 
+func (x *StateRequest) GetSummary() bool {
+	if x != nil {
+		return x.Summary
+	}
+	return false
+}
+
 // StateResponse is the answer of State.
 type StateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -252,7 +263,10 @@ type StateResponse struct {
 	// Evacuating is true while the cell drains.
 	Evacuating bool `protobuf:"varint,11,opt,name=evacuating,proto3" json:"evacuating,omitempty"`
 	// Notes lists limitations of the cell, e.g. that memory limits are not enforced.
-	Notes         []string `protobuf:"bytes,12,rep,name=notes,proto3" json:"notes,omitempty"`
+	Notes []string `protobuf:"bytes,12,rep,name=notes,proto3" json:"notes,omitempty"`
+	// LrpInstances counts the instances the cell holds per process guid; set (and lrps and tasks
+	// left empty) when the request asked for a summary.
+	LrpInstances  map[string]int32 `protobuf:"bytes,13,rep,name=lrp_instances,json=lrpInstances,proto3" json:"lrp_instances,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +381,13 @@ func (x *StateResponse) GetEvacuating() bool {
 func (x *StateResponse) GetNotes() []string {
 	if x != nil {
 		return x.Notes
+	}
+	return nil
+}
+
+func (x *StateResponse) GetLrpInstances() map[string]int32 {
+	if x != nil {
+		return x.LrpInstances
 	}
 	return nil
 }
@@ -746,8 +767,9 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"\x0e\n" +
-	"\fStateRequest\"\xa2\x04\n" +
+	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"(\n" +
+	"\fStateRequest\x12\x18\n" +
+	"\asummary\x18\x01 \x01(\bR\asummary\"\xb7\x05\n" +
 	"\rStateResponse\x12\x17\n" +
 	"\acell_id\x18\x01 \x01(\tR\x06cellId\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12F\n" +
@@ -763,7 +785,11 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\n" +
 	"evacuating\x18\v \x01(\bR\n" +
 	"evacuating\x12\x14\n" +
-	"\x05notes\x18\f \x03(\tR\x05notes\"m\n" +
+	"\x05notes\x18\f \x03(\tR\x05notes\x12R\n" +
+	"\rlrp_instances\x18\r \x03(\v2-.gavel.rep.v1.StateResponse.LrpInstancesEntryR\flrpInstances\x1a?\n" +
+	"\x11LrpInstancesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"m\n" +
 	"\x0ePerformRequest\x12-\n" +
 	"\x04lrps\x18\x01 \x03(\v2\x19.gavel.rep.v1.LRPInstanceR\x04lrps\x12,\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x16.gavel.rep.v1.TaskWorkR\x05tasks\"\x88\x01\n" +
@@ -802,7 +828,7 @@ func file_gavel_rep_v1_rep_proto_rawDescGZIP() []byte {
 	return file_gavel_rep_v1_rep_proto_rawDescData
 }
 
-var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*LRPInstance)(nil),             // 0: gavel.rep.v1.LRPInstance
 	(*TaskWork)(nil),                // 1: gavel.rep.v1.TaskWork
@@ -816,43 +842,45 @@ var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*CancelTaskResponse)(nil),      // 9: gavel.rep.v1.CancelTaskResponse
 	(*EvacuateRequest)(nil),         // 10: gavel.rep.v1.EvacuateRequest
 	(*EvacuateResponse)(nil),        // 11: gavel.rep.v1.EvacuateResponse
-	(*v1.ActualLRPKey)(nil),         // 12: gavel.models.v1.ActualLRPKey
-	(*v1.Resources)(nil),            // 13: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),  // 14: gavel.models.v1.PlacementConstraint
-	(*v1.CellCapacity)(nil),         // 15: gavel.models.v1.CellCapacity
-	(*v1.ActualLRPInstanceKey)(nil), // 16: gavel.models.v1.ActualLRPInstanceKey
+	nil,                             // 12: gavel.rep.v1.StateResponse.LrpInstancesEntry
+	(*v1.ActualLRPKey)(nil),         // 13: gavel.models.v1.ActualLRPKey
+	(*v1.Resources)(nil),            // 14: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),  // 15: gavel.models.v1.PlacementConstraint
+	(*v1.CellCapacity)(nil),         // 16: gavel.models.v1.CellCapacity
+	(*v1.ActualLRPInstanceKey)(nil), // 17: gavel.models.v1.ActualLRPInstanceKey
 }
 var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
-	12, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
-	13, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
-	14, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	13, // 3: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
-	14, // 4: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	15, // 5: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
-	15, // 6: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
+	13, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
+	14, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
+	15, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	14, // 3: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
+	15, // 4: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	16, // 5: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
+	16, // 6: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
 	0,  // 7: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
 	1,  // 8: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
-	0,  // 9: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 10: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
-	0,  // 11: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 12: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
-	12, // 13: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	16, // 14: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	2,  // 15: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	4,  // 16: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	6,  // 17: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	8,  // 18: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	10, // 19: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	3,  // 20: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	5,  // 21: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	7,  // 22: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	9,  // 23: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	11, // 24: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	12, // 9: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
+	0,  // 10: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
+	1,  // 11: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
+	0,  // 12: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
+	1,  // 13: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
+	13, // 14: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	17, // 15: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	2,  // 16: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	4,  // 17: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	6,  // 18: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	8,  // 19: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	10, // 20: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	3,  // 21: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	5,  // 22: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	7,  // 23: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	9,  // 24: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	11, // 25: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }
@@ -866,7 +894,7 @@ func file_gavel_rep_v1_rep_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_rep_v1_rep_proto_rawDesc), len(file_gavel_rep_v1_rep_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
