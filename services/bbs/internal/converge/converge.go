@@ -98,8 +98,8 @@ func New(c *core.Core, cfg Config) *Converger {
 	return &Converger{core: c, st: c.Store(), cfg: cfg, log: cfg.Logger}
 }
 
-// Run converges every Interval and whenever trigger fires (a cell disappeared), until ctx
-// ends. As in Diego, the first timed pass comes one Interval after Run starts, so a new leader
+// Run converges every Interval and, with the cell-loss rules only (ConvergeCells), whenever
+// trigger fires (a cell disappeared), until ctx ends. As in Diego, the first timed pass comes one Interval after Run starts, so a new leader
 // (or a whole cluster restarting) gives reps time to register their presence before their
 // instances are judged. Failed passes are logged; the next one retries.
 func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
@@ -111,14 +111,17 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 	ticker := time.NewTicker(c.cfg.Interval)
 	defer ticker.Stop()
 	for {
+		var r Report
+		var err error
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+			r, err = c.Converge(ctx)
 		case <-trigger:
-			c.log.Info("a cell disappeared; converging")
+			c.log.Info("a cell disappeared; converging its instances")
+			r, err = c.ConvergeCells(ctx)
 		}
-		r, err := c.Converge(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -147,6 +150,30 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
 		return r, fmt.Errorf("convergence: %d changes failed: %w", r.Errors, errors.Join(errs...))
+	}
+	return r, nil
+}
+
+// ConvergeCells runs a cell-loss pass: only the instances and tasks of cells without presence
+// are read from the cache and planned (plan.CellLoss), then applied as Converge applies them.
+func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	started := time.Now()
+	cells, _ := c.st.Cells()
+	present := make(map[string]bool, len(cells))
+	for _, cell := range cells {
+		present[cell.GetCellId()] = true
+	}
+	actuals, _ := c.st.ActualLRPsOffCells(func(id string) bool { return present[id] })
+	scheds, _ := c.st.SchedulingInfos(store.ListFilter{})
+	tasks, _ := c.st.Tasks(store.ListFilter{})
+	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: actuals, Tasks: tasks, Cells: cells, Now: c.cfg.Now()})
+	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
+	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
+	c.cfg.Metrics.observeRun(r)
+	if len(errs) > 0 {
+		return r, fmt.Errorf("cell-loss convergence: %d changes failed: %w", r.Errors, errors.Join(errs...))
 	}
 	return r, nil
 }

@@ -71,12 +71,21 @@ func (m *Metrics) observe(r Report) {
 	if m == nil {
 		return
 	}
-	m.duration.Observe(r.Duration.Seconds())
-	m.runs.Inc()
-	m.errors.Add(float64(r.Errors))
+	m.observeRun(r)
 	m.missing.Set(float64(r.LRPsMissing))
 	m.extra.Set(float64(r.LRPsExtra))
 	m.crashed.Set(float64(r.CrashedLRPs))
 	m.suspect.Set(float64(r.SuspectLRPs))
 	m.restarts.Add(float64(r.Restarted))
+}
+
+// observeRun records a pass's duration and errors; a cell-loss pass, which judges only the lost
+// cells' instances, records only these (the gauges keep the last full pass's findings).
+func (m *Metrics) observeRun(r Report) {
+	if m == nil {
+		return
+	}
+	m.duration.Observe(r.Duration.Seconds())
+	m.runs.Inc()
+	m.errors.Add(float64(r.Errors))
 }

@@ -82,6 +82,34 @@ func (s *Store) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64) {
 	})
 }
 
+// ActualLRPsOffCells lists the instance records held by a cell for which present reports false
+// (records without an instance are left out), ordered by guid, index and presence, with the
+// revision read. It walks the cache without listing everything, for convergence's cell-loss
+// passes.
+func (s *Store) ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64) {
+	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {
+		for _, m := range st.actual {
+			for _, it := range m {
+				a := it.msg.(*modelsv1.ActualLRP)
+				if cell := a.GetInstanceKey().GetCellId(); cell != "" && !present(cell) {
+					out = append(out, a)
+				}
+			}
+		}
+		sort.Slice(out, func(i, j int) bool {
+			ki, kj := out[i].GetKey(), out[j].GetKey()
+			if ki.GetProcessGuid() != kj.GetProcessGuid() {
+				return ki.GetProcessGuid() < kj.GetProcessGuid()
+			}
+			if ki.GetIndex() != kj.GetIndex() {
+				return ki.GetIndex() < kj.GetIndex()
+			}
+			return out[i].GetPresence() < out[j].GetPresence()
+		})
+		return out
+	})
+}
+
 // ActualLRPs lists instance records ordered by guid, index and presence, with the revision read.
 func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
 	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {

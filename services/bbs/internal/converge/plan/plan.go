@@ -409,6 +409,50 @@ func Make(s Snapshot, t Timeouts) Plan {
 	return p
 }
 
+// CellLoss is the part of Make that a cell's disappearance calls for, without judging the rest
+// of the snapshot: MarkSuspect for desired CLAIMED or RUNNING ordinary instances on cells without
+// presence, RemoveEvacuating for EVACUATING copies on such cells, FailTaskOnVanishedCell for
+// tasks RUNNING on them. s.Actual need only hold the records of the vanished cells (store
+// ActualLRPsOffCells); each change is the one Make would plan for the same record, in the same
+// order. A convergence pass triggered by a lost cell runs it instead of Make, so a wave of cells
+// expiring one after another at 100,000 instances costs a walk of the records per cell, not a
+// full plan; the timer's passes still run Make.
+func CellLoss(s Snapshot) Plan {
+	var p Plan
+	cells := make(map[string]bool, len(s.Cells))
+	for _, cell := range s.Cells {
+		cells[cell.GetCellId()] = true
+	}
+	instances := make(map[string]int32, len(s.Desired))
+	for _, d := range s.Desired {
+		instances[d.GetProcessGuid()] = d.GetInstances()
+	}
+	for _, sl := range slotsOf(s.Actual) {
+		if a := sl.ord; a != nil {
+			desired := sl.index < instances[sl.guid]
+			if _, ok := instances[sl.guid]; !ok {
+				desired = false
+			}
+			st := a.GetState()
+			if desired && (st == modelsv1.ActualLRP_STATE_CLAIMED || st == modelsv1.ActualLRP_STATE_RUNNING) && !cells[a.GetInstanceKey().GetCellId()] {
+				p.Changes = append(p.Changes, MarkSuspect{ProcessGuid: sl.guid, Index: sl.index, Instance: a.GetInstanceKey()})
+			}
+		}
+		if sl.evac != nil && !cells[sl.evac.GetInstanceKey().GetCellId()] {
+			p.Changes = append(p.Changes, RemoveEvacuating{ProcessGuid: sl.guid, Index: sl.index})
+		}
+	}
+	tasks := slices.SortedFunc(slices.Values(s.Tasks), func(a, b *modelsv1.Task) int {
+		return cmp.Compare(a.GetTaskGuid(), b.GetTaskGuid())
+	})
+	for _, task := range tasks {
+		if task.GetState() == modelsv1.Task_STATE_RUNNING && !cells[task.GetCellId()] {
+			p.Changes = append(p.Changes, FailTaskOnVanishedCell{TaskGuid: task.GetTaskGuid()})
+		}
+	}
+	return p
+}
+
 // slotsOf groups actual LRP records by instance slot, ordered by process guid and index.
 func slotsOf(actuals []*modelsv1.ActualLRP) []*slot {
 	type key struct {

@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -355,5 +357,126 @@ func TestStaleClaimed(t *testing.T) {
 	}
 	if p := Make(snap(claimedOn("c1", time.Hour)), timeouts); len(p.Changes) != 0 {
 		t.Fatalf("without a claimed timeout: %v, want nothing", p.Changes)
+	}
+}
+
+// fullScale is 100,000 RUNNING instances (10,000 LRPs of 10) on 1,000 cells, 100 of which
+// have vanished, in the order the store lists them (by guid, index, presence).
+func fullScale() Snapshot {
+	var d []*modelsv1.DesiredLRPSchedulingInfo
+	var a []*modelsv1.ActualLRP
+	var cells []*modelsv1.CellPresence
+	for c := 100; c < 1000; c++ {
+		cells = append(cells, &modelsv1.CellPresence{CellId: fmt.Sprintf("cell-%04d", c)})
+	}
+	for g := 0; g < 10000; g++ {
+		guid := fmt.Sprintf("lrp-%06d", g)
+		d = append(d, desired(guid, 10))
+		for i := int32(0); i < 10; i++ {
+			a = append(a, lrp(guid, i, onCell(fmt.Sprintf("cell-%04d", (g*10+int(i))%1000))))
+		}
+	}
+	return Snapshot{Desired: d, Actual: a, Cells: cells, Domains: []*modelsv1.Domain{{Name: "fresh"}}, Now: now}
+}
+
+// BenchmarkMake plans a full pass at full scale with 100 cells vanished.
+func BenchmarkMake(b *testing.B) {
+	s := fullScale()
+	for b.Loop() {
+		if p := Make(s, timeouts); len(p.Changes) != 10000 {
+			b.Fatalf("%d changes, want 10,000", len(p.Changes))
+		}
+	}
+}
+
+// BenchmarkCellLoss plans the same cell loss as BenchmarkMake the way a triggered pass does:
+// only the vanished cells' records are given (store ActualLRPsOffCells).
+func BenchmarkCellLoss(b *testing.B) {
+	s := fullScale()
+	live := map[string]bool{}
+	for _, c := range s.Cells {
+		live[c.GetCellId()] = true
+	}
+	var off []*modelsv1.ActualLRP
+	for _, a := range s.Actual {
+		if !live[a.GetInstanceKey().GetCellId()] {
+			off = append(off, a)
+		}
+	}
+	s.Actual = off
+	for b.Loop() {
+		if p := CellLoss(s); len(p.Changes) != 10000 {
+			b.Fatalf("%d changes, want 10,000", len(p.Changes))
+		}
+	}
+}
+
+// TestCellLossIsMakesCellRules: for random snapshots, CellLoss plans exactly the changes Make
+// plans for the records and tasks of vanished cells, in the same order, whether it is given
+// every record or only those of the vanished cells (as the store's ActualLRPsOffCells gives).
+func TestCellLossIsMakesCellRules(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	cellIDs := []string{"cell-1", "cell-2", "gone-1", "gone-2"}
+	states := []modelsv1.ActualLRP_State{modelsv1.ActualLRP_STATE_UNCLAIMED, modelsv1.ActualLRP_STATE_CLAIMED,
+		modelsv1.ActualLRP_STATE_RUNNING, modelsv1.ActualLRP_STATE_CRASHED}
+	for round := 0; round < 300; round++ {
+		var d []*modelsv1.DesiredLRPSchedulingInfo
+		var a []*modelsv1.ActualLRP
+		var tasks []*modelsv1.Task
+		for g := 0; g < 6; g++ {
+			guid := fmt.Sprintf("g%d", g)
+			if r.IntN(4) > 0 {
+				d = append(d, desired(guid, int32(r.IntN(4))))
+			}
+			for i := int32(0); i < 4; i++ {
+				for _, p := range []modelsv1.ActualLRP_Presence{modelsv1.ActualLRP_PRESENCE_ORDINARY, modelsv1.ActualLRP_PRESENCE_SUSPECT, modelsv1.ActualLRP_PRESENCE_EVACUATING} {
+					if r.IntN(3) > 0 {
+						continue
+					}
+					st := states[r.IntN(len(states))]
+					if p != modelsv1.ActualLRP_PRESENCE_ORDINARY {
+						st = modelsv1.ActualLRP_STATE_RUNNING // suspect and evacuating copies hold a container
+					}
+					rec := lrp(guid, i, presence(p), state(st))
+					if rec.GetState() != modelsv1.ActualLRP_STATE_UNCLAIMED && rec.GetState() != modelsv1.ActualLRP_STATE_CRASHED {
+						rec.InstanceKey = &modelsv1.ActualLRPInstanceKey{InstanceGuid: fmt.Sprint(guid, i, p), CellId: cellIDs[r.IntN(len(cellIDs))]}
+					}
+					a = append(a, rec)
+				}
+			}
+		}
+		for i := 0; i < 4; i++ {
+			tasks = append(tasks, task(fmt.Sprintf("t%d", i), []modelsv1.Task_State{modelsv1.Task_STATE_PENDING, modelsv1.Task_STATE_RUNNING}[r.IntN(2)],
+				taskCell(cellIDs[r.IntN(len(cellIDs))])))
+		}
+		s := snap(d, a, tasks)
+		gone := func(cell string) bool { return cell != "cell-1" && cell != "cell-2" }
+		var want []Change
+		for _, ch := range Make(s, timeouts).Changes {
+			switch ch := ch.(type) {
+			case MarkSuspect, FailTaskOnVanishedCell:
+				want = append(want, ch)
+			case RemoveEvacuating:
+				for _, rec := range a {
+					if rec.GetKey().GetProcessGuid() == ch.ProcessGuid && rec.GetKey().GetIndex() == ch.Index &&
+						rec.GetPresence() == modelsv1.ActualLRP_PRESENCE_EVACUATING && gone(rec.GetInstanceKey().GetCellId()) {
+						want = append(want, ch)
+					}
+				}
+			}
+		}
+		off := s
+		off.Actual = nil
+		for _, rec := range a {
+			if c := rec.GetInstanceKey().GetCellId(); c != "" && gone(c) {
+				off.Actual = append(off.Actual, rec)
+			}
+		}
+		for _, in := range []Snapshot{s, off} {
+			got := CellLoss(in).Changes
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("round %d (%d records given): CellLoss planned %v, Make's cell rules %v", round, len(in.Actual), got, want)
+			}
+		}
 	}
 }
