@@ -51,6 +51,8 @@ func TestRolesByCertificateIdentity(t *testing.T) {
 	if _, err := admin.CreatePlacementPool(ctx, &nsyncv1.CreatePlacementPoolRequest{Pool: &nsyncv1.PlacementPool{Name: "prod", Require: []string{"production"}}}); err != nil {
 		t.Fatalf("admin creates a pool: %v", err)
 	}
+	// Once its instance runs nothing changes by itself, so what the refused calls do shows.
+	e.waitRunning(t, "web-v1", 1)
 	_, before := etcdState(t, e.cluster.Etcd)
 
 	readOnly, emitter, stranger := client("read-only"), client("route-emitter"), client("stranger")

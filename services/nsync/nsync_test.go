@@ -440,7 +440,9 @@ func TestTransformerRunsOnWhatNsyncBuilds(t *testing.T) {
 		d, ok := e.desired(t, "web-v1")
 		return ok && d.GetProperties()["network.network_id"] == "net-space-x", fmt.Sprint(d.GetProperties())
 	})
-	// A plugin refusing an app: the caller's fault, nothing stored.
+	// A plugin refusing an app: the caller's fault, nothing stored (measured once web-v1's
+	// instance runs again, so that nothing changes by itself meanwhile).
+	e.waitRunning(t, "web-v1", 1)
 	_, before := etcdState(t, e.cluster.Etcd)
 	_, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("refused", "space-x", 1)})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "no network for this app") {
