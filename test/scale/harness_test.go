@@ -95,6 +95,7 @@ type report struct {
 	recoverFromExpiry      time.Duration
 	recoverP50, recoverMax time.Duration       // per instance, from its own cell's disappearance
 	recoverSteps           [3][2]time.Duration // p50 and max of: → UNCLAIMED, → CLAIMED, → RUNNING
+	movedTwice             int                 // lost instances re-placed onto another lost cell first
 	peakRSS, peakHeap      uint64
 	stranded, duplicates   int
 	healthyLost            []string
@@ -369,6 +370,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	sort.Strings(r.healthyLost)
 	r.recoverFromExpiry = recovered.Sub(firstExpiry)
 	rec, steps := obs.recoverySteps(slots, slots)
+	r.movedTwice = obs.movedTwice(slots, lost)
 	r.recoverP50, r.recoverMax = percentile(rec, 50), percentile(rec, 100)
 	for i, st := range steps {
 		r.recoverSteps[i] = [2]time.Duration{percentile(st, 50), percentile(st, 100)}
@@ -490,8 +492,8 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
 		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
-	fmt.Fprintf(&b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s\n",
-		ms(r.recoverSteps[0][0]), ms(r.recoverSteps[0][1]), ms(r.recoverSteps[1][0]), ms(r.recoverSteps[1][1]), ms(r.recoverSteps[2][0]), ms(r.recoverSteps[2][1]))
+	fmt.Fprintf(&b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
+		ms(r.recoverSteps[0][0]), ms(r.recoverSteps[0][1]), ms(r.recoverSteps[1][0]), ms(r.recoverSteps[1][1]), ms(r.recoverSteps[2][0]), ms(r.recoverSteps[2][1]), r.movedTwice)
 	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
 	fmt.Fprintf(&b, "  heap:     live at full size, after a GC, by allocating service: %s\n", formatShares(r.heapShares))
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)

@@ -32,6 +32,7 @@ type observer struct {
 	disappeared  map[string]time.Time // cell id → CellDisappeared received
 	unclaimedAt  map[string]time.Time // "guid/index" → last seen turning UNCLAIMED
 	claimedAt    map[string]time.Time // "guid/index" → last seen turning CLAIMED
+	ranOn        map[string][]string  // "guid/index" → every cell it was seen RUNNING on, in order
 	errs         []error
 }
 
@@ -39,7 +40,7 @@ func newObserver() *observer {
 	return &observer{
 		running: map[string]placed{}, firstRunning: map[string]time.Time{},
 		eventSeen: map[string]time.Time{}, routeSeen: map[string]time.Time{}, disappeared: map[string]time.Time{},
-		unclaimedAt: map[string]time.Time{}, claimedAt: map[string]time.Time{},
+		unclaimedAt: map[string]time.Time{}, claimedAt: map[string]time.Time{}, ranOn: map[string][]string{},
 	}
 }
 
@@ -123,6 +124,7 @@ func (o *observer) actual(a *modelsv1.ActualLRP, now time.Time) {
 		return
 	}
 	o.running[s] = placed{instanceGUID: ig, cellID: a.GetInstanceKey().GetCellId(), at: now}
+	o.ranOn[s] = append(o.ranOn[s], a.GetInstanceKey().GetCellId())
 	if _, ok := o.firstRunning[s]; !ok {
 		o.firstRunning[s] = now
 	}
@@ -267,6 +269,24 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 func (o *observer) recoveries(slots map[string]string, cellOf map[string]string) []time.Duration {
 	rec, _ := o.recoverySteps(slots, cellOf)
 	return rec
+}
+
+// movedTwice counts the slots of a lost cell that were re-placed onto another lost cell (whose
+// lease had not expired yet when the auction chose it) before running on a live one.
+func (o *observer) movedTwice(slots map[string]string, lost map[string]bool) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for s := range slots {
+		cells := o.ranOn[s]
+		for i := len(cells) - 2; i >= 0 && cells[i] != slots[s]; i-- {
+			if lost[cells[i]] {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // recoverySteps is recoveries plus its split into steps, for each instance moved: its cell's
