@@ -10,13 +10,14 @@ type Stack struct {
 	spread     Spreader
 	score      Scorer
 
-	classes classes // the compatibility filters' outcomes for the current round
+	classes classes    // the compatibility filters' outcomes for the current round
+	zones   zoneCounts // which cells hold each process guid this round, for the spread
 }
 
 // NewStack assembles the placement pipeline. This function is the one place that says which
 // steps run and in what order.
 func NewStack() *Stack {
-	return &Stack{
+	s := &Stack{
 		// 1. Compatibility: could the cell ever run this work? Cheapest first; a cell failing
 		//    one filter is not asked the next, and its reasons are counted for the
 		//    CELL_MISMATCH message ("0/9 cells eligible (5 lack tag ...)"). Only these make
@@ -51,12 +52,15 @@ func NewStack() *Stack {
 			LocalityWeight:          DefaultLocalityWeight,
 		},
 	}
+	s.spread = ZoneSpread{Counts: s.zones.counts}
+	return s
 }
 
 // Select picks the cell w should go to among cells, skipping the cells in refused (which may be
 // nil), or explains why no cell can take it. Calls of one round pass the same cells slice;
 // a cell's tags, rootfses and providers must not change within it. It does not reserve anything: the caller calls
-// Cell.Reserve on the chosen cell so the next item sees the placement.
+// Cell.Reserve on the chosen cell so the next item sees the placement, and reserves nothing on
+// any other cell of the round (Release of a chosen cell is allowed).
 func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure) {
 	t := tally{total: len(cells)}
 	fits := make([]*Cell, 0, len(cells))
@@ -87,6 +91,9 @@ func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure
 		if best == nil || sc < bestScore || (sc == bestScore && c.ID < best.ID) {
 			best, bestScore = c, sc
 		}
+	}
+	if w.Kind == KindLRP {
+		s.zones.placed(w.ProcessGuid, best, cells)
 	}
 	return best, nil
 }
