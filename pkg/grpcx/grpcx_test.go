@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	grpclogging "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -344,28 +343,45 @@ func TestCallLogging(t *testing.T) {
 	}
 }
 
-func TestInterceptorLoggerLevels(t *testing.T) {
-	tests := []struct {
-		level grpclogging.Level
-		want  string
-	}{
-		{level: grpclogging.LevelDebug - 4, want: "[TRACE]"},
-		{level: grpclogging.LevelDebug, want: "[DEBUG]"},
-		{level: grpclogging.LevelInfo, want: "[INFO]"},
-		{level: grpclogging.LevelWarn, want: "[WARN]"},
-		{level: grpclogging.LevelError, want: "[ERROR]"},
-		{level: grpclogging.LevelError + 4, want: "[ERROR]"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.want, func(t *testing.T) {
-			var buf bytes.Buffer
-			l := InterceptorLogger(hclog.New(&hclog.LoggerOptions{Level: hclog.Trace, Output: &buf}))
-			l.Log(context.Background(), tt.level, "msg", "grpc.method", "Check", "n", 1)
-			out := buf.String()
-			if !strings.Contains(out, tt.want+" ") || !strings.Contains(out, "grpc.method=Check n=1") {
-				t.Errorf("got %q, want level %s and fields", out, tt.want)
+func TestCallLoggingQuietAtInfo(t *testing.T) {
+	var logs syncBuffer
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: &logs})
+	r := start(t, ServerConfig{TLS: tlsx.Config{Insecure: true}}, logger,
+		WithValidator(func(req any) error {
+			if hc, ok := req.(*healthpb.HealthCheckRequest); ok && hc.Service == "invalid" {
+				return errors.New("service must not be invalid")
 			}
-		})
+			return nil
+		}))
+	conn := dial(t, r, insecureClient)
+	if err := call(testContext(t), conn, "Echo", ""); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); strings.Contains(out, "finished call") {
+		t.Fatalf("a successful call was logged at info level:\n%s", out)
+	}
+	_, err := healthpb.NewHealthClient(conn).Check(testContext(t), &healthpb.HealthCheckRequest{Service: "invalid"})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("check = %v, want InvalidArgument", err)
+	}
+	out := logs.String()
+	for _, want := range []string{"[WARN]  finished call", "grpc.service=grpc.health.v1.Health", "grpc.method=Check",
+		"grpc.method_type=unary", "grpc.code=InvalidArgument", "grpc.error=", "grpc.time_ms=", "peer.address=127.0.0.1:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("logs lack %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestSplitMethod(t *testing.T) {
+	for in, want := range map[string][2]string{
+		"/gavel.bbs.v1.BBSService/DesireLRP": {"gavel.bbs.v1.BBSService", "DesireLRP"},
+		"/grpc.health.v1.Health/Check":       {"grpc.health.v1.Health", "Check"},
+		"Plain":                              {"unknown", "Plain"},
+	} {
+		if s, m := splitMethod(in); s != want[0] || m != want[1] {
+			t.Errorf("splitMethod(%q) = %q, %q; want %q, %q", in, s, m, want[0], want[1])
+		}
 	}
 }
 

@@ -2,63 +2,101 @@ package grpcx
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"runtime/debug"
+	"strings"
+	"time"
 
-	grpclogging "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
-// InterceptorLogger adapts an hclog logger to go-grpc-middleware's logging
-// interface: slog-style levels map to the nearest hclog level and fields are
-// passed on as key/value pairs.
-func InterceptorLogger(l hclog.Logger) grpclogging.Logger {
-	return grpclogging.LoggerFunc(func(_ context.Context, lvl grpclogging.Level, msg string, fields ...any) {
-		switch {
-		case lvl >= grpclogging.LevelError:
-			l.Error(msg, fields...)
-		case lvl >= grpclogging.LevelWarn:
-			l.Warn(msg, fields...)
-		case lvl >= grpclogging.LevelInfo:
-			l.Info(msg, fields...)
-		case lvl >= grpclogging.LevelDebug:
-			l.Debug(msg, fields...)
-		default:
-			l.Trace(msg, fields...)
-		}
-	})
-}
-
 // callLevel logs successful calls at debug and failed ones at warn, except calls refused
 // because the server sheds load (ResourceExhausted): those are the expected answer under a
 // burst, counted and summarised by whoever refuses them, and one line each would add load.
-func callLevel(code codes.Code) grpclogging.Level {
+func callLevel(code codes.Code) hclog.Level {
 	if code == codes.OK || code == codes.ResourceExhausted {
-		return grpclogging.LevelDebug
+		return hclog.Debug
 	}
-	return grpclogging.LevelWarn
+	return hclog.Warn
 }
 
-// peerFields adds the caller's certificate identity, when there is one.
-func peerFields(ctx context.Context) grpclogging.Fields {
+// logFinished writes one "finished call" line for a call to fullMethod that started at start
+// and ended with err, at callLevel of its code. The fields (the names go-grpc-middleware's
+// logging interceptor uses) are built only when that level is enabled: at the default info
+// level a successful call costs a status lookup and nothing more.
+func logFinished(ctx context.Context, l hclog.Logger, fullMethod, methodType string, start time.Time, err error) {
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	code := status.Code(err)
+	level := callLevel(code)
+	if l.GetLevel() > level {
+		return
+	}
+	service, method := splitMethod(fullMethod)
+	fields := make([]any, 0, 24)
+	fields = append(fields, "protocol", "grpc", "grpc.component", "server",
+		"grpc.service", service, "grpc.method", method, "grpc.method_type", methodType)
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		fields = append(fields, "peer.address", p.Addr.String())
+	}
 	if id, ok := tlsx.PeerIdentity(ctx); ok {
-		return grpclogging.Fields{"peer.identity", id}
+		fields = append(fields, "peer.identity", id)
 	}
-	return nil
+	fields = append(fields, "grpc.start_time", start.Format(time.RFC3339))
+	if d, ok := ctx.Deadline(); ok {
+		fields = append(fields, "grpc.request.deadline", d.Format(time.RFC3339))
+	}
+	fields = append(fields, "grpc.code", code.String())
+	if err != nil {
+		fields = append(fields, "grpc.error", err.Error())
+	}
+	fields = append(fields, "grpc.time_ms", fmt.Sprintf("%.3f", float64(time.Since(start))/float64(time.Millisecond)))
+	l.Log(level, "finished call", fields...)
 }
 
-// loggingOptions configures the logging interceptors: one line per finished
-// call.
-func loggingOptions() []grpclogging.Option {
-	return []grpclogging.Option{
-		grpclogging.WithLogOnEvents(grpclogging.FinishCall),
-		grpclogging.WithLevels(callLevel),
-		grpclogging.WithFieldsFromContext(peerFields),
+// splitMethod splits "/pkg.Service/Method" into its service and method.
+func splitMethod(fullMethod string) (service, method string) {
+	fullMethod = strings.TrimPrefix(fullMethod, "/")
+	if i := strings.LastIndexByte(fullMethod, '/'); i >= 0 {
+		return fullMethod[:i], fullMethod[i+1:]
+	}
+	return "unknown", fullMethod
+}
+
+// unaryCallLogger logs every finished unary call (logFinished).
+func unaryCallLogger(l hclog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		logFinished(ctx, l, info.FullMethod, "unary", start, err)
+		return resp, err
+	}
+}
+
+// streamCallLogger logs every finished stream (logFinished).
+func streamCallLogger(l hclog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		err := handler(srv, ss)
+		methodType := "bidi_stream"
+		switch {
+		case info.IsClientStream && !info.IsServerStream:
+			methodType = "client_stream"
+		case info.IsServerStream && !info.IsClientStream:
+			methodType = "server_stream"
+		}
+		logFinished(ss.Context(), l, info.FullMethod, methodType, start, err)
+		return err
 	}
 }
 
@@ -75,7 +113,7 @@ func recoveryHandler(logger hclog.Logger) recovery.Option {
 // serverUnaryInterceptors is the start of every server's unary chain.
 func serverUnaryInterceptors(logger hclog.Logger) []grpc.UnaryServerInterceptor {
 	return []grpc.UnaryServerInterceptor{
-		grpclogging.UnaryServerInterceptor(InterceptorLogger(logger), loggingOptions()...),
+		unaryCallLogger(logger),
 		recovery.UnaryServerInterceptor(recoveryHandler(logger)),
 	}
 }
@@ -83,7 +121,7 @@ func serverUnaryInterceptors(logger hclog.Logger) []grpc.UnaryServerInterceptor 
 // serverStreamInterceptors is the start of every server's stream chain.
 func serverStreamInterceptors(logger hclog.Logger) []grpc.StreamServerInterceptor {
 	return []grpc.StreamServerInterceptor{
-		grpclogging.StreamServerInterceptor(InterceptorLogger(logger), loggingOptions()...),
+		streamCallLogger(logger),
 		recovery.StreamServerInterceptor(recoveryHandler(logger)),
 	}
 }

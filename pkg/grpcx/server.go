@@ -1,6 +1,7 @@
 // Package grpcx builds Gavel's gRPC servers and clients: mutual TLS from
-// tlsx, a go-grpc-middleware interceptor chain (logging through hclog,
-// panic recovery, caller-supplied interceptors, request validation),
+// tlsx, an interceptor chain (one hclog line per finished call, built only
+// when its level is enabled; go-grpc-middleware's panic recovery and
+// per-RPC metrics; caller-supplied interceptors; request validation),
 // grpc.health.v1, server reflection, keepalives, message size limits and a
 // graceful stop that fits lifecycle.Runner.
 package grpcx
