@@ -3,7 +3,9 @@ package process
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/gavel-sched/gavel/pkg/atomicfile"
@@ -47,4 +49,20 @@ func (c *container) Signal(sig syscall.Signal) error {
 		}
 	}
 	return nil
+}
+
+// unignoreHangup makes the processes the backend starts receive SIGHUP, the signal that tells
+// them their files changed, even when the rep itself was started with SIGHUP ignored (under
+// nohup, or a supervisor that ignores it). An ignored signal stays ignored across exec, and a
+// shell can never trap a signal that was ignored when it started (POSIX), so every container
+// would silently miss it. Catching SIGHUP in the rep instead, and dropping it, keeps the rep deaf
+// to hangups while its children start with the default disposition (exec resets caught
+// signals). It does nothing when SIGHUP was not ignored.
+var unignoreHangup = sync.OnceFunc(catchHangupIfIgnored)
+
+// catchHangupIfIgnored catches (and drops) SIGHUP when it is ignored.
+func catchHangupIfIgnored() {
+	if signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
 }

@@ -103,6 +103,7 @@ func newBackend(opts executor.Options, cgroupRoot string) (*Backend, error) {
 	if err := os.MkdirAll(opts.WorkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("process backend: create work directory: %w", err)
 	}
+	unignoreHangup()
 	b := &Backend{
 		opts:       opts,
 		ports:      newPortAllocator(opts.PortRangeStart, opts.PortRangeEnd, hostPortFree),
