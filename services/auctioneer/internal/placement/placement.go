@@ -50,6 +50,9 @@ type Cell struct {
 	Evacuating bool
 	// Unreachable is true when the cell did not answer this round (State or Perform failed).
 	Unreachable bool
+	// PresenceLapsed is true when the cell's rep cannot confirm its presence in etcd: the cell
+	// is about to disappear and takes no new work.
+	PresenceLapsed bool
 }
 
 // Reserve records w as placed on c: it takes w's resources and a container, counts a starting

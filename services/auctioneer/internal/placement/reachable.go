@@ -7,6 +7,9 @@ var reasonUnreachable = Reason{One: "did not answer", Many: "did not answer"}
 // has failed.
 type Reachable struct{}
 
+// Passes implements FastFilter.
+func (Reachable) Passes(_ *Work, c *Cell) bool { return !c.Unreachable }
+
 // Check implements Filter.
 func (Reachable) Check(_ *Work, c *Cell) []Reason {
 	if c.Unreachable {

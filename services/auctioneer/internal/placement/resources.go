@@ -15,6 +15,11 @@ const (
 // DimContainers.
 type Resources struct{}
 
+// Passes implements FastFilter.
+func (Resources) Passes(w *Work, c *Cell) bool {
+	return c.Available.MemoryMB >= w.MemoryMB && c.Available.DiskMB >= w.DiskMB && c.Available.Containers >= 1
+}
+
 // Check implements Filter.
 func (Resources) Check(w *Work, c *Cell) []Reason {
 	var out []Reason

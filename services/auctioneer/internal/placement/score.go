@@ -21,13 +21,13 @@ type DiegoScore struct {
 }
 
 // Score implements Scorer.
-func (s DiegoScore) Score(w *Work, c *Cell) float64 {
+func (s DiegoScore) Score(w *Work, c *Cell, same int) float64 {
 	used := (fractionUsed(c.Available.MemoryMB-w.MemoryMB, c.Total.MemoryMB) +
 		fractionUsed(c.Available.DiskMB-w.DiskMB, c.Total.DiskMB) +
 		fractionUsed(c.Available.Containers-1, c.Total.Containers)) / 3
 	score := used + s.StartingContainerWeight*float64(c.Starting)
 	if w.Kind == KindLRP {
-		score += s.LocalityWeight * float64(c.Instances[w.ProcessGuid])
+		score += s.LocalityWeight * float64(same)
 	}
 	return score
 }

@@ -32,7 +32,7 @@ func TestDiegoScore(t *testing.T) {
 			if tc.name == "no memory capacity" {
 				c.Total.MemoryMB = 0
 			}
-			if got := s.Score(tc.work, c); math.Abs(got-tc.want) > 1e-9 {
+			if got := s.Score(tc.work, c, tc.instances); math.Abs(got-tc.want) > 1e-9 {
 				t.Fatalf("score %v, want %v", got, tc.want)
 			}
 		})
@@ -44,7 +44,7 @@ func TestScorePrefersEmptierCell(t *testing.T) {
 	empty, busy := newCell("a", "z1"), newCell("b", "z1")
 	busy.Available.MemoryMB = 512
 	w := taskWork("t", 64)
-	if s.Score(w, empty) >= s.Score(w, busy) {
+	if s.Score(w, empty, 0) >= s.Score(w, busy, 0) {
 		t.Fatal("a busier cell scored better than an empty one")
 	}
 }

@@ -1,17 +1,20 @@
 package placement
 
-// Stack is the placement pipeline: compatibility filters, capacity filters, a spreader and a
-// scorer, applied to every cell for one item at a time (the style of Nomad's
-// feasible/rank/stack).
+import "sync"
+
+// Stack is the placement pipeline: compatibility filters, availability and capacity filters,
+// a spreader and a scorer, applied to every cell for one item at a time (the style of Nomad's
+// feasible/rank/stack). Select is safe for concurrent use but serializes: one round places its
+// items one after another, each seeing the last one's reservation.
 type Stack struct {
 	compatible []Filter
-	available  []Filter
-	capacity   []Filter
+	available  []FastFilter
+	capacity   []FastFilter
 	spread     Spreader
 	score      Scorer
 
-	classes classes    // the compatibility filters' outcomes for the current round
-	zones   zoneCounts // which cells hold each process guid this round, for the spread
+	mu    sync.Mutex
+	round round // the current round's memo: class outcomes, zones, the cells holding each LRP
 }
 
 // NewStack assembles the placement pipeline. This function is the one place that says which
@@ -32,13 +35,14 @@ func NewStack() *Stack {
 		//    Refused set, when given, is checked first.) A compatible cell failing here makes
 		//    CELL_COMMUNICATION (did not answer, refused) or INSUFFICIENT_RESOURCES
 		//    (evacuating), with the cells counted per reason.
-		available: []Filter{
+		available: []FastFilter{
 			Reachable{},     // answered State this round, and no Perform to it has failed
+			PresenceHeld{},  // its rep holds its presence: it is not about to disappear
 			NotEvacuating{}, // draining cells take no new work
 		},
 		// 3. Capacity: has the available cell room for it now (this round's earlier
 		//    placements included)? Exhausted dimensions feed INSUFFICIENT_RESOURCES.
-		capacity: []Filter{
+		capacity: []FastFilter{
 			Resources{}, // memory, disk, one container
 		},
 		// 4. Spread: of the cells with room, keep those in the availability zones running the
@@ -52,19 +56,63 @@ func NewStack() *Stack {
 			LocalityWeight:          DefaultLocalityWeight,
 		},
 	}
-	s.spread = ZoneSpread{Counts: s.zones.counts}
 	return s
 }
 
 // Select picks the cell w should go to among cells, skipping the cells in refused (which may be
 // nil), or explains why no cell can take it. Calls of one round pass the same cells slice;
-// a cell's tags, rootfses and providers must not change within it. It does not reserve anything: the caller calls
-// Cell.Reserve on the chosen cell so the next item sees the placement, and reserves nothing on
-// any other cell of the round (Release of a chosen cell is allowed).
+// a cell's zone, tags, rootfses and providers must not change within it. It does not reserve
+// anything: the caller calls Cell.Reserve on the chosen cell so the next item sees the
+// placement, and reserves nothing on any other cell of the round (Release of a chosen cell is
+// allowed).
+//
+// One pass over the cells finds, among those passing every filter, the lowest zone rank, then
+// the lowest score, then the lowest cell id; it allocates nothing. Only when no cell can take w
+// does a second pass ask the filters for their reasons, to explain the failure.
 func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := &s.round
+	r.reset(cells)
+	classFails := r.classReasons(w, cells, s.compatible)
+	r.count(w, cells)
+	best, bestRank, bestScore := -1, 0, 0.0
+	for i, c := range cells {
+		if classFails[i] != nil || (refused != nil && !refused.Passes(w, c)) ||
+			!passesAll(s.available, w, c) || !passesAll(s.capacity, w, c) {
+			continue
+		}
+		rank := s.spread.Rank(w, r.inZone(i))
+		if best >= 0 && rank > bestRank {
+			continue
+		}
+		sc := s.score.Score(w, c, r.sameOn(i))
+		if best < 0 || rank < bestRank || sc < bestScore || (sc == bestScore && c.ID < cells[best].ID) {
+			best, bestRank, bestScore = i, rank, sc
+		}
+	}
+	if best < 0 {
+		return nil, s.explain(w, cells, classFails, refused)
+	}
+	if w.Kind == KindLRP {
+		r.placed(w.ProcessGuid, best)
+	}
+	return cells[best], nil
+}
+
+// passesAll reports whether every filter passes c for w.
+func passesAll(filters []FastFilter, w *Work, c *Cell) bool {
+	for _, f := range filters {
+		if !f.Passes(w, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// explain counts, for work no cell can take, every cell under the reasons it cannot.
+func (s *Stack) explain(w *Work, cells []*Cell, classFails [][]Reason, refused Refused) *Failure {
 	t := tally{total: len(cells)}
-	fits := make([]*Cell, 0, len(cells))
-	classFails := s.classes.reasons(w, cells, s.compatible)
 	for i, c := range cells {
 		if rs := classFails[i]; rs != nil {
 			t.incompatible(rs)
@@ -77,30 +125,14 @@ func (s *Stack) Select(w *Work, cells []*Cell, refused Refused) (*Cell, *Failure
 		}
 		if rs := firstFailure(w, c, nil, s.capacity); rs != nil {
 			t.full(rs)
-			continue
-		}
-		fits = append(fits, c)
-	}
-	if len(fits) == 0 {
-		return nil, t.failure()
-	}
-	var best *Cell
-	var bestScore float64
-	for _, c := range s.spread.Narrow(w, fits, cells) {
-		sc := s.score.Score(w, c)
-		if best == nil || sc < bestScore || (sc == bestScore && c.ID < best.ID) {
-			best, bestScore = c, sc
 		}
 	}
-	if w.Kind == KindLRP {
-		s.zones.placed(w.ProcessGuid, best, cells)
-	}
-	return best, nil
+	return t.failure()
 }
 
 // firstFailure runs the refused check (when given) and then filters in order, returning the
 // reasons of the first that fails, or nil when all pass.
-func firstFailure(w *Work, c *Cell, refused Refused, filters []Filter) []Reason {
+func firstFailure(w *Work, c *Cell, refused Refused, filters []FastFilter) []Reason {
 	if refused != nil {
 		if rs := refused.Check(w, c); rs != nil {
 			return rs

@@ -6,15 +6,25 @@ type Filter interface {
 	Check(w *Work, c *Cell) []Reason
 }
 
-// Scorer ranks a cell that can take w; the lowest score wins.
-type Scorer interface {
-	Score(w *Work, c *Cell) float64
+// FastFilter is a Filter that Select asks for every item and every cell of a round. Passes
+// answers without allocating; Check, which may allocate its reasons, is asked only when no cell
+// can take the item, to explain why. Passes(w, c) must equal len(Check(w, c)) == 0.
+type FastFilter interface {
+	Filter
+	Passes(w *Work, c *Cell) bool
 }
 
-// Spreader narrows the cells that can take w to those it should be tried on first. all is
-// every cell of the round, for counting what already runs where.
+// Scorer ranks a cell that can take w; the lowest score wins. same is how many instances of
+// w's LRP cell c already holds (0 for a task), which Select knows from its round memo.
+type Scorer interface {
+	Score(w *Work, c *Cell, same int) float64
+}
+
+// Spreader ranks the availability zones for w: of the cells that can take w, Select keeps those
+// whose zone has the lowest rank and scores them together. inZone is how many instances of w's
+// LRP the zone's cells hold (counted over every cell of the round; 0 for a task).
 type Spreader interface {
-	Narrow(w *Work, candidates, all []*Cell) []*Cell
+	Rank(w *Work, inZone int) int
 }
 
 // Reason is why a cell cannot take a piece of work, phrased to follow a count of cells:

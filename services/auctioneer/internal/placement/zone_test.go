@@ -13,21 +13,30 @@ func TestZoneSpread(t *testing.T) {
 	a1.Instances = map[string]int{"web": 1}
 	b1.Instances = map[string]int{"web": 1, "other": 5}
 
+	s := NewStack()
 	w := lrpWork("web", 3, 64)
-	if got := (ZoneSpread{}).Narrow(w, all, all); !sameIDs(got, "c1") {
-		t.Fatalf("narrowed to %v, want zone c only", cellIDs(got))
+	if got, _ := s.Select(w, all, nil); got != c1 {
+		t.Fatalf("chose %v, want c1: zone c runs no instance", got)
 	}
-	// Zone c cannot take it: a2 and b1's zones tie at one instance and are tried together.
-	if got := (ZoneSpread{}).Narrow(w, []*Cell{a1, a2, b1}, all); !sameIDs(got, "a1", "a2", "b1") {
-		t.Fatalf("narrowed to %v, want zones a and b", cellIDs(got))
+	// Zone c cannot take it: a and b tie at one instance and are scored together, and a2
+	// (holding none) beats a1 and b1 (holding one each).
+	c1.Unreachable = true
+	if got, _ := NewStack().Select(w, all, nil); got != a2 {
+		t.Fatalf("chose %v, want a2", got)
 	}
-	// Instances on cells that cannot take the work still count for their zone.
-	if got := (ZoneSpread{}).Narrow(w, []*Cell{a2, c1}, all); !sameIDs(got, "c1") {
-		t.Fatalf("narrowed to %v, want c1", cellIDs(got))
+	// Instances on cells that cannot take the work still count for their zone: with a2 and
+	// c1 left, zone c (no instance) wins although its cell's score is worse.
+	c1.Unreachable, b1.Unreachable, a1.Unreachable = false, true, true
+	c1.Starting = 3
+	if got, _ := NewStack().Select(w, all, nil); got != c1 {
+		t.Fatalf("chose %v, want c1", got)
 	}
-	// Tasks are not spread.
-	if got := (ZoneSpread{}).Narrow(taskWork("t", 64), all, all); len(got) != 4 {
-		t.Fatalf("task narrowed to %v", cellIDs(got))
+	// Tasks are not spread: the best score anywhere wins.
+	if got, _ := NewStack().Select(taskWork("t", 64), all, nil); got != a2 {
+		t.Fatalf("task chose %v, want a2", got)
+	}
+	if (ZoneSpread{}).Rank(taskWork("t", 64), 7) != 0 || (ZoneSpread{}).Rank(w, 7) != 7 {
+		t.Fatal("rank: tasks rank alike, LRPs by their instances in the zone")
 	}
 }
 
@@ -57,18 +66,4 @@ func TestStackSpreadsInstancesAcrossZones(t *testing.T) {
 	if a1.Instances["web"]+a2.Instances["web"]+a3.Instances["web"] != 2 || max(a1.Instances["web"], a2.Instances["web"], a3.Instances["web"]) != 1 {
 		t.Fatalf("zone a instances: %d %d %d", a1.Instances["web"], a2.Instances["web"], a3.Instances["web"])
 	}
-}
-
-func cellIDs(cells []*Cell) []string {
-	out := make([]string, len(cells))
-	for i, c := range cells {
-		out[i] = c.ID
-	}
-	slices.Sort(out)
-	return out
-}
-
-func sameIDs(cells []*Cell, want ...string) bool {
-	slices.Sort(want)
-	return slices.Equal(cellIDs(cells), want)
 }
