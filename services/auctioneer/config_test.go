@@ -21,7 +21,7 @@ func insecureDefault() auctioneer.Config {
 
 func TestConfigDefaultsAndFile(t *testing.T) {
 	c := auctioneer.Default()
-	if time.Duration(c.BatchInterval) != 50*time.Millisecond || time.Duration(c.CellStateTimeout) != 2*time.Second || c.MaxInflightStarts != 2000 {
+	if time.Duration(c.BatchInterval) != 50*time.Millisecond || time.Duration(c.CellStateTimeout) != 2*time.Second || c.MaxInflightStarts != 3000 {
 		t.Fatalf("defaults %+v", c)
 	}
 	if err := insecureDefault().Validate(); err != nil {

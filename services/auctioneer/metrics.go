@@ -28,6 +28,7 @@ type serviceMetrics struct {
 	perform      prometheus.Histogram
 	roundSeconds prometheus.Histogram
 	unreachable  prometheus.Counter
+	reused       prometheus.Counter
 	leader       prometheus.Gauge
 }
 
@@ -51,9 +52,10 @@ func newServiceMetrics() *serviceMetrics {
 		perform:      histogram("perform_duration_seconds", "Time a round took to hand its work to the cells (Perform, retries included)."),
 		roundSeconds: histogram("round_duration_seconds", "Wall time of a whole auction round."),
 		unreachable:  counter("cells_unreachable_total", "Cells that did not answer State in a round, summed over rounds."),
+		reused:       counter("cell_states_reused_total", "Cells whose last known state stood in for a State call in a round, summed over rounds."),
 		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gavel", Subsystem: "auctioneer", Name: "leader", Help: "1 while this auctioneer leads, 0 while it stands by."}),
 	}
-	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.leader)
+	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.reused, m.leader)
 	return m
 }
 
@@ -83,4 +85,5 @@ func (m *serviceMetrics) observeRound(entries []batch.Entry, res auction.Result)
 	m.perform.Observe(t.Perform.Seconds())
 	m.roundSeconds.Observe((t.ListCells + t.FetchStates + t.Place + t.Perform + t.Report).Seconds())
 	m.unreachable.Add(float64(res.Unreachable))
+	m.reused.Add(float64(res.Reused))
 }

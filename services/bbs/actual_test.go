@@ -451,6 +451,36 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	}
 }
 
+// TestClaimIncludesTheDesiredLRP: a claim that asks for it brings back the desired LRP as
+// DesiredLRPByProcessGuid gives it; one that does not ask carries none; a refused claim
+// carries nothing.
+func TestClaimIncludesTheDesiredLRP(t *testing.T) {
+	env := bbstest.Start(t)
+	lrpDesire(t, env, "web", 2)
+	ctx := ctxT(t)
+	want, err := env.Client.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 0,
+		InstanceKey: lrpInstKey("i-0", "cell-1"), IncludeDesiredLrp: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got.GetDesiredLrp(), want.GetDesiredLrp()) || got.GetActualLrp().GetState() != lrpClaimed {
+		t.Fatalf("claim answered %v, want the claimed instance and desired %v", got, want.GetDesiredLrp())
+	}
+	got, err = env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 1, InstanceKey: lrpInstKey("i-1", "cell-1")})
+	if err != nil || got.GetDesiredLrp() != nil {
+		t.Fatalf("claim without the flag answered %v, %v; want no desired LRP", got, err)
+	}
+	got, err = env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 0,
+		InstanceKey: lrpInstKey("i-other", "cell-2"), IncludeDesiredLrp: true})
+	if status.Code(err) != codes.FailedPrecondition || got != nil {
+		t.Fatalf("a lost claim answered %v, %v; want FailedPrecondition and nothing", got, err)
+	}
+}
+
 // TestCrashRestartPolicy: the first three crashes restart at once (UNCLAIMED, claimable again),
 // the fourth leaves the instance CRASHED.
 func TestCrashRestartPolicy(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -40,6 +41,18 @@ var cellSeq atomic.Int32
 // startRep runs a sim-backend rep against env's BBS and etcd until the test ends.
 func startRep(t *testing.T, env *bbstest.Env, configure ...func(*rep.Config)) *repEnv {
 	t.Helper()
+	return startRepWith(t, env, env.Client, configure...)
+}
+
+// startRepWith is startRep with the rep reaching the BBS through client.
+func startRepWith(t *testing.T, env *bbstest.Env, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
+	t.Helper()
+	return startRepEtcd(t, env, env.Etcd, client, configure...)
+}
+
+// startRepEtcd is startRepWith with the rep keeping its presence through presenceEtcd.
+func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
+	t.Helper()
 	cfg := rep.Default()
 	cfg.CellID = fmt.Sprintf("cell-%d", cellSeq.Add(1))
 	cfg.Zone = "z1"
@@ -69,7 +82,7 @@ func startRep(t *testing.T, env *bbstest.Env, configure ...func(*rep.Config)) *r
 	if err != nil {
 		t.Fatalf("resolver: %v", err)
 	}
-	svc, err := rep.New(cfg, logging.NewTest(t), env.Etcd, env.Client, backend, resolver)
+	svc, err := rep.New(cfg, logging.NewTest(t), presenceEtcd, client, backend, resolver)
 	if err != nil {
 		t.Fatalf("new rep: %v", err)
 	}

@@ -376,6 +376,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	cfg.Tags = normalizedTags(cfg.Tags)
 	var c *cell.Cell
+	s := &Service{cfg: cfg, log: logger}
 	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
 	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
@@ -393,6 +394,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		EvacuationTimeout: time.Duration(cfg.EvacuationTimeout),
 		Logger:            logger.Named("cell"),
 		Observer:          m,
+		PresenceHeld:      func() bool { return s.presence.Held() }, // set below, before Run
 	}, bbs, backend, resolver)
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
@@ -405,7 +407,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		return nil, fmt.Errorf("rep: %w", err)
 	}
 	repv1.RegisterRepServiceServer(server.GRPC, api.New(c))
-	s := &Service{cfg: cfg, log: logger, cell: c, server: server}
+	s.cell, s.server = c, server
 	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
 		return cfg.presence(s.AdvertiseAddress())
 	}, logger.Named("presence"))

@@ -1,6 +1,7 @@
 package rep_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -8,18 +9,22 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/rep/internal/presence"
@@ -485,5 +490,86 @@ func TestEvacuate(t *testing.T) {
 	}
 	if st := state(t, r); len(st.GetLrps()) != 0 {
 		t.Fatalf("instances after evacuation: %v", st.GetLrps())
+	}
+}
+
+// countingBBS counts the rep's claims and desired-LRP reads; with stripDesired it answers
+// claims as a BBS that does not send the desired LRP would.
+type countingBBS struct {
+	bbsv1.BBSServiceClient
+	stripDesired    bool
+	claims, fetches atomic.Int32
+}
+
+func (c *countingBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPResponse, error) {
+	c.claims.Add(1)
+	resp, err := c.BBSServiceClient.ClaimActualLRP(ctx, in, opts...)
+	if c.stripDesired && resp != nil {
+		resp.DesiredLrp = nil
+	}
+	return resp, err
+}
+
+func (c *countingBBS) DesiredLRPByProcessGuid(ctx context.Context, in *bbsv1.DesiredLRPByProcessGuidRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
+	c.fetches.Add(1)
+	return c.BBSServiceClient.DesiredLRPByProcessGuid(ctx, in, opts...)
+}
+
+// TestClaimBringsTheRunInfo: an instance runs after one BBS call before its container (the
+// claim, which brings the desired LRP back); against a BBS that does not send it, the rep reads
+// the desired LRP itself and the instance runs all the same.
+func TestClaimBringsTheRunInfo(t *testing.T) {
+	for _, strip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strip=%v", strip), func(t *testing.T) {
+			env := bbstest.Start(t)
+			client := &countingBBS{BBSServiceClient: env.Client, stripDesired: strip}
+			r := startRepWith(t, env, client)
+			d := desiredLRP("web", 2)
+			desire(t, env, d)
+			perform(t, r, []*repv1.LRPInstance{lrpWork(d, 0), lrpWork(d, 1)}, nil)
+			waitRunning(t, env, r, "web", 0)
+			waitRunning(t, env, r, "web", 1)
+			want := int32(0)
+			if strip {
+				want = 2
+			}
+			if c, f := client.claims.Load(), client.fetches.Load(); c != 2 || f != want {
+				t.Fatalf("%d claims and %d desired-LRP reads, want 2 and %d", c, f, want)
+			}
+		})
+	}
+}
+
+// TestPresenceLapseStopsNewWork: a rep cut off from etcd (its presence connection closed, as a
+// partitioned host's) says in State that its presence lapsed and refuses new work at once,
+// although its lease has most of its TTL to run and the BBS still lists the cell; a healthy
+// rep does neither.
+func TestPresenceLapseStopsNewWork(t *testing.T) {
+	env := bbstest.Start(t)
+	presenceEtcd, err := etcdx.NewClient(etcdx.Config{Endpoints: env.Etcd.Endpoints()}, logging.NewTest(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { presenceEtcd.Close() })
+	r := startRepEtcd(t, env, presenceEtcd, env.Client, func(c *rep.Config) { c.LeaseTTL = rep.Duration(30 * time.Second) })
+	d := desiredLRP("web", 2)
+	desire(t, env, d)
+	if st := state(t, r); st.GetPresenceLapsed() {
+		t.Fatalf("a registered rep reports its presence lapsed: %v", st)
+	}
+	if resp := perform(t, r, []*repv1.LRPInstance{lrpWork(d, 0)}, nil); len(resp.GetFailedLrps()) != 0 {
+		t.Fatalf("a healthy rep refused work: %v", resp)
+	}
+	presenceEtcd.Close()
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
+		st := state(t, r)
+		return st.GetPresenceLapsed(), fmt.Sprint(st)
+	}, "presence lapsed")
+	if resp := perform(t, r, []*repv1.LRPInstance{lrpWork(d, 1)}, nil); len(resp.GetFailedLrps()) != 1 {
+		t.Fatalf("a rep whose presence lapsed took work: %v", resp)
+	}
+	cells, err := env.Client.Cells(ctxT(t), &bbsv1.CellsRequest{})
+	if err != nil || len(cells.GetCells()) != 1 {
+		t.Fatalf("the BBS should still list the cell while its lease runs: %v, %v", cells, err)
 	}
 }

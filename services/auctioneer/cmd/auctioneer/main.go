@@ -32,6 +32,7 @@ func run(args []string) error {
 	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
 	fs.Var(&cfg.BatchInterval, "batch-interval", "batch window between auction rounds")
 	fs.Var(&cfg.CellStateTimeout, "cell-state-timeout", "timeout of each cell's State call")
+	fs.Var(&cfg.CellStateMaxAge, "cell-state-max-age", "how long a cell's last known state (from its last Perform or State) stands in for a State call (0: ask every round)")
 	fs.Var(&cfg.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
 	fs.IntVar(&cfg.MaxInflightStarts, "max-inflight-starts", cfg.MaxInflightStarts, "most containers starting at once (0: unlimited)")
 	fs.Var(&cfg.LockTTL, "lock-ttl", "leader election lease TTL")

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,6 +74,14 @@ type Config struct {
 	DeferOverLimit bool
 	// Parallelism bounds concurrent State calls, Perform calls and placement error reports.
 	Parallelism int
+	// StateMaxAge is how long a cell's last known state stands in for a State call: the state
+	// its last Perform answered with (taken once it had taken the round's work), or its last
+	// State answer. Zero asks every cell every round, and so does a round that follows one
+	// that ended with at least half of MaxInFlight containers starting. Only Perform adds work to a cell,
+	// so a reused state can only understate its room (containers that ended since) and
+	// overstate its starting containers; a cell that began evacuating or lost its presence
+	// since refuses the work, which is then placed on the next best cell.
+	StateMaxAge time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -100,6 +109,17 @@ type Runner struct {
 	logger hclog.Logger
 	// retain, when set, is told the cells of each round (reppool.Pool.Retain).
 	retain func([]*modelsv1.CellPresence)
+
+	mu       sync.Mutex
+	states   map[string]knownState // by cell id, with StateMaxAge
+	starting int                   // the containers starting across cells after the last round
+}
+
+// knownState is the last state a cell answered, from State or Perform.
+type knownState struct {
+	address string // the rep address it came from
+	state   *repv1.StateResponse
+	at      time.Time
 }
 
 // NewRunner builds a runner. When reps can retain (a *reppool.Pool), connections to cells that
@@ -108,7 +128,7 @@ func NewRunner(bbs BBS, reps Reps, cfg Config, logger hclog.Logger) *Runner {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	r := &Runner{bbs: bbs, reps: reps, stack: placement.NewStack(), cfg: cfg.withDefaults(), logger: logger}
+	r := &Runner{bbs: bbs, reps: reps, stack: placement.NewStack(), cfg: cfg.withDefaults(), logger: logger, states: map[string]knownState{}}
 	if p, ok := reps.(retainer); ok {
 		r.retain = p.Retain
 	}
@@ -128,6 +148,9 @@ type Result struct {
 	Cells int
 	// Unreachable is the number of cells that did not answer State.
 	Unreachable int
+	// Reused is the number of cells whose last known state stood in for a State call
+	// (Config.StateMaxAge).
+	Reused int
 	// ReportErrors counts placement failures the BBS did not accept.
 	ReportErrors int
 	// Timings split the round's wall time by phase.
@@ -167,10 +190,12 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	if r.retain != nil {
 		r.retain(presences)
 	}
+	r.keepStatesOf(presences)
 
 	res.Timings.ListCells = time.Since(start)
 	mark := time.Now()
-	cells := r.fetchStates(ctx, presences)
+	cells, reused := r.fetchStates(ctx, presences)
+	res.Reused = reused
 	res.Timings.FetchStates = time.Since(mark)
 	mark = time.Now()
 	inflight := placement.InFlight{Limit: r.cfg.MaxInFlight}
@@ -194,8 +219,10 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	}
 	res.Timings.Place = time.Since(mark)
 	mark = time.Now()
-	r.performWithRetry(ctx, works, cells, byCell, &inflight, &res)
+	// Ask the cells for their states only when the next round could reuse them.
+	r.performWithRetry(ctx, works, cells, byCell, &inflight, r.reusable(inflight.Starting), &res)
 	res.Timings.Perform = time.Since(mark)
+	r.setStarting(inflight.Starting) // the cells' starting containers and this round's
 	if r.cfg.DeferOverLimit {
 		for _, w := range works {
 			if f, ok := res.Failed[w.Key()]; ok && f.Code == modelsv1.PlacementError_CODE_IN_FLIGHT_LIMIT {
@@ -209,7 +236,7 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	res.Timings.Report = time.Since(mark)
 	r.logger.Info("auction round",
 		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed), "deferred", len(res.Deferred),
-		"cells", res.Cells, "cells_unreachable", res.Unreachable, "duration", time.Since(start))
+		"cells", res.Cells, "cells_unreachable", res.Unreachable, "states_reused", res.Reused, "duration", time.Since(start))
 	return res, nil
 }
 
@@ -219,12 +246,12 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 // performed in a second wave. Work placed on no cell ends in res.Failed as CELL_COMMUNICATION.
 // works is the round's work in placement order; retries keep that order.
 func (r *Runner) performWithRetry(ctx context.Context, works []*placement.Work, cells []*placement.Cell,
-	byCell map[*placement.Cell][]*placement.Work, inflight *placement.InFlight, res *Result) {
+	byCell map[*placement.Cell][]*placement.Work, inflight *placement.InFlight, askState bool, res *Result) {
 	pos := make(map[string]int, len(works))
 	for i, w := range works {
 		pos[w.Key()] = i
 	}
-	refusals := r.perform(ctx, byCell, res.Placed)
+	refusals := r.perform(ctx, byCell, askState, res.Placed)
 	sort.SliceStable(refusals, func(i, j int) bool { return pos[refusals[i].work.Key()] < pos[refusals[j].work.Key()] })
 	// Release everything first, so each retry sees all the room the refusals freed.
 	for _, rf := range refusals {
@@ -245,7 +272,7 @@ func (r *Runner) performWithRetry(ctx context.Context, works []*placement.Work, 
 		}
 		retry[c] = append(retry[c], rf.work)
 	}
-	for _, rf := range r.perform(ctx, retry, res.Placed) {
+	for _, rf := range r.perform(ctx, retry, askState, res.Placed) {
 		res.Failed[rf.work.Key()] = &placement.Failure{
 			Code:    modelsv1.PlacementError_CODE_CELL_COMMUNICATION,
 			Message: fmt.Sprintf("cells %s and %s could not start it (%s)", firstCell[rf.work.Key()], rf.cell.ID, rf.why),
@@ -267,28 +294,106 @@ func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused place
 	return c, nil
 }
 
-// fetchStates asks every cell for its State in parallel, each bounded by StateTimeout, and
-// returns the round's view of the cells ordered by id. Cells that fail to answer are included
-// as unreachable.
-func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPresence) []*placement.Cell {
+// fetchStates asks every cell for its State in parallel, each bounded by StateTimeout, except
+// (when the last round ended far enough from the in-flight limit, reusable) the cells whose last
+// known state is younger than StateMaxAge, and returns the round's view of
+// the cells ordered by id and how many states were reused. Cells that fail to answer are
+// included as unreachable.
+func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPresence) ([]*placement.Cell, int) {
 	cells := make([]*placement.Cell, len(presences))
+	reused := 0
+	r.mu.Lock()
+	reuse := r.reusable(r.starting)
+	r.mu.Unlock()
 	var g errgroup.Group
 	g.SetLimit(r.cfg.Parallelism)
 	for i, p := range presences {
+		if reuse {
+			if st := r.knownState(p); st != nil {
+				cells[i] = cellFromState(p, st)
+				reused++
+				continue
+			}
+		}
 		g.Go(func() error {
 			state, err := r.state(ctx, p)
 			if err != nil {
 				r.logger.Warn("cell did not report state", "cell_id", p.GetCellId(), "rep_address", p.GetRepAddress(), "error", err)
+				r.forgetState(p.GetCellId())
 				cells[i] = unreachableCell(p)
 				return nil
 			}
+			r.rememberState(p.GetCellId(), p.GetRepAddress(), state)
 			cells[i] = cellFromState(p, state)
 			return nil
 		})
 	}
 	_ = g.Wait() // every call records its own failure in cells
 	sort.Slice(cells, func(i, j int) bool { return cells[i].ID < cells[j].ID })
-	return cells
+	return cells, reused
+}
+
+// knownState is p's last known state when it is younger than StateMaxAge and came from the
+// address p registers now, or nil.
+func (r *Runner) knownState(p *modelsv1.CellPresence) *repv1.StateResponse {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k, ok := r.states[p.GetCellId()]
+	if !ok || k.address != p.GetRepAddress() || time.Since(k.at) >= r.cfg.StateMaxAge {
+		return nil
+	}
+	return k.state
+}
+
+// reusable reports whether known states may stand in for State calls in a round that follows
+// one ending with starting containers: StateMaxAge is set, and the in-flight limit (if any) is
+// more than twice that. Near the limit states are not reused: it is judged on starting counts,
+// which a reused state overstates (its containers may have started since), and deferring work
+// on stale counts would slow a burst down. It reads only the configuration.
+func (r *Runner) reusable(starting int) bool {
+	return r.cfg.StateMaxAge > 0 && (r.cfg.MaxInFlight <= 0 || 2*starting < r.cfg.MaxInFlight)
+}
+
+// rememberState records a state cellID answered from address, with StateMaxAge.
+func (r *Runner) rememberState(cellID, address string, state *repv1.StateResponse) {
+	if r.cfg.StateMaxAge <= 0 || state == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.states[cellID] = knownState{address: address, state: state, at: time.Now()}
+}
+
+// forgetState drops cellID's last known state (a call to it failed).
+func (r *Runner) forgetState(cellID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.states, cellID)
+}
+
+// setStarting records the containers starting across cells after this round.
+func (r *Runner) setStarting(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.starting = n
+}
+
+// keepStatesOf drops the known states of cells that are no longer registered.
+func (r *Runner) keepStatesOf(presences []*modelsv1.CellPresence) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.states) == 0 {
+		return
+	}
+	present := make(map[string]bool, len(presences))
+	for _, p := range presences {
+		present[p.GetCellId()] = true
+	}
+	for id := range r.states {
+		if !present[id] {
+			delete(r.states, id)
+		}
+	}
 }
 
 func (r *Runner) state(ctx context.Context, p *modelsv1.CellPresence) (*repv1.StateResponse, error) {
@@ -314,11 +419,12 @@ type refusal struct {
 
 // perform sends each cell its work in parallel, records what was taken in placed and returns
 // what was not. A cell whose Perform call fails is marked unreachable.
-func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*placement.Work, placed map[string]string) []refusal {
+func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*placement.Work, askState bool, placed map[string]string) []refusal {
 	type outcome struct {
 		cell    *placement.Cell
 		works   []*placement.Work
 		refused map[string]bool
+		state   *repv1.StateResponse // the cell's state after taking the work (StateMaxAge)
 		err     error
 	}
 	outcomes := make([]outcome, 0, len(byCell))
@@ -331,7 +437,7 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 	for i := range outcomes {
 		o := &outcomes[i]
 		g.Go(func() error {
-			o.refused, o.err = r.performOn(ctx, o.cell, o.works)
+			o.refused, o.state, o.err = r.performOn(ctx, o.cell, o.works, askState)
 			return nil
 		})
 	}
@@ -341,6 +447,9 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 		if o.err != nil {
 			r.logger.Warn("perform failed", "cell_id", o.cell.ID, "rep_address", o.cell.Address, "work", len(o.works), "error", o.err)
 			o.cell.Unreachable = true
+			r.forgetState(o.cell.ID)
+		} else {
+			r.rememberState(o.cell.ID, o.cell.Address, o.state)
 		}
 		for _, w := range o.works {
 			switch {
@@ -356,18 +465,22 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 	return out
 }
 
-func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*placement.Work) (map[string]bool, error) {
+// performOn hands works to cell c and returns the keys it refused and, with askState, its state
+// once it took the rest.
+func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*placement.Work, askState bool) (map[string]bool, *repv1.StateResponse, error) {
 	client, err := r.reps.Client(c.ID, c.Address)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PerformTimeout)
 	defer cancel()
-	resp, err := client.Perform(pctx, performRequest(works))
+	req := performRequest(works)
+	req.IncludeState = askState
+	resp, err := client.Perform(pctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("perform on cell %s at %s: %w", c.ID, c.Address, err)
+		return nil, nil, fmt.Errorf("perform on cell %s at %s: %w", c.ID, c.Address, err)
 	}
-	return failedKeys(resp), nil
+	return failedKeys(resp), resp.GetState(), nil
 }
 
 // report sends each failure to the BBS in parallel: FailActualLRP for instances, RejectTask for

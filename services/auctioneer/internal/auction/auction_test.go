@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -70,10 +71,21 @@ type fakeRep struct {
 	refuseAll              bool
 	mu                     sync.Mutex
 	performed              []*repv1.PerformRequest
+	stateCalls             int
 }
 
 func (r *fakeRep) State(context.Context, *repv1.StateRequest, ...grpc.CallOption) (*repv1.StateResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stateCalls++
 	return r.state, r.stateErr
+}
+
+// states is how many times the rep was asked for its State.
+func (r *fakeRep) states() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stateCalls
 }
 
 func (r *fakeRep) Perform(_ context.Context, in *repv1.PerformRequest, _ ...grpc.CallOption) (*repv1.PerformResponse, error) {
@@ -86,7 +98,21 @@ func (r *fakeRep) Perform(_ context.Context, in *repv1.PerformRequest, _ ...grpc
 	if r.refuseAll {
 		return &repv1.PerformResponse{FailedLrps: in.GetLrps(), FailedTasks: in.GetTasks()}, nil
 	}
-	return &repv1.PerformResponse{}, nil
+	if !in.GetIncludeState() {
+		return &repv1.PerformResponse{}, nil
+	}
+	// Asked for its state: take the work's room, as a rep does, and answer the state after.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := proto.Clone(r.state).(*repv1.StateResponse)
+	for _, l := range in.GetLrps() {
+		st.AvailableResources.MemoryMb -= l.GetResources().GetMemoryMb()
+		st.AvailableResources.DiskMb -= l.GetResources().GetDiskMb()
+		st.AvailableResources.Containers--
+		st.StartingContainerCount++
+	}
+	r.state = st
+	return &repv1.PerformResponse{State: proto.Clone(st).(*repv1.StateResponse)}, nil
 }
 
 // got lists the work the rep accepted or was offered, as keys.
@@ -328,6 +354,10 @@ func TestRoundMatchingCellsUnavailable(t *testing.T) {
 			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (2 did not answer)"},
 		{"one evacuating, one unreachable", func(r *fakeRep) { r.state.Evacuating = true }, func(r *fakeRep) { r.stateErr = status.Error(codes.Unavailable, "down") },
 			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (1 is evacuating, 1 did not answer)"},
+		{"one losing its presence, one evacuating", func(r *fakeRep) { r.state.PresenceLapsed = true }, func(r *fakeRep) { r.state.Evacuating = true },
+			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (1 is losing its presence, 1 is evacuating)"},
+		{"both losing their presence", func(r *fakeRep) { r.state.PresenceLapsed = true }, func(r *fakeRep) { r.state.PresenceLapsed = true },
+			"CODE_CELL_COMMUNICATION could not reach any compatible cell: 0/2 compatible cells available (2 are losing their presence)"},
 		{"perform failed, the other evacuating", func(r *fakeRep) { r.performErr = status.Error(codes.Unavailable, "connection refused") }, func(r *fakeRep) { r.state.Evacuating = true },
 			"CODE_CELL_COMMUNICATION cell a could not start it (perform failed: connection refused), and no other cell could take it: " +
 				"could not reach any compatible cell: 0/2 compatible cells available (1 already refused it, 1 is evacuating)"},
@@ -346,5 +376,124 @@ func TestRoundMatchingCellsUnavailable(t *testing.T) {
 				t.Fatalf("failure %q\nwant      %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestRoundReusesKnownStates: with StateMaxAge, a cell's last known state stands in for State:
+// the state its Perform answered after taking the work (so the next round sees that room
+// taken), or its last State answer. A failed Perform, an older state, a rep at another address
+// and a departed cell are asked (or forgotten) again.
+func TestRoundReusesKnownStates(t *testing.T) {
+	bbs, reps := env(t)
+	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour}, logging.NewTest(t))
+	a, b := reps["a:1"], reps["b:1"]
+	round := func(starts ...*auctioneerv1.LRPStartRequest) Result {
+		t.Helper()
+		res, err := r.Run(context.Background(), LRPWork(starts))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	// Round 1 asks both cells; the tie goes to a, which answers its state after taking 128 MiB.
+	if res := round(lrpStart("web", 128, 0)); res.Placed["lrp/web/0"] != "a" || res.Reused != 0 {
+		t.Fatalf("round 1 placed %v, reused %d", res.Placed, res.Reused)
+	}
+	// Round 2 asks nobody. 900 MiB no longer fit on a (896 left, as its Perform said; its first
+	// State said 1,024, and the tie would have gone to a): it goes to b.
+	if res := round(lrpStart("api", 900, 0)); res.Placed["lrp/api/0"] != "b" || res.Reused != 2 {
+		t.Fatalf("round 2 placed %v, reused %d", res.Placed, res.Reused)
+	}
+	if a.states() != 1 || b.states() != 1 {
+		t.Fatalf("State asked %d and %d times, want once each", a.states(), b.states())
+	}
+	// A failed Perform forgets the cell's state: the next round asks it.
+	a.performErr = status.Error(codes.Unavailable, "down")
+	round(lrpStart("db", 64, 0)) // a is emptier than b: tried first, fails, retried on b
+	a.performErr = nil
+	round(lrpStart("db", 64, 1))
+	if a.states() != 2 || b.states() != 1 {
+		t.Fatalf("after a failed Perform on a: State asked %d and %d times, want 2 and 1", a.states(), b.states())
+	}
+	// A state older than StateMaxAge is asked again.
+	r.mu.Lock()
+	k := r.states["b"]
+	k.at = time.Now().Add(-2 * time.Hour)
+	r.states["b"] = k
+	r.mu.Unlock()
+	round(lrpStart("web", 64, 1))
+	if b.states() != 2 {
+		t.Fatalf("an old state was reused: b asked %d times, want 2", b.states())
+	}
+	// A rep at another address is asked; a departed cell's state is dropped.
+	reps["a:2"] = a
+	bbs.cells = []*modelsv1.CellPresence{{CellId: "a", RepAddress: "a:2", Zone: "z1"}}
+	round(lrpStart("web", 64, 2))
+	if a.states() != 3 {
+		t.Fatalf("a cell at a new address was not asked: %d", a.states())
+	}
+	r.mu.Lock()
+	_, kept := r.states["b"]
+	r.mu.Unlock()
+	if kept {
+		t.Fatal("the state of a departed cell was kept")
+	}
+}
+
+// TestRoundAsksEveryCellWithoutMaxAge: with no StateMaxAge every round asks every cell, and
+// Perform does not ask for the state.
+func TestRoundAsksEveryCellWithoutMaxAge(t *testing.T) {
+	bbs, reps := env(t)
+	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	for i := range 3 {
+		if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 64, int32(i))})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reps["a:1"].states() != 3 || reps["b:1"].states() != 3 {
+		t.Fatalf("State asked %d and %d times, want 3 each", reps["a:1"].states(), reps["b:1"].states())
+	}
+	for _, rep := range reps {
+		for _, p := range rep.performed {
+			if p.GetIncludeState() {
+				t.Fatal("Perform asked for the state without StateMaxAge")
+			}
+		}
+	}
+}
+
+// TestRoundAsksEveryCellNearTheInFlightLimit: once a round ends with half of MaxInFlight
+// containers starting, the next asks every cell, so the limit is judged on fresh counts.
+func TestRoundAsksEveryCellNearTheInFlightLimit(t *testing.T) {
+	bbs, reps := env(t)
+	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour, MaxInFlight: 4}, logging.NewTest(t))
+	run := func(index int32) Result {
+		t.Helper()
+		res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 64, index)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	run(0) // asks both; ends with 1 starting
+	if res := run(1); res.Reused != 2 {
+		t.Fatalf("far from the limit, reused %d states, want 2", res.Reused)
+	}
+	// The last round ended with two containers starting: half the limit. Its Perform did not ask
+	// for a state it could not reuse.
+	if res := run(2); res.Reused != 0 {
+		t.Fatalf("at half the limit, reused %d states, want 0", res.Reused)
+	}
+	var asked []bool
+	for _, addr := range []string{"a:1", "b:1"} {
+		for _, p := range reps[addr].performed {
+			asked = append(asked, p.GetIncludeState())
+		}
+	}
+	// Only the first round ended far enough from the limit (one starting) for its state to be
+	// reused.
+	if n := len(slices.DeleteFunc(asked, func(b bool) bool { return !b })); len(asked) != 3 || n != 1 {
+		t.Fatalf("%d of %d Performs asked for the state, want 1 of 3", n, len(asked))
 	}
 }

@@ -148,6 +148,7 @@ func cellFromState(p *modelsv1.CellPresence, s *repv1.StateResponse) *placement.
 		Instances:         instances,
 		Starting:          int(s.GetStartingContainerCount()),
 		Evacuating:        s.GetEvacuating(),
+		PresenceLapsed:    s.GetPresenceLapsed(),
 	}
 }
 

@@ -126,7 +126,15 @@ func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequ
 	if err != nil {
 		return nil, err
 	}
-	return &bbsv1.ClaimActualLRPResponse{ActualLrp: a}, nil
+	resp := &bbsv1.ClaimActualLRPResponse{ActualLrp: a}
+	if r.GetIncludeDesiredLrp() {
+		// Read from the cache: a removed LRP leaves it unset, and the rep then asks and finds
+		// the LRP gone, as it would have without the flag.
+		if d, _, err := s.desired.DesiredLRP(r.GetProcessGuid()); err == nil {
+			resp.DesiredLrp = d
+		}
+	}
+	return resp, nil
 }
 
 // StartActualLRP implements bbsv1.BBSServiceServer.

@@ -51,7 +51,11 @@ func (s *Server) State(_ context.Context, req *repv1.StateRequest) (*repv1.State
 // Perform reserves and starts work and answers the work the cell could not take.
 func (s *Server) Perform(_ context.Context, req *repv1.PerformRequest) (*repv1.PerformResponse, error) {
 	lrps, tasks := s.cell.Perform(req.GetLrps(), req.GetTasks())
-	return &repv1.PerformResponse{FailedLrps: lrps, FailedTasks: tasks}, nil
+	resp := &repv1.PerformResponse{FailedLrps: lrps, FailedTasks: tasks}
+	if req.GetIncludeState() {
+		resp.State = s.cell.StateSummary()
+	}
+	return resp, nil
 }
 
 // StopLRPInstance stops an instance and removes its record from the BBS.

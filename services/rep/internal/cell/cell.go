@@ -128,6 +128,9 @@ type Config struct {
 	Logger hclog.Logger
 	// Observer is told what the cell does, for metrics; nil ignores it.
 	Observer Observer
+	// PresenceHeld reports whether the cell's presence in etcd is in place (presence.Held);
+	// while it is not, State says so and Perform takes no work. Nil counts it always held.
+	PresenceHeld func() bool
 }
 
 // Cell runs work on one cell.
@@ -230,6 +233,9 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
+	if cfg.PresenceHeld == nil {
+		cfg.PresenceHeld = func() bool { return true }
+	}
 	base, cancel := context.WithCancel(context.Background())
 	return &Cell{
 		cfg:        cfg,
@@ -290,34 +296,43 @@ func (c *Cell) StateSummary() *repv1.StateResponse { return c.state(true) }
 func (c *Cell) state(summary bool) *repv1.StateResponse {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	avail := proto.Clone(c.cfg.Capacity).(*modelsv1.CellCapacity)
+	capacity := c.cfg.Capacity
+	avail := &modelsv1.CellCapacity{MemoryMb: capacity.GetMemoryMb(), DiskMb: capacity.GetDiskMb(), Containers: capacity.GetContainers()}
 	out := &repv1.StateResponse{
 		CellId:             c.cfg.CellID,
 		Zone:               c.cfg.Zone,
-		TotalResources:     proto.Clone(c.cfg.Capacity).(*modelsv1.CellCapacity),
+		TotalResources:     &modelsv1.CellCapacity{MemoryMb: capacity.GetMemoryMb(), DiskMb: capacity.GetDiskMb(), Containers: capacity.GetContainers()},
 		AvailableResources: avail,
 		PlacementTags:      append([]string(nil), c.cfg.Tags...),
 		PreloadedRootfses:  sortedKeys(c.cfg.Preloaded),
 		RootfsProviders:    append([]string(nil), c.cfg.Providers...),
 		Evacuating:         c.evacuating,
 		Notes:              c.backend.Notes(),
+		PresenceLapsed:     !c.cfg.PresenceHeld(),
 	}
-	for _, ctr := range c.sortedLocked() {
+	count := func(ctr *container) {
 		avail.MemoryMb -= ctr.resources.GetMemoryMb()
 		avail.DiskMb -= ctr.resources.GetDiskMb()
 		avail.Containers--
 		if ctr.phase == phaseReserved || ctr.phase == phaseStarting {
 			out.StartingContainerCount++
 		}
-		if summary {
+	}
+	if summary {
+		// Placement needs counts only: no order, no copies.
+		for _, ctr := range c.containers {
+			count(ctr)
 			if ctr.kind == executor.KindLRP {
 				if out.LrpInstances == nil {
 					out.LrpInstances = map[string]int32{}
 				}
 				out.LrpInstances[ctr.key.GetProcessGuid()]++
 			}
-			continue
 		}
+		return out
+	}
+	for _, ctr := range c.sortedLocked() {
+		count(ctr)
 		if ctr.kind == executor.KindLRP {
 			out.Lrps = append(out.Lrps, &repv1.LRPInstance{
 				Key:                 proto.Clone(ctr.key).(*modelsv1.ActualLRPKey),
@@ -374,6 +389,8 @@ func (c *Cell) refusalLocked(rootfs string, res *modelsv1.Resources) string {
 		return "cell is shutting down"
 	case c.evacuating:
 		return "cell is evacuating"
+	case !c.cfg.PresenceHeld():
+		return "cell presence has lapsed"
 	case !c.resolver.Supports(rootfs):
 		return fmt.Sprintf("rootfs %q is not supported", rootfs)
 	}

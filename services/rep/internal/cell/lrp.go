@@ -3,7 +3,6 @@ package cell
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -13,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
-// runLRP is an LRP instance's lifecycle: claim → fetch run info → create (rootfs, hooks,
+// runLRP is an LRP instance's lifecycle: claim (bringing the run info back) → create (rootfs, hooks,
 // backend) → report RUNNING once healthy and every routability change → report the crash
 // when it ends on its own → on_destroy hooks → release.
 func (c *Cell) runLRP(ctr *container) {
@@ -22,32 +21,12 @@ func (c *Cell) runLRP(ctr *container) {
 	log := c.log.With("process_guid", guid, "index", index, "instance_guid", ctr.guid)
 	ik := ctr.instanceKey(c.cfg.CellID)
 
-	// The desired LRP is read while the claim is in flight: two BBS round trips overlap instead
-	// of following each other, so the container starts (and leaves the auctioneer's in-flight
-	// count) one round trip sooner. A failed claim cancels the read.
-	fetchCtx, cancelFetch := context.WithCancel(ctr.ctx)
-	fetched := make(chan desiredFetch, 1)
-	var fetchOnce sync.Once
-	var fetch desiredFetch
-	awaitFetch := func() desiredFetch {
-		fetchOnce.Do(func() { fetch = <-fetched })
-		return fetch
-	}
-	defer func() {
-		cancelFetch()
-		awaitFetch() // the read ends before the lifecycle does
-	}()
-	go func() {
-		var f desiredFetch
-		f.err = c.call(fetchCtx, "fetch desired lrp", func(ctx context.Context) error {
-			var err error
-			f.resp, err = c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
-			return err
-		})
-		fetched <- f
-	}()
+	// The claim brings the desired LRP back with it (include_desired_lrp): one BBS round trip
+	// before the container starts instead of two.
+	var desired *modelsv1.DesiredLRP
 	err := c.call(ctr.ctx, "claim", func(ctx context.Context) error {
-		_, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik})
+		resp, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, IncludeDesiredLrp: true})
+		desired = resp.GetDesiredLrp()
 		return err
 	})
 	if err != nil {
@@ -63,13 +42,17 @@ func (c *Cell) runLRP(ctr *container) {
 	}
 
 	exec, cleanup, err := c.create(ctr, func(ctx context.Context) (executor.Spec, error) {
-		f := awaitFetch()
-		if f.err != nil {
-			return executor.Spec{}, f.err
+		if desired == nil { // a BBS that does not send it, or the LRP went away meanwhile
+			if err := c.call(ctx, "fetch desired lrp", func(ctx context.Context) error {
+				resp, err := c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
+				desired = resp.GetDesiredLrp()
+				return err
+			}); err != nil {
+				return executor.Spec{}, err
+			}
 		}
-		resp := f.resp
-		spec := lrpSpec(resp.GetDesiredLrp(), ctr.key, ctr.guid)
-		cons, err := c.addLinks(ctx, resp.GetDesiredLrp(), &spec)
+		spec := lrpSpec(desired, ctr.key, ctr.guid)
+		cons, err := c.addLinks(ctx, desired, &spec)
 		if err != nil {
 			return executor.Spec{}, err
 		}
@@ -129,12 +112,6 @@ func (c *Cell) runLRP(ctr *container) {
 		reason = "exited"
 	}
 	c.lrpEnded(ctr, log, reason)
-}
-
-// desiredFetch is the outcome of reading an instance's desired LRP.
-type desiredFetch struct {
-	resp *bbsv1.DesiredLRPByProcessGuidResponse
-	err  error
 }
 
 // latest drains the readiness changes already sent and returns the last one.

@@ -33,8 +33,10 @@ type Presence struct {
 	value func() *modelsv1.CellPresence
 	log   hclog.Logger
 
-	mu    sync.Mutex
-	lease clientv3.LeaseID
+	mu      sync.Mutex
+	lease   clientv3.LeaseID
+	holding bool      // from a registration until its lease or key is lost
+	renewed time.Time // when the held lease was last granted or renewed
 }
 
 // New builds a Presence that writes value() (read at every registration) under a lease of
@@ -51,6 +53,35 @@ func (p *Presence) Lease() clientv3.LeaseID {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.lease
+}
+
+// Held reports whether the cell's presence is in place as far as the rep can tell: registered,
+// the lease's keepalive stream open, and the lease granted or renewed less than lapseAfter(TTL)
+// ago. When it is not, the cell is about to disappear from the BBS, or has: the rep takes no
+// new work. A host cut off from etcd says so at once (its keepalive stream ends) or, when its
+// connection hangs instead, once a renewal has gone unanswered, while its lease still runs.
+func (p *Presence) Held() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holding && time.Since(p.renewed) < lapseAfter(p.ttl)
+}
+
+// lapseAfter is how long after its last renewal a lease counts as lapsing: two thirds of the
+// TTL (the etcd client renews every third, checking twice a second, so that is a renewal gone
+// unanswered), but never less than a renewal interval and 1.5 s, so that short TTLs on a busy
+// machine do not flap.
+func lapseAfter(ttl time.Duration) time.Duration {
+	return max(ttl*2/3, ttl/3+1500*time.Millisecond)
+}
+
+// setHeld records whether the presence is held, and when its lease was last renewed.
+func (p *Presence) setHeld(holding bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holding = holding
+	if holding {
+		p.renewed = time.Now()
+	}
 }
 
 // Run implements lifecycle.Runner: it registers the cell (retrying until etcd answers), calls
@@ -118,6 +149,8 @@ func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) 
 	if err != nil {
 		return fmt.Sprintf("keep lease alive: %v", err)
 	}
+	p.setHeld(true) // granted just now
+	defer p.setHeld(false)
 	key := CellKey(p.value().GetCellId())
 	watch := p.etcd.Watch(hctx, key, clientv3.WithRev(rev+1))
 	for {
@@ -128,6 +161,7 @@ func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) 
 			if !ok {
 				return "lease expired or revoked"
 			}
+			p.setHeld(true)
 		case wr, ok := <-watch:
 			if !ok {
 				return "watch of the presence key ended"

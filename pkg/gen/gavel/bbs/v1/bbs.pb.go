@@ -1015,9 +1015,12 @@ type ClaimActualLRPRequest struct {
 	// Index is the instance index.
 	Index int32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	// InstanceKey names the claiming container.
-	InstanceKey   *v1.ActualLRPInstanceKey `protobuf:"bytes,3,opt,name=instance_key,json=instanceKey,proto3" json:"instance_key,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	InstanceKey *v1.ActualLRPInstanceKey `protobuf:"bytes,3,opt,name=instance_key,json=instanceKey,proto3" json:"instance_key,omitempty"`
+	// IncludeDesiredLrp asks for the desired LRP beside the claimed instance, so a rep starting
+	// the container needs no DesiredLRPByProcessGuid round trip.
+	IncludeDesiredLrp bool `protobuf:"varint,4,opt,name=include_desired_lrp,json=includeDesiredLrp,proto3" json:"include_desired_lrp,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ClaimActualLRPRequest) Reset() {
@@ -1071,11 +1074,21 @@ func (x *ClaimActualLRPRequest) GetInstanceKey() *v1.ActualLRPInstanceKey {
 	return nil
 }
 
+func (x *ClaimActualLRPRequest) GetIncludeDesiredLrp() bool {
+	if x != nil {
+		return x.IncludeDesiredLrp
+	}
+	return false
+}
+
 // ClaimActualLRPResponse is the answer of ClaimActualLRP.
 type ClaimActualLRPResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ActualLrp is the stored instance after the claim.
-	ActualLrp     *v1.ActualLRP `protobuf:"bytes,1,opt,name=actual_lrp,json=actualLrp,proto3" json:"actual_lrp,omitempty"`
+	ActualLrp *v1.ActualLRP `protobuf:"bytes,1,opt,name=actual_lrp,json=actualLrp,proto3" json:"actual_lrp,omitempty"`
+	// DesiredLrp is the instance's desired LRP as stored when the claim committed, when the
+	// request asked for it (unset if the LRP was removed meanwhile).
+	DesiredLrp    *v1.DesiredLRP `protobuf:"bytes,2,opt,name=desired_lrp,json=desiredLrp,proto3" json:"desired_lrp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1113,6 +1126,13 @@ func (*ClaimActualLRPResponse) Descriptor() ([]byte, []int) {
 func (x *ClaimActualLRPResponse) GetActualLrp() *v1.ActualLRP {
 	if x != nil {
 		return x.ActualLrp
+	}
+	return nil
+}
+
+func (x *ClaimActualLRPResponse) GetDesiredLrp() *v1.DesiredLRP {
+	if x != nil {
+		return x.DesiredLrp
 	}
 	return nil
 }
@@ -3574,14 +3594,17 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x12ActualLRPsResponse\x12;\n" +
 	"\vactual_lrps\x18\x01 \x03(\v2\x1a.gavel.models.v1.ActualLRPR\n" +
 	"actualLrps\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"\x9a\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xca\x01\n" +
 	"\x15ClaimActualLRPRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12H\n" +
-	"\finstance_key\x18\x03 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\"S\n" +
+	"\finstance_key\x18\x03 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x12.\n" +
+	"\x13include_desired_lrp\x18\x04 \x01(\bR\x11includeDesiredLrp\"\x91\x01\n" +
 	"\x16ClaimActualLRPResponse\x129\n" +
 	"\n" +
-	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\"\xf4\x01\n" +
+	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\x12<\n" +
+	"\vdesired_lrp\x18\x02 \x01(\v2\x1b.gavel.models.v1.DesiredLRPR\n" +
+	"desiredLrp\"\xf4\x01\n" +
 	"\x15StartActualLRPRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12H\n" +
@@ -3869,101 +3892,102 @@ var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
 	73, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
 	74, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
 	73, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	74, // 14: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 15: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	73, // 16: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	74, // 17: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	73, // 18: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	76, // 19: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	74, // 20: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 21: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 22: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	74, // 24: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 25: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 26: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 27: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
-	0,  // 28: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
-	78, // 29: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
-	78, // 30: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
-	76, // 31: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	79, // 32: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
-	67, // 33: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	80, // 34: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
-	0,  // 35: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	81, // 36: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	82, // 37: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	1,  // 38: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
-	3,  // 39: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
-	5,  // 40: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
-	7,  // 41: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
-	9,  // 42: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
-	11, // 43: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
-	13, // 44: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
-	15, // 45: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
-	17, // 46: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
-	19, // 47: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
-	21, // 48: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
-	23, // 49: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
-	25, // 50: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
-	27, // 51: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
-	29, // 52: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
-	31, // 53: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	33, // 54: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	35, // 55: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	37, // 56: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	39, // 57: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	41, // 58: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
-	43, // 59: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
-	45, // 60: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
-	47, // 61: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
-	49, // 62: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
-	51, // 63: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
-	53, // 64: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
-	55, // 65: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
-	57, // 66: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
-	59, // 67: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
-	61, // 68: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	63, // 69: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	65, // 70: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	2,  // 71: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 72: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 73: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 74: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 75: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 76: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 77: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 78: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 79: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 80: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 81: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 82: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 83: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 84: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 85: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 86: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 87: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 88: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 89: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 90: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 91: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 92: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 93: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 94: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 95: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 96: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 97: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 98: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 99: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 100: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 101: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	64, // 102: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	66, // 103: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	71, // [71:104] is the sub-list for method output_type
-	38, // [38:71] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	69, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	74, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	75, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	73, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	74, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	73, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	76, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	74, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	74, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	74, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	75, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	74, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	74, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	74, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	77, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
+	0,  // 29: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
+	78, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
+	78, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
+	76, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	79, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
+	67, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	80, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	0,  // 36: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
+	81, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	82, // 38: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	1,  // 39: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
+	3,  // 40: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
+	5,  // 41: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
+	7,  // 42: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
+	9,  // 43: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
+	11, // 44: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
+	13, // 45: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
+	15, // 46: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
+	17, // 47: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
+	19, // 48: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
+	21, // 49: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
+	23, // 50: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
+	25, // 51: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
+	27, // 52: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
+	29, // 53: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
+	31, // 54: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	33, // 55: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	35, // 56: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	37, // 57: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	39, // 58: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	41, // 59: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
+	43, // 60: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
+	45, // 61: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
+	47, // 62: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
+	49, // 63: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
+	51, // 64: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
+	53, // 65: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
+	55, // 66: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
+	57, // 67: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
+	59, // 68: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
+	61, // 69: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
+	63, // 70: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	65, // 71: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	2,  // 72: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,  // 73: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,  // 74: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,  // 75: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10, // 76: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12, // 77: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14, // 78: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16, // 79: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18, // 80: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20, // 81: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	22, // 82: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	24, // 83: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	26, // 84: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	28, // 85: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	30, // 86: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	32, // 87: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	34, // 88: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	36, // 89: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	38, // 90: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	40, // 91: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	42, // 92: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	44, // 93: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	46, // 94: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	48, // 95: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	50, // 96: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	52, // 97: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	54, // 98: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	56, // 99: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	58, // 100: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	60, // 101: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	62, // 102: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	64, // 103: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	66, // 104: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	72, // [72:105] is the sub-list for method output_type
+	39, // [39:72] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_bbs_proto_init() }

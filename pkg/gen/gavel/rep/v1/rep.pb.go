@@ -266,9 +266,13 @@ type StateResponse struct {
 	Notes []string `protobuf:"bytes,12,rep,name=notes,proto3" json:"notes,omitempty"`
 	// LrpInstances counts the instances the cell holds per process guid; set (and lrps and tasks
 	// left empty) when the request asked for a summary.
-	LrpInstances  map[string]int32 `protobuf:"bytes,13,rep,name=lrp_instances,json=lrpInstances,proto3" json:"lrp_instances,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LrpInstances map[string]int32 `protobuf:"bytes,13,rep,name=lrp_instances,json=lrpInstances,proto3" json:"lrp_instances,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// PresenceLapsed is true while the rep cannot confirm its presence in etcd: its lease's
+	// keepalive stream broke, or no renewal was answered for two thirds of the lease TTL. The cell
+	// is about to disappear (or has), so it takes no new work.
+	PresenceLapsed bool `protobuf:"varint,14,opt,name=presence_lapsed,json=presenceLapsed,proto3" json:"presence_lapsed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StateResponse) Reset() {
@@ -392,13 +396,23 @@ func (x *StateResponse) GetLrpInstances() map[string]int32 {
 	return nil
 }
 
+func (x *StateResponse) GetPresenceLapsed() bool {
+	if x != nil {
+		return x.PresenceLapsed
+	}
+	return false
+}
+
 // PerformRequest is the request of Perform.
 type PerformRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Lrps are the instances to start.
 	Lrps []*LRPInstance `protobuf:"bytes,1,rep,name=lrps,proto3" json:"lrps,omitempty"`
 	// Tasks are the tasks to start.
-	Tasks         []*TaskWork `protobuf:"bytes,2,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	Tasks []*TaskWork `protobuf:"bytes,2,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// IncludeState asks for the cell's state summary (as State with summary gives it) once the
+	// work is taken, so the auctioneer need not ask State again before its next round.
+	IncludeState  bool `protobuf:"varint,3,opt,name=include_state,json=includeState,proto3" json:"include_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,13 +461,22 @@ func (x *PerformRequest) GetTasks() []*TaskWork {
 	return nil
 }
 
+func (x *PerformRequest) GetIncludeState() bool {
+	if x != nil {
+		return x.IncludeState
+	}
+	return false
+}
+
 // PerformResponse is the answer of Perform.
 type PerformResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// FailedLrps are the instances the cell could not take.
 	FailedLrps []*LRPInstance `protobuf:"bytes,1,rep,name=failed_lrps,json=failedLrps,proto3" json:"failed_lrps,omitempty"`
 	// FailedTasks are the tasks the cell could not take.
-	FailedTasks   []*TaskWork `protobuf:"bytes,2,rep,name=failed_tasks,json=failedTasks,proto3" json:"failed_tasks,omitempty"`
+	FailedTasks []*TaskWork `protobuf:"bytes,2,rep,name=failed_tasks,json=failedTasks,proto3" json:"failed_tasks,omitempty"`
+	// State is the cell's state summary after taking the work, when the request asked for it.
+	State         *StateResponse `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -498,6 +521,13 @@ func (x *PerformResponse) GetFailedLrps() []*LRPInstance {
 func (x *PerformResponse) GetFailedTasks() []*TaskWork {
 	if x != nil {
 		return x.FailedTasks
+	}
+	return nil
+}
+
+func (x *PerformResponse) GetState() *StateResponse {
+	if x != nil {
+		return x.State
 	}
 	return nil
 }
@@ -769,7 +799,7 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
 	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"(\n" +
 	"\fStateRequest\x12\x18\n" +
-	"\asummary\x18\x01 \x01(\bR\asummary\"\xb7\x05\n" +
+	"\asummary\x18\x01 \x01(\bR\asummary\"\xe0\x05\n" +
 	"\rStateResponse\x12\x17\n" +
 	"\acell_id\x18\x01 \x01(\tR\x06cellId\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12F\n" +
@@ -786,17 +816,20 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"evacuating\x18\v \x01(\bR\n" +
 	"evacuating\x12\x14\n" +
 	"\x05notes\x18\f \x03(\tR\x05notes\x12R\n" +
-	"\rlrp_instances\x18\r \x03(\v2-.gavel.rep.v1.StateResponse.LrpInstancesEntryR\flrpInstances\x1a?\n" +
+	"\rlrp_instances\x18\r \x03(\v2-.gavel.rep.v1.StateResponse.LrpInstancesEntryR\flrpInstances\x12'\n" +
+	"\x0fpresence_lapsed\x18\x0e \x01(\bR\x0epresenceLapsed\x1a?\n" +
 	"\x11LrpInstancesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"m\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x92\x01\n" +
 	"\x0ePerformRequest\x12-\n" +
 	"\x04lrps\x18\x01 \x03(\v2\x19.gavel.rep.v1.LRPInstanceR\x04lrps\x12,\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x16.gavel.rep.v1.TaskWorkR\x05tasks\"\x88\x01\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x16.gavel.rep.v1.TaskWorkR\x05tasks\x12#\n" +
+	"\rinclude_state\x18\x03 \x01(\bR\fincludeState\"\xbb\x01\n" +
 	"\x0fPerformResponse\x12:\n" +
 	"\vfailed_lrps\x18\x01 \x03(\v2\x19.gavel.rep.v1.LRPInstanceR\n" +
 	"failedLrps\x129\n" +
-	"\ffailed_tasks\x18\x02 \x03(\v2\x16.gavel.rep.v1.TaskWorkR\vfailedTasks\"\x93\x01\n" +
+	"\ffailed_tasks\x18\x02 \x03(\v2\x16.gavel.rep.v1.TaskWorkR\vfailedTasks\x121\n" +
+	"\x05state\x18\x03 \x01(\v2\x1b.gavel.rep.v1.StateResponseR\x05state\"\x93\x01\n" +
 	"\x16StopLRPInstanceRequest\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x12H\n" +
 	"\finstance_key\x18\x02 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\"\x19\n" +
@@ -864,23 +897,24 @@ var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
 	1,  // 11: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
 	0,  // 12: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
 	1,  // 13: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
-	13, // 14: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	17, // 15: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	2,  // 16: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	4,  // 17: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	6,  // 18: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	8,  // 19: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	10, // 20: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	3,  // 21: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	5,  // 22: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	7,  // 23: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	9,  // 24: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	11, // 25: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 14: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
+	13, // 15: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	17, // 16: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	2,  // 17: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	4,  // 18: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	6,  // 19: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	8,  // 20: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	10, // 21: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	3,  // 22: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	5,  // 23: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	7,  // 24: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	9,  // 25: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	11, // 26: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }
