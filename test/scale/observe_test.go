@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -179,22 +180,40 @@ func (o *observer) runningWith(prefix string) int {
 
 // placements returns, for the slots of guids starting with prefix, the latency from their
 // LRP's desire to their first RUNNING, and the time of the last first-RUNNING.
-func (o *observer) placements(prefix string, desired map[string]time.Time) ([]time.Duration, time.Time) {
+func (o *observer) placements(prefix string, desired map[string]time.Time) ([]time.Duration, time.Time, float64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var lat []time.Duration
 	var last time.Time
+	var ran []time.Time
 	for s, at := range o.firstRunning {
 		if !strings.HasPrefix(s, prefix) {
 			continue
 		}
 		guid := s[:strings.LastIndexByte(s, '/')]
 		lat = append(lat, at.Sub(desired[guid]))
+		ran = append(ran, at)
 		if at.After(last) {
 			last = at
 		}
 	}
-	return lat, last
+	return lat, last, steadyRate(ran)
+}
+
+// steadyRate is the rate at which the middle 80% of the instances first ran (from the 10th to
+// the 90th percentile of their RUNNING times): the throughput once the phase is under way,
+// without its ramp-up and its tail. Zero with fewer than 10 instances.
+func steadyRate(ran []time.Time) float64 {
+	if len(ran) < 10 {
+		return 0
+	}
+	slices.SortFunc(ran, func(a, b time.Time) int { return a.Compare(b) })
+	lo, hi := len(ran)/10, len(ran)*9/10
+	span := ran[hi].Sub(ran[lo])
+	if span <= 0 {
+		return 0
+	}
+	return float64(hi-lo) / span.Seconds()
 }
 
 // routeLatencies returns event → route latencies of the containers first seen RUNNING in
