@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -106,6 +108,7 @@ type report struct {
 	auctioneerLimit        int
 	auctionRounds          int64
 	desireRefusals         int64
+	desireTransient        int64
 	heapShares             []heapShare
 	writes                 commitCounts
 }
@@ -154,13 +157,28 @@ func simCells(cfg runConfig) []devcluster.Cell {
 // a phase that does not finish), not on slow figures.
 func run(t testing.TB, cfg runConfig) *report {
 	r := &report{cfg: cfg}
+	dir := t.TempDir() // removed after the cluster has stopped: cleanups run last-registered first
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	done := make(chan error, 1)
+	// The cluster stops in a cleanup registered before its test logger, so the logger is muted
+	// first: a failed run ends its output with the failure, not with the shutdown's warnings.
+	started := false
+	t.Cleanup(func() {
+		cancel()
+		if !started {
+			return
+		}
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Error("cluster did not stop within 2m")
+		}
+	})
 	var mem memory
 	go mem.sample(ctx, 250*time.Millisecond)
 
 	c := devcluster.New(devcluster.Config{
-		Dir: t.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
+		Dir: dir, BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
 		UnsafeNoFsync: !cfg.Fsync, Cells: simCells(cfg), CellsPerHost: cfg.CellsPerHost,
 		Logger: logging.NewTest(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
 		RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
@@ -182,7 +200,8 @@ func run(t testing.TB, cfg runConfig) *report {
 			}
 		},
 	})
-	ready, done := make(chan struct{}), make(chan error, 1)
+	ready := make(chan struct{})
+	started = true
 	go func() { done <- c.Run(ctx, func() { close(ready) }) }()
 	select {
 	case <-ready:
@@ -191,14 +210,6 @@ func run(t testing.TB, cfg runConfig) *report {
 	case <-time.After(cfg.PhaseTimeout):
 		t.Fatalf("cluster not ready after %s", cfg.PhaseTimeout)
 	}
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Error("cluster did not stop within 2m")
-		}
-	}()
 	waitUntil(t, cfg.PhaseTimeout, "every cell registered", func() (bool, string) {
 		resp, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
 		if err != nil {
@@ -222,21 +233,35 @@ func run(t testing.TB, cfg runConfig) *report {
 	<-rtReady
 
 	desired := map[string]time.Time{}
-	var refusals atomic.Int64
+	var refusals, transient atomic.Int64
 	var desiredMu sync.Mutex
 	desire := func(guid string) error {
 		desiredMu.Lock()
 		desired[guid] = time.Now()
 		desiredMu.Unlock()
-		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names.
-		for {
+		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names;
+		// one that is unavailable or too slow for the call's deadline is asked again after a
+		// backoff, and an AlreadyExists then means an earlier try landed.
+		for try := 0; ; try++ {
 			_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)})
-			wait, shed := rpcerr.RetryAfter(err)
-			if !shed {
-				return err
+			if wait, shed := rpcerr.RetryAfter(err); shed {
+				refusals.Add(1)
+				time.Sleep(wait + rand.N(wait))
+				continue
 			}
-			refusals.Add(1)
-			time.Sleep(wait + rand.N(wait))
+			switch status.Code(err) {
+			case codes.Unavailable, codes.DeadlineExceeded:
+				if try < 10 {
+					transient.Add(1)
+					time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+					continue
+				}
+			case codes.AlreadyExists:
+				if try > 0 {
+					return nil
+				}
+			}
+			return err
 		}
 	}
 	before := c.Auctioneer.Stats()
@@ -303,7 +328,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.auction = after.Place - before.Place
 	r.auctionPerform = after.Perform - before.Perform
 	r.auctionRounds = c.Auctioneer.Rounds()
-	r.desireRefusals = refusals.Load()
+	r.desireRefusals, r.desireTransient = refusals.Load(), transient.Load()
 	commits := c.BBSService.CommitStats().Sub(commitsBefore)
 	r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
 		alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
@@ -486,7 +511,7 @@ func (r *report) print(w io.Writer) {
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), r.burstSteady, ms(r.burstP50), ms(r.burstP99))
 	fmt.Fprintf(&b, "  stream:   %d instances offered at %.0f/s: all RUNNING in %s = %.0f placements/s sustained (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), r.streamSteady, ms(r.streamP50), ms(r.streamP99))
-	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named\n", r.desireRefusals)
+	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named; %d retried after Unavailable or DeadlineExceeded\n", r.desireRefusals, r.desireTransient)
 	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
 		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)
