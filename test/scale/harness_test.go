@@ -249,17 +249,13 @@ func run(t testing.TB, cfg runConfig) *report {
 				time.Sleep(wait + rand.N(wait))
 				continue
 			}
-			switch status.Code(err) {
-			case codes.Unavailable, codes.DeadlineExceeded:
-				if try < 10 {
-					transient.Add(1)
-					time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
-					continue
-				}
-			case codes.AlreadyExists:
-				if try > 0 {
-					return nil
-				}
+			if isTransient(err) && try < transientTries {
+				transient.Add(1)
+				time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+				continue
+			}
+			if status.Code(err) == codes.AlreadyExists && try > 0 {
+				return nil
 			}
 			return err
 		}
@@ -416,7 +412,9 @@ func run(t testing.TB, cfg runConfig) *report {
 // slots without a RUNNING ordinary instance; duplicates are slots held by more than one
 // container on live cells.
 func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[string]bool, want int) (stranded, duplicates int) {
-	resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+	resp, err := retried(func() (*bbsv1.ActualLRPsResponse, error) {
+		return c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+	})
 	if err != nil {
 		t.Fatalf("audit: list: %v", err)
 	}
@@ -428,7 +426,7 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 		}
 	}
 	stranded = want - running
-	cells, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
+	cells, err := retried(func() (*bbsv1.CellsResponse, error) { return c.BBS.Cells(ctx, &bbsv1.CellsRequest{}) })
 	if err != nil {
 		t.Fatalf("audit: cells: %v", err)
 	}
@@ -443,7 +441,9 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 				return err
 			}
 			defer conn.Close()
-			st, err := repv1.NewRepServiceClient(conn).State(gctx, &repv1.StateRequest{})
+			st, err := retried(func() (*repv1.StateResponse, error) {
+				return repv1.NewRepServiceClient(conn).State(gctx, &repv1.StateRequest{})
+			})
 			if err != nil {
 				return fmt.Errorf("state of %s: %w", cell.GetCellId(), err)
 			}
@@ -464,6 +464,29 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 		}
 	}
 	return stranded, duplicates
+}
+
+// transientTries is how many times the harness, as a well-behaved client, asks again after a
+// transient failure before it gives up.
+const transientTries = 10
+
+// isTransient reports whether err is worth asking again: the server was unavailable or too slow
+// for the call's deadline.
+func isTransient(err error) bool {
+	c := status.Code(err)
+	return c == codes.Unavailable || c == codes.DeadlineExceeded
+}
+
+// retried calls f until it succeeds or fails other than transiently, at most transientTries
+// more times, waiting a little longer after each failure.
+func retried[T any](f func() (T, error)) (T, error) {
+	for try := 0; ; try++ {
+		v, err := f()
+		if err == nil || !isTransient(err) || try == transientTries {
+			return v, err
+		}
+		time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+	}
 }
 
 // waitRunning waits until want slots whose guid starts with prefix are RUNNING.

@@ -217,17 +217,24 @@ func steadyRate(ran []time.Time) float64 {
 }
 
 // routeLatencies returns event → route latencies of the containers first seen RUNNING in
-// [from, to).
+// [from, to); missing counts those of them still running that were never routed (a container
+// that stopped before the route-emitter published it needs no route).
 func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, missing int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	runs := make(map[string]bool, len(o.running))
+	for _, p := range o.running {
+		runs[p.instanceGUID] = true
+	}
 	for ig, ev := range o.eventSeen {
 		if ev.Before(from) || !ev.Before(to) {
 			continue
 		}
 		rt, ok := o.routeSeen[ig]
 		if !ok {
-			missing++
+			if runs[ig] {
+				missing++
+			}
 			continue
 		}
 		lat = append(lat, max(0, rt.Sub(ev)))
