@@ -19,17 +19,22 @@ const startTimeout = 60 * time.Second
 
 // Start runs a single-node etcd with fsync disabled and fast elections in a fresh temporary
 // directory and returns it with a client connected to it. Both are closed
-// when the test ends; etcd client errors are logged to t.
-func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
+// when the test ends; etcd client errors are logged to t. Each configure, if
+// any, may change the server's configuration before it starts.
+func Start(t testing.TB, configure ...func(*etcdembed.Config)) (*etcdembed.Server, *clientv3.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	e, err := etcdembed.Start(ctx, etcdembed.Config{
+	cfg := etcdembed.Config{
 		Dir:           t.TempDir(),
 		UnsafeNoFsync: true,
 		Quiet:         true,
 		FastElection:  true,
-	})
+	}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	e, err := etcdembed.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start embedded etcd: %v", err)
 	}
