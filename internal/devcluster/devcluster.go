@@ -456,7 +456,14 @@ func (c *Cluster) DisconnectHost(host int) error {
 	if !ok {
 		return fmt.Errorf("no simulated host %d", host)
 	}
-	return cli.Close()
+	// The connection goes first: closing the client alone ends its watches before its
+	// connection, and a rep that sees its presence watch end revokes its lease, which could
+	// still get through.
+	if err := cli.ActiveConnection().Close(); err != nil {
+		return fmt.Errorf("cut host %d: %w", host, err)
+	}
+	_ = cli.Close() // reports the connection closed above
+	return nil
 }
 
 // closeHosts closes every presence connection.

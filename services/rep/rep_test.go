@@ -560,7 +560,12 @@ func TestPresenceLapseStopsNewWork(t *testing.T) {
 	if resp := perform(t, r, []*repv1.LRPInstance{lrpWork(d, 0)}, nil); len(resp.GetFailedLrps()) != 0 {
 		t.Fatalf("a healthy rep refused work: %v", resp)
 	}
-	presenceEtcd.Close()
+	// Cut the presence connection, as a network would: closing the client instead ends its
+	// watch before its connection, and the rep's revoke after the loss could still get through
+	// and remove the cell at once.
+	if err := presenceEtcd.ActiveConnection().Close(); err != nil {
+		t.Fatal(err)
+	}
 	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		st := state(t, r)
 		return st.GetPresenceLapsed(), fmt.Sprint(st)
