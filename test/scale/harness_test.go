@@ -32,6 +32,7 @@ import (
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
@@ -241,20 +242,22 @@ func run(t testing.TB, cfg runConfig) *report {
 		desiredMu.Unlock()
 		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names;
 		// one that is unavailable or too slow for the call's deadline is asked again after a
-		// backoff, and an AlreadyExists then means an earlier try landed.
-		for try := 0; ; try++ {
-			_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)})
+		// backoff (retried), and an AlreadyExists then means an earlier try landed.
+		req := &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)}
+		calls := 0
+		for {
+			before := calls
+			_, err := retried(ctx, func() (*bbsv1.DesireLRPResponse, error) {
+				calls++
+				return c.BBS.DesireLRP(ctx, req)
+			})
+			transient.Add(int64(calls - before - 1))
 			if wait, shed := rpcerr.RetryAfter(err); shed {
 				refusals.Add(1)
 				time.Sleep(wait + rand.N(wait))
 				continue
 			}
-			if isTransient(err) && try < transientTries {
-				transient.Add(1)
-				time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
-				continue
-			}
-			if status.Code(err) == codes.AlreadyExists && try > 0 {
+			if status.Code(err) == codes.AlreadyExists && calls > 1 {
 				return nil
 			}
 			return err
@@ -412,7 +415,7 @@ func run(t testing.TB, cfg runConfig) *report {
 // slots without a RUNNING ordinary instance; duplicates are slots held by more than one
 // container on live cells.
 func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[string]bool, want int) (stranded, duplicates int) {
-	resp, err := retried(func() (*bbsv1.ActualLRPsResponse, error) {
+	resp, err := retried(ctx, func() (*bbsv1.ActualLRPsResponse, error) {
 		return c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
 	})
 	if err != nil {
@@ -426,7 +429,7 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 		}
 	}
 	stranded = want - running
-	cells, err := retried(func() (*bbsv1.CellsResponse, error) { return c.BBS.Cells(ctx, &bbsv1.CellsRequest{}) })
+	cells, err := retried(ctx, func() (*bbsv1.CellsResponse, error) { return c.BBS.Cells(ctx, &bbsv1.CellsRequest{}) })
 	if err != nil {
 		t.Fatalf("audit: cells: %v", err)
 	}
@@ -441,7 +444,7 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 				return err
 			}
 			defer conn.Close()
-			st, err := retried(func() (*repv1.StateResponse, error) {
+			st, err := retried(gctx, func() (*repv1.StateResponse, error) {
 				return repv1.NewRepServiceClient(conn).State(gctx, &repv1.StateRequest{})
 			})
 			if err != nil {
@@ -466,27 +469,24 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 	return stranded, duplicates
 }
 
-// transientTries is how many times the harness, as a well-behaved client, asks again after a
-// transient failure before it gives up.
-const transientTries = 10
+// transientTries bounds the calls retried makes; transientPolicy is the wait between them.
+const transientTries = 11
 
-// isTransient reports whether err is worth asking again: the server was unavailable or too slow
-// for the call's deadline.
-func isTransient(err error) bool {
-	c := status.Code(err)
-	return c == codes.Unavailable || c == codes.DeadlineExceeded
-}
+var transientPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: time.Second}
 
-// retried calls f until it succeeds or fails other than transiently, at most transientTries
-// more times, waiting a little longer after each failure.
-func retried[T any](f func() (T, error)) (T, error) {
-	for try := 0; ; try++ {
-		v, err := f()
-		if err == nil || !isTransient(err) || try == transientTries {
-			return v, err
+// retried calls f, as a well-behaved client, until it succeeds or fails other than because the
+// server was unavailable or too slow for the call's deadline, at most transientTries times.
+func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	var v T
+	err := retry.Do(ctx, transientPolicy, transientTries, func() error {
+		var err error
+		v, err = f()
+		if c := status.Code(err); err != nil && c != codes.Unavailable && c != codes.DeadlineExceeded {
+			return retry.Permanent(err)
 		}
-		time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
-	}
+		return err
+	}, nil)
+	return v, err
 }
 
 // waitRunning waits until want slots whose guid starts with prefix are RUNNING.

@@ -349,7 +349,7 @@ func (r *Runner) knownState(p *modelsv1.CellPresence) *repv1.StateResponse {
 // one ending with starting containers: StateMaxAge is set, and the in-flight limit (if any) is
 // more than twice that. Near the limit states are not reused: it is judged on starting counts,
 // which a reused state overstates (its containers may have started since), and deferring work
-// on stale counts would slow a burst down. It reads only the configuration.
+// on stale counts would slow a burst down. Besides starting it reads only the configuration.
 func (r *Runner) reusable(starting int) bool {
 	return r.cfg.StateMaxAge > 0 && (r.cfg.MaxInFlight <= 0 || 2*starting < r.cfg.MaxInFlight)
 }

@@ -1,6 +1,9 @@
 package placement
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // round is what Select memoizes over one auction round's cells, so that an item costs one
 // tight pass over the cells with no map lookups and no allocation:
@@ -134,13 +137,8 @@ func (r *round) sameOn(i int) int {
 // placed records that Select chose cell i for an instance of guid.
 func (r *round) placed(guid string, i int) {
 	hs, ok := r.holders[guid]
-	if !ok {
-		return // not asked for yet: the first walk will find it
-	}
-	for _, h := range hs {
-		if h == i {
-			return
-		}
+	if !ok || slices.Contains(hs, i) {
+		return // not asked for yet (the first walk will find it), or known
 	}
 	r.holders[guid] = append(hs, i)
 }

@@ -296,12 +296,15 @@ func (c *Cell) StateSummary() *repv1.StateResponse { return c.state(true) }
 func (c *Cell) state(summary bool) *repv1.StateResponse {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	capacity := c.cfg.Capacity
-	avail := &modelsv1.CellCapacity{MemoryMb: capacity.GetMemoryMb(), DiskMb: capacity.GetDiskMb(), Containers: capacity.GetContainers()}
+	// Plain copies of the capacity: proto.Clone costs more than the whole summary.
+	capacity := func() *modelsv1.CellCapacity {
+		return &modelsv1.CellCapacity{MemoryMb: c.cfg.Capacity.GetMemoryMb(), DiskMb: c.cfg.Capacity.GetDiskMb(), Containers: c.cfg.Capacity.GetContainers()}
+	}
+	avail := capacity()
 	out := &repv1.StateResponse{
 		CellId:             c.cfg.CellID,
 		Zone:               c.cfg.Zone,
-		TotalResources:     &modelsv1.CellCapacity{MemoryMb: capacity.GetMemoryMb(), DiskMb: capacity.GetDiskMb(), Containers: capacity.GetContainers()},
+		TotalResources:     capacity(),
 		AvailableResources: avail,
 		PlacementTags:      append([]string(nil), c.cfg.Tags...),
 		PreloadedRootfses:  sortedKeys(c.cfg.Preloaded),
