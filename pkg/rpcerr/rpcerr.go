@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Kinds of domain error; test for them with errors.Is.
@@ -30,8 +32,16 @@ var (
 	ErrFailedPrecondition = errors.New("failed precondition")
 	// ErrAborted means a compare-and-swap was lost; the caller may retry.
 	ErrAborted = errors.New("aborted")
-	// ErrUnavailable means a dependency (etcd, a peer) cannot be reached.
+	// ErrUnavailable means a dependency (etcd, a peer) cannot be reached. A change answered
+	// with it was not made and never will be: the caller may send it again.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrIndeterminate means the outcome of a change is unknown: it was sent to etcd, and the
+	// answer was lost (etcd went away, or the bound on the call ran out). The change may have
+	// been made, or may still be made by a transaction already in etcd's log; the caller reads
+	// the record back, or sends the change again where doing so is safe (a repeated DesireLRP
+	// answers AlreadyExists). It maps to DeadlineExceeded, the code gRPC defines for exactly
+	// this case ("the operation may have completed successfully").
+	ErrIndeterminate = errors.New("outcome unknown")
 	// ErrInvalid means the request is malformed; see *InvalidError for the fields.
 	ErrInvalid = errors.New("invalid argument")
 	// ErrOutOfRange means a requested revision is no longer available.
@@ -69,6 +79,23 @@ func Aborted(format string, args ...any) error { return newKind(ErrAborted, form
 // Unavailable builds an ErrUnavailable error with a message.
 func Unavailable(format string, args ...any) error {
 	return newKind(ErrUnavailable, format, args...)
+}
+
+// UnavailableRetry builds an ErrUnavailable error that also tells the caller how long to wait
+// before trying again; ToStatus attaches the wait as an errdetails.RetryInfo.
+func UnavailableRetry(retryAfter time.Duration, format string, args ...any) error {
+	return &retryError{kindError: kindError{kind: ErrUnavailable, msg: fmt.Sprintf(format, args...)}, after: retryAfter}
+}
+
+// retryError is a kindError carrying a retry-after.
+type retryError struct {
+	kindError
+	after time.Duration
+}
+
+// Indeterminate builds an ErrIndeterminate error with a message.
+func Indeterminate(format string, args ...any) error {
+	return newKind(ErrIndeterminate, format, args...)
 }
 
 // OutOfRange builds an ErrOutOfRange error with a message.
@@ -173,6 +200,8 @@ func classify(err error) (codes.Code, bool) {
 		return codes.OutOfRange, false
 	case errors.Is(err, ErrUnavailable):
 		return codes.Unavailable, false
+	case errors.Is(err, ErrIndeterminate):
+		return codes.DeadlineExceeded, false
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded, false
 	case errors.Is(err, context.Canceled):
@@ -239,6 +268,12 @@ func ToStatus(err error) error {
 			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: v.Field, Description: v.Reason})
 		}
 		if withDetails, derr := st.WithDetails(br); derr == nil {
+			st = withDetails
+		}
+	}
+	var re *retryError
+	if errors.As(err, &re) {
+		if withDetails, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(re.after)}); derr == nil {
 			st = withDetails
 		}
 	}

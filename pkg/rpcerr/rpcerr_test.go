@@ -28,6 +28,8 @@ func TestToStatus(t *testing.T) {
 		{"precondition", FailedPrecondition("x"), codes.FailedPrecondition, "x"},
 		{"aborted", Aborted("lost"), codes.Aborted, "lost"},
 		{"unavailable", Unavailable("etcd down"), codes.Unavailable, "etcd down"},
+		{"unavailable with retry", fmt.Errorf("desire web: %w", UnavailableRetry(time.Second, "etcd unreachable")), codes.Unavailable, "desire web: etcd unreachable"},
+		{"indeterminate", fmt.Errorf("desire web: %w", Indeterminate("etcd did not answer")), codes.DeadlineExceeded, "desire web: etcd did not answer"},
 		{"out of range", OutOfRange("compacted"), codes.OutOfRange, "compacted"},
 		{"invalid", inv, codes.InvalidArgument, "invalid request: desired_lrp.process_guid: must not be empty; desired_lrp.instances: must be at most 10"},
 		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded, "context deadline exceeded"},
@@ -61,6 +63,24 @@ func TestInvalidDetails(t *testing.T) {
 	var e *InvalidError
 	if e.Err() != nil || (&InvalidError{}).Err() != nil {
 		t.Fatal("empty InvalidError must be nil")
+	}
+}
+
+// TestUnavailableRetryDetails: the retry advice of UnavailableRetry survives wrapping and
+// reaches the status as an errdetails.RetryInfo; a plain Unavailable carries none.
+func TestUnavailableRetryDetails(t *testing.T) {
+	st := status.Convert(ToStatus(fmt.Errorf("update web: %w", UnavailableRetry(1500*time.Millisecond, "etcd unreachable"))))
+	if st.Code() != codes.Unavailable || len(st.Details()) != 1 {
+		t.Fatalf("got %v with details %v", st.Code(), st.Details())
+	}
+	if d := st.Details()[0].(*errdetails.RetryInfo).GetRetryDelay().AsDuration(); d != 1500*time.Millisecond {
+		t.Fatalf("retry delay %v", d)
+	}
+	if !errors.Is(UnavailableRetry(time.Second, "x"), ErrUnavailable) {
+		t.Fatal("errors.Is ErrUnavailable")
+	}
+	if d := status.Convert(ToStatus(Unavailable("down"))).Details(); len(d) != 0 {
+		t.Fatalf("plain Unavailable carries details %v", d)
 	}
 }
 

@@ -101,6 +101,13 @@ type Config struct {
 	MaxInflightWrites int `json:"max_inflight_writes"`
 	// OverloadRetryAfter is how long a refused caller is told to wait.
 	OverloadRetryAfter Duration `json:"overload_retry_after"`
+	// EtcdUnreachableTimeout bounds how long a write waits for etcd to be reachable: past it
+	// the write is answered Unavailable with retry advice and is never made (see
+	// docs/architecture.md, "when etcd is down").
+	EtcdUnreachableTimeout Duration `json:"etcd_unreachable_timeout"`
+	// WriteTimeout bounds one write as a whole; a write sent to etcd that is not confirmed in
+	// time is answered DeadlineExceeded: it may or may not have been made.
+	WriteTimeout Duration `json:"write_timeout"`
 }
 
 // DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
@@ -124,6 +131,9 @@ func Default() Config {
 		// About a quarter second of the group committer's throughput at full batches.
 		MaxInflightWrites:  1024,
 		OverloadRetryAfter: Duration(100 * time.Millisecond),
+
+		EtcdUnreachableTimeout: Duration(store.DefaultUnreachableTimeout),
+		WriteTimeout:           Duration(store.DefaultWriteTimeout),
 
 		ConvergenceInterval:  Duration(converge.DefaultInterval),
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
@@ -194,6 +204,8 @@ func (c Config) Validate() error {
 		{"claimed_timeout", c.ClaimedTimeout},
 		{"pending_task_timeout", c.PendingTaskTimeout},
 		{"completed_task_timeout", c.CompletedTaskTimeout},
+		{"etcd_unreachable_timeout", c.EtcdUnreachableTimeout},
+		{"write_timeout", c.WriteTimeout},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
@@ -275,7 +287,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	clientCfg := grpcx.ClientConfig{TLS: cfg.TLS}
 	// Connections to reps are closed when their cell's presence disappears.
 	repPool := reppool.New(clientCfg)
-	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain})
+	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain,
+		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout)})
 	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
 	reps := peers.NewReps(repPool)
 	coreCfg := core.Config{

@@ -60,6 +60,14 @@ type Config struct {
 	// SnapshotCount is the number of applied entries between raft
 	// snapshots; zero keeps etcd's default.
 	SnapshotCount uint64
+	// Name is the member's name; empty means a lone member's default name.
+	Name string
+	// PeerAddr is the host:port other members reach this one at; port 0 (or empty, which
+	// means 127.0.0.1:0) picks a free port. A member of a cluster restarts with the same one.
+	PeerAddr string
+	// InitialCluster is "name=http://host:port,..." naming every member of a new cluster, this
+	// one included; empty means a cluster of this member alone.
+	InitialCluster string
 	// Quiet makes the etcd server log at error level only.
 	Quiet bool
 	// FastElection ticks raft every 10ms with a 100ms election timeout instead of etcd's 100ms
@@ -215,21 +223,35 @@ func (e *Server) etcdConfig() (*embed.Config, error) {
 	}
 	// A single member never talks to peers, but etcd needs a peer URL to
 	// identify the member; keep it on loopback.
-	peerPort, err := freePort("127.0.0.1")
-	if err != nil {
-		return nil, fmt.Errorf("pick peer port: %w", err)
+	peerHost, peerPort := "127.0.0.1", 0
+	if e.cfg.PeerAddr != "" {
+		if peerHost, peerPort, err = splitClientAddr(e.cfg.PeerAddr); err != nil {
+			return nil, fmt.Errorf("peer addr: %w", err)
+		}
+	}
+	if peerPort == 0 {
+		if peerPort, err = freePort(peerHost); err != nil {
+			return nil, fmt.Errorf("pick peer port: %w", err)
+		}
 	}
 	clientURL := url.URL{Scheme: "http", Host: net.JoinHostPort(host, strconv.Itoa(port))}
-	peerURL := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(peerPort))}
+	peerURL := url.URL{Scheme: "http", Host: net.JoinHostPort(peerHost, strconv.Itoa(peerPort))}
+	name := e.cfg.Name
+	if name == "" {
+		name = embeddedName
+	}
 
 	cfg := embed.NewConfig()
-	cfg.Name = embeddedName
+	cfg.Name = name
 	cfg.Dir = e.cfg.Dir
 	cfg.ListenClientUrls = []url.URL{clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{clientURL}
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}
-	cfg.InitialCluster = embeddedName + "=" + peerURL.String()
+	cfg.InitialCluster = name + "=" + peerURL.String()
+	if e.cfg.InitialCluster != "" {
+		cfg.InitialCluster = e.cfg.InitialCluster
+	}
 	cfg.ClusterState = embed.ClusterStateFlagNew
 	cfg.UnsafeNoFsync = e.cfg.UnsafeNoFsync
 	if e.cfg.FastElection {

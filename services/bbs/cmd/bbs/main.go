@@ -27,6 +27,8 @@ func run(args []string) error {
 	fs.Var(&cfg.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
 	fs.Var(&cfg.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
 	fs.Var(&cfg.ClaimedTimeout, "claimed-timeout", "unclaim and re-auction instances CLAIMED this long on a present cell without being reported running")
+	fs.Var(&cfg.EtcdUnreachableTimeout, "etcd-unreachable-timeout", "answer a write Unavailable (never made) when etcd cannot be reached for this long")
+	fs.Var(&cfg.WriteTimeout, "write-timeout", "answer a write sent to etcd but not confirmed this long DeadlineExceeded (may have been made)")
 	fs.Var(&cfg.PendingTaskTimeout, "pending-task-timeout", "fail tasks not started within this long")
 	fs.Var(&cfg.CompletedTaskTimeout, "completed-task-timeout", "delete completed tasks not resolved within this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")

@@ -3,11 +3,14 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
@@ -40,18 +43,45 @@ type commitReq struct {
 	writes []string
 	bytes  int
 	done   chan commitRes
+	// ctx is the caller's: the transaction that carries the request is cancelled once no
+	// caller of its batch waits any more.
+	ctx context.Context
+	// state says how far the request got: queued, picked into a batch, sent to etcd, or
+	// withdrawn by its caller before it was sent (then it never is).
+	state atomic.Int32
+}
+
+// States of a commitReq. Only the committer moves a request to reqSent, and only from
+// reqPicked; only the caller moves it to reqWithdrawn, and only before it was sent. So a
+// caller that withdrew knows its change was never sent and never will be.
+const (
+	reqQueued int32 = iota
+	reqPicked
+	reqSent
+	reqWithdrawn
+)
+
+// withdraw takes the request back if it has not been sent; it reports whether it did.
+func (r *commitReq) withdraw() bool {
+	return r.state.CompareAndSwap(reqQueued, reqWithdrawn) || r.state.CompareAndSwap(reqPicked, reqWithdrawn)
 }
 
 type commitRes struct {
 	ok  bool
 	rev int64
 	err error
+	// unsent is set on an error that proves the change was not made: etcd never received it,
+	// or refused it before proposing it (no leader, too many operations).
+	unsent bool
 }
 
 type committer struct {
 	client *clientv3.Client
-	reqs   chan *commitReq
-	slots  chan struct{}
+	// unreachable bounds how long a request waits for etcd to become reachable before its
+	// caller is answered that etcd is unavailable (the request is then withdrawn, unsent).
+	unreachable time.Duration
+	reqs        chan *commitReq
+	slots       chan struct{}
 	// stopped is closed once run has returned and every transaction it started has answered;
 	// commits after that fail at once instead of waiting for their context.
 	stopped chan struct{}
@@ -100,36 +130,60 @@ func (c *committer) snapshot() CommitStats {
 // errStopped answers a commit made after the store stopped.
 var errStopped = rpcerr.Unavailable("store stopped")
 
-func newCommitter(client *clientv3.Client) *committer {
-	c := &committer{client: client, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns),
+func newCommitter(client *clientv3.Client, unreachable time.Duration) *committer {
+	c := &committer{client: client, unreachable: unreachable, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns),
 		stopped: make(chan struct{})}
 	c.batchOps.Store(maxBatchOps)
 	return c
 }
 
-// commit queues a transaction and waits for its outcome.
+// errUnreachable answers a request withdrawn unsent because etcd could not be reached in time.
+type unreachableError struct{ after time.Duration }
+
+func (e unreachableError) Error() string {
+	return fmt.Sprintf("etcd unreachable for %s: the change was not sent", e.after)
+}
+
+// commit queues a transaction and waits for its outcome: the result, or an error. A request
+// that could not be sent within the committer's unreachable bound, or before ctx ended, is
+// withdrawn and answered with res.unsent set: it is never sent afterwards. One whose caller
+// gives up after it was sent has an unknown outcome (ctx's error, res.unsent false).
 func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error) {
 	r.done = make(chan commitRes, 1)
+	r.ctx = ctx
+	unsent := commitRes{unsent: true}
 	select {
 	case c.reqs <- r:
 	case <-ctx.Done():
-		return commitRes{}, ctx.Err()
+		return unsent, ctx.Err()
 	case <-c.stopped:
-		return commitRes{}, errStopped
+		return unsent, errStopped
 	}
-	select {
-	case res := <-r.done:
-		return res, nil
-	case <-ctx.Done():
-		return commitRes{}, ctx.Err()
-	case <-c.stopped:
-		// A request queued but never picked gets no answer; one in flight answered before
-		// stopped was closed.
+	bound := time.NewTimer(c.unreachable)
+	defer bound.Stop()
+	for {
 		select {
 		case res := <-r.done:
 			return res, nil
-		default:
-			return commitRes{}, errStopped
+		case <-bound.C:
+			if r.withdraw() {
+				return unsent, unreachableError{c.unreachable}
+			}
+			// Sent: wait for etcd's answer or the caller's end.
+		case <-ctx.Done():
+			if r.withdraw() {
+				return unsent, ctx.Err()
+			}
+			return commitRes{}, ctx.Err()
+		case <-c.stopped:
+			// A request queued but never picked gets no answer; one in flight answered before
+			// stopped was closed.
+			select {
+			case res := <-r.done:
+				return res, nil
+			default:
+				return unsent, errStopped
+			}
 		}
 	}
 }
@@ -181,6 +235,9 @@ func pick(pending []*commitReq, maxOps int) (batch, rest []*commitReq) {
 	reads, writes := map[string]bool{}, map[string]bool{}
 	ops, bytes := 0, 0
 	for _, r := range pending {
+		if r.state.Load() == reqWithdrawn {
+			continue
+		}
 		fits := len(batch) == 0 || (ops+len(r.ops) <= maxOps && ops+len(r.cmps) <= maxOps && bytes+r.bytes <= maxBatchBytes)
 		for _, k := range r.writes {
 			fits = fits && !reads[k] && !writes[k]
@@ -204,21 +261,120 @@ func pick(pending []*commitReq, maxOps int) (batch, rest []*commitReq) {
 	return batch, rest
 }
 
-func (c *committer) txn(cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
-	c.stats.txns.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// batchContext is the context of a transaction carrying reqs: it ends once every caller has
+// gone (nobody waits for the answer, so the transaction is cancelled rather than left to land
+// later) and carries etcd's require-leader flag, so that a member cut off from its cluster
+// refuses the transaction at once instead of proposing it.
+func batchContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	left := atomic.Int64{}
+	left.Store(int64(len(reqs)))
+	stops := make([]func() bool, 0, len(reqs))
+	for _, r := range reqs {
+		stops = append(stops, context.AfterFunc(r.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// awaitReachable waits until the etcd client has a connection ready, for at most the
+// committer's unreachable bound or until ctx ends; it reports whether one is.
+func (c *committer) awaitReachable(ctx context.Context) bool {
+	conn := c.client.ActiveConnection()
+	if conn == nil {
+		return true // a client without a gRPC connection (tests' fakes): nothing to wait for
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.unreachable)
 	defer cancel()
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			return true
+		case connectivity.Idle:
+			conn.Connect()
+		case connectivity.Shutdown:
+			return false
+		}
+		if !conn.WaitForStateChange(ctx, st) {
+			return false
+		}
+	}
+}
+
+// send marks the still-wanted requests of reqs sent and returns them; a request withdrawn by
+// its caller is left out and never sent.
+func send(reqs []*commitReq) []*commitReq {
+	var out []*commitReq
+	for _, r := range reqs {
+		if r.state.CompareAndSwap(reqPicked, reqSent) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// txn sends one transaction and classifies its failure: an error etcd gives before proposing
+// it (no leader, too many operations, too large) proves it was not made; any other failure
+// (the connection broke, the context ended, etcd's own request timeout) leaves the outcome
+// unknown.
+func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
+	c.stats.txns.Add(1)
 	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
-		return commitRes{err: err}
+		return commitRes{err: err, unsent: refusedBeforeProposal(err)}
 	}
 	return commitRes{ok: resp.Succeeded, rev: resp.Header.Revision}
 }
 
+// refusedBeforeProposal reports whether etcd refused a transaction before it could enter the
+// raft log: then it is certain not to be applied, ever.
+func refusedBeforeProposal(err error) bool {
+	for _, e := range []error{rpctypes.ErrNoLeader, rpctypes.ErrGRPCNoLeader, rpctypes.ErrTooManyOps,
+		rpctypes.ErrGRPCTooManyOps, rpctypes.ErrRequestTooLarge, rpctypes.ErrGRPCRequestTooLarge} {
+		if errors.Is(err, e) || rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// commitBatch waits for etcd to be reachable, sends the batch's requests that are still
+// wanted as one transaction, and answers each. A batch whose compare fails is not applied
+// at all; each of its requests is then sent again on its own, so that each gets its own answer.
 func (c *committer) commitBatch(batch []*commitReq) {
+	for _, r := range batch {
+		r.state.CompareAndSwap(reqQueued, reqPicked)
+	}
+	gctx, gcancel := batchContext(batch)
+	reachable := c.awaitReachable(gctx)
+	gcancel()
+	if !reachable {
+		// Callers withdraw on their own bound; those still waiting are answered at once.
+		for _, r := range batch {
+			if r.withdraw() {
+				r.done <- commitRes{err: unreachableError{c.unreachable}, unsent: true}
+			}
+		}
+		return
+	}
+	batch = send(batch)
+	if len(batch) == 0 {
+		return
+	}
 	c.stats.requests.Add(int64(len(batch)))
+	ctx, cancel := batchContext(batch)
+	defer cancel()
 	if len(batch) == 1 {
-		batch[0].done <- c.txn(batch[0].cmps, batch[0].ops)
+		batch[0].done <- c.txn(ctx, batch[0].cmps, batch[0].ops)
 		return
 	}
 	var cmps []clientv3.Cmp
@@ -228,8 +384,11 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		ops = append(ops, r.ops...)
 	}
 	c.stats.batched.Add(1)
-	res := c.txn(cmps, ops)
-	if res.err == nil && res.ok {
+	res := c.txn(ctx, cmps, ops)
+	tooBig := txnTooLarge(res.err)
+	if (res.err == nil && res.ok) || (res.err != nil && !tooBig) {
+		// Applied, or failed alike for every request of the batch: the outcome unknown, or
+		// refused unsent (no leader).
 		for _, r := range batch {
 			r.done <- res
 		}
@@ -238,15 +397,27 @@ func (c *committer) commitBatch(batch []*commitReq) {
 	if errors.Is(res.err, rpcerrTooManyOps) {
 		c.batchOps.Store(minBatchOps)
 	}
-	// Some compare failed (or the batch was refused): each request on its own, joined here so
-	// the batch's slot is held until every request has its answer.
+	// Some compare failed (or the batch was too big): nothing of it was applied. Each request
+	// goes again on its own, unless its caller has gone meanwhile (it was answered that the
+	// outcome is unknown, and it stays unmade); joined here so the batch's slot is held until
+	// every request has its answer.
 	c.stats.alone.Add(int64(len(batch)))
 	var wg sync.WaitGroup
 	for _, r := range batch {
+		if r.ctx.Err() != nil {
+			continue
+		}
+		r.state.Store(reqPicked)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.done <- c.txn(r.cmps, r.ops)
+			one := send([]*commitReq{r})
+			if len(one) == 0 {
+				return
+			}
+			rctx, rcancel := batchContext(one)
+			defer rcancel()
+			r.done <- c.txn(rctx, r.cmps, r.ops)
 		}()
 	}
 	wg.Wait()

@@ -1,8 +1,10 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -23,6 +25,7 @@ func twoKeyRequests(prefix string, n int) []*commitReq {
 			writes: []string{a, b},
 			bytes:  len(a) + len(b) + 2,
 			done:   make(chan commitRes, 1),
+			ctx:    context.Background(),
 		}
 	}
 	return reqs
@@ -49,7 +52,7 @@ func TestPickHonoursTheOpLimit(t *testing.T) {
 // that later batches fit.
 func TestBatchRefusedAsTooManyOpsLowersTheLimit(t *testing.T) {
 	_, cli := etcdtest.Start(t, func(c *etcdembed.Config) { c.MaxTxnOps = minBatchOps })
-	c := newCommitter(cli)
+	c := newCommitter(cli, time.Second)
 	batch := twoKeyRequests("refused", 150) // 300 operations
 	c.commitBatch(batch)
 	for i, r := range batch {

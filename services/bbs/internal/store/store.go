@@ -29,6 +29,13 @@ type Options struct {
 	WriteAttempts int
 	// ListPageSize is the page size of the initial list from etcd (default 5,000 keys).
 	ListPageSize int64
+	// UnreachableTimeout bounds how long a change waits for etcd to be reachable (a ready
+	// connection to a member) before it is answered Unavailable, unsent (default 2s).
+	UnreachableTimeout time.Duration
+	// WriteTimeout bounds one change as a whole, its etcd transactions included (default 10s);
+	// a change sent to etcd whose answer does not come in time has an unknown outcome
+	// (rpcerr.ErrIndeterminate).
+	WriteTimeout time.Duration
 	// ReadYourWritesTimeout bounds how long a write waits for the cache to reflect it (default 5s).
 	ReadYourWritesTimeout time.Duration
 	// CellsLeft, when set, is called with the cells still registered whenever the watch sees a
@@ -51,10 +58,26 @@ func (o *Options) defaults() {
 	if o.ListPageSize <= 0 {
 		o.ListPageSize = 5000
 	}
+	if o.UnreachableTimeout <= 0 {
+		o.UnreachableTimeout = DefaultUnreachableTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
 	if o.ReadYourWritesTimeout <= 0 {
 		o.ReadYourWritesTimeout = 5 * time.Second
 	}
 }
+
+// Defaults of Options.UnreachableTimeout and Options.WriteTimeout.
+const (
+	DefaultUnreachableTimeout = 2 * time.Second
+	DefaultWriteTimeout       = 10 * time.Second
+)
+
+// unavailableRetryAfter is the wait a caller told that etcd is unreachable is advised to
+// observe before sending the change again.
+const unavailableRetryAfter = time.Second
 
 // resyncPolicy is the wait between failed listings of the store.
 var resyncPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
@@ -87,7 +110,7 @@ func New(client *clientv3.Client, opts Options) *Store {
 		hub:       newHub(opts.EventRing),
 		synced:    make(chan struct{}),
 		cellGone:  make(chan struct{}, 1),
-		committer: newCommitter(client),
+		committer: newCommitter(client, opts.UnreachableTimeout),
 		links:     newLinkTracker(),
 	}
 }

@@ -182,10 +182,20 @@ func (t *Txn) Delete(key string) {
 // cache is re-checked once against etcd before it is returned, so a lagging cache never causes
 // a wrong answer. It returns the revision of the write (the cache's revision when fn wrote
 // nothing) once the cache reflects it.
+//
+// A change that cannot reach etcd within Options.UnreachableTimeout is answered Unavailable
+// with a retry-after, and is never made: it was not sent, and a queued transaction is
+// withdrawn or cancelled with its callers. One sent to etcd whose answer is lost (etcd went
+// away, or Options.WriteTimeout ran out) is answered ErrIndeterminate: it may have been made.
 func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.WriteTimeout)
+	defer cancel()
 	fresh := false
 	for attempt := 0; attempt < s.opts.WriteAttempts; attempt++ {
-		t := &Txn{s: s, ctx: ctx, fresh: fresh, reads: map[string]int64{}}
+		if fresh && !s.committer.awaitReachable(ctx) {
+			return 0, rpcerr.UnavailableRetry(unavailableRetryAfter, "etcd unreachable for %s: the change was not made", s.opts.UnreachableTimeout)
+		}
+		t := &Txn{s: s, ctx: clientv3.WithRequireLeader(ctx), fresh: fresh, reads: map[string]int64{}}
 		if err := fn(t); err != nil {
 			if !fresh && !errors.Is(err, rpcerr.ErrInvalid) {
 				fresh = true
@@ -213,10 +223,10 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			if txnTooLarge(err) {
 				return 0, rpcerr.Invalid("request", "too large to store in one etcd transaction (%d writes): %v", len(t.ops), err)
 			}
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
+			if !resp.unsent {
+				return 0, rpcerr.Indeterminate("etcd did not confirm the change (%v): it may or may not have been made; read it back before sending it again", err)
 			}
-			return 0, rpcerr.Unavailable("etcd transaction failed: %v", err)
+			return 0, rpcerr.UnavailableRetry(unavailableRetryAfter, "%v; the change was not made", err)
 		}
 		if resp.ok {
 			rev := resp.rev
