@@ -14,6 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
@@ -21,6 +23,8 @@ import (
 const (
 	// DefaultDialTimeout is used when Config.DialTimeout is zero.
 	DefaultDialTimeout = 5 * time.Second
+	// MaxReconnectDelay is the longest wait between attempts to reach a lost etcd member.
+	MaxReconnectDelay = time.Second
 	// DialKeepAliveTime is how often the client pings an idle connection.
 	DialKeepAliveTime = 10 * time.Second
 	// DialKeepAliveTimeout is how long the client waits for a keepalive
@@ -101,6 +105,14 @@ func (c Config) validateEndpoint(ep string) error {
 	return nil
 }
 
+// reconnect is how the client dials a member again after losing it: gRPC's default backoff
+// grows to two minutes, so a client that lost etcd for half a minute could take as long again
+// to notice it back, past a presence lease's TTL; capped at MaxReconnectDelay instead.
+var reconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: MaxReconnectDelay},
+	MinConnectTimeout: 2 * time.Second,
+}
+
 // dialTimeout returns the effective dial timeout.
 func (c Config) dialTimeout() time.Duration {
 	if c.DialTimeout == 0 {
@@ -135,6 +147,7 @@ func NewClient(cfg Config, logger hclog.Logger) (*clientv3.Client, error) {
 		Username:             cfg.Username,
 		Password:             cfg.Password,
 		Logger:               newZapLogger(logger),
+		DialOptions:          []grpc.DialOption{grpc.WithConnectParams(reconnect)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd at %s: %w", eps, err)

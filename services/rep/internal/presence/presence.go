@@ -1,7 +1,8 @@
 // Package presence keeps a rep's CellPresence in etcd under a lease: it grants the lease,
-// writes the presence, keeps the lease alive, and when the lease or the key is lost (expired,
-// revoked, deleted behind its back) grants a new lease and writes the presence again, until
-// it is stopped; then it revokes the lease so the cell disappears at once.
+// writes the presence, keeps the lease alive, and when etcd says the lease or the key is lost
+// (expired, revoked, deleted behind its back) grants a new lease and writes the presence
+// again, until it is stopped; then it revokes the lease so the cell disappears at once. An
+// etcd outage alone never loses the presence: the rep keeps the same lease once etcd is back.
 package presence
 
 import (
@@ -24,6 +25,9 @@ import (
 const (
 	minBackoff    = 100 * time.Millisecond
 	revokeTimeout = 5 * time.Second
+	// resumeBackoff caps the wait between questions about the lease while etcd is away: etcd
+	// gives every lease a full TTL when it comes back, and the rep must renew within it.
+	resumeBackoff = time.Second
 )
 
 // Presence registers one cell.
@@ -87,6 +91,13 @@ func (p *Presence) setHeld(holding bool) {
 // Run implements lifecycle.Runner: it registers the cell (retrying until etcd answers), calls
 // ready, keeps the registration alive and re-registers whenever it is lost; when ctx ends it
 // revokes the lease and returns nil.
+//
+// Only etcd decides that the registration is lost. When the keepalive ends because etcd could
+// not be reached for a TTL, the lease is not taken for dead: etcd extends every lease when it
+// comes back, so the rep asks etcd, once it answers, whether its lease still lives, and if so
+// goes on keeping that same lease alive (writing its key again under it if the key went).
+// It never revokes a lease it still holds, so an etcd outage never makes a healthy cell
+// disappear.
 func (p *Presence) Run(ctx context.Context, ready func()) error {
 	var once sync.Once
 	for {
@@ -102,14 +113,69 @@ func (p *Presence) Run(ctx context.Context, ready func()) error {
 			return nil // only the end of ctx stops the retries
 		}
 		once.Do(ready)
-		why := p.hold(ctx, lease, rev)
-		if ctx.Err() != nil {
-			p.revoke(lease)
+		for lease != 0 {
+			lost := p.hold(ctx, lease, rev)
+			if ctx.Err() != nil {
+				p.revoke(lease)
+				return nil
+			}
+			if lost.keyDeleted {
+				// Someone deleted the key while the lease lived: start over on a new lease,
+				// dropping the old one so that it does not linger.
+				p.log.Warn("cell presence lost, registering again", "reason", lost.why)
+				p.revoke(lease)
+				break
+			}
+			p.log.Warn("cell presence keepalive ended; asking etcd whether the lease lives", "reason", lost.why)
+			if lease, rev, err = p.resume(ctx, lease); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// resume waits until etcd answers and finds out whether lease still lives. If it does, it
+// makes sure the presence key is there under it and returns the lease and the key's revision;
+// if the lease is gone, it returns lease 0 (the cell registers anew).
+func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3.LeaseID, int64, error) {
+	var rev int64
+	err := retry.Do(ctx, retry.Policy{Initial: minBackoff, Max: resumeBackoff}, 0, func() error {
+		cctx, cancel := context.WithTimeout(ctx, p.ttl)
+		defer cancel()
+		ttl, err := p.etcd.TimeToLive(cctx, lease)
+		if err != nil {
+			return fmt.Errorf("lease time to live: %w", err)
+		}
+		if ttl.TTL <= 0 {
+			p.log.Warn("cell presence lease expired, registering again", "lease", fmt.Sprintf("%x", int64(lease)))
+			lease = 0
 			return nil
 		}
-		p.log.Warn("cell presence lost, registering again", "reason", why)
-		p.revoke(lease) // when only the key was lost, the old lease would linger
-	}
+		key := CellKey(p.value().GetCellId())
+		get, err := p.etcd.Get(cctx, key)
+		if err != nil {
+			return fmt.Errorf("get %s: %w", key, err)
+		}
+		if len(get.Kvs) == 1 && clientv3.LeaseID(get.Kvs[0].Lease) == lease {
+			rev = get.Kvs[0].ModRevision
+			p.log.Info("cell presence lease still alive, keeping it", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", ttl.TTL)
+			return nil
+		}
+		b, err := proto.Marshal(p.value())
+		if err != nil {
+			return fmt.Errorf("encode presence: %w", err)
+		}
+		put, err := p.etcd.Put(cctx, key, string(b), clientv3.WithLease(lease))
+		if err != nil {
+			return fmt.Errorf("put %s: %w", key, err)
+		}
+		rev = put.Header.Revision
+		p.log.Info("cell presence written again under its live lease", "lease", fmt.Sprintf("%x", int64(lease)))
+		return nil
+	}, func(err error, next time.Duration) {
+		p.log.Warn("etcd unreachable, will ask again about the cell's lease", "error", err, "backoff", next)
+	})
+	return lease, rev, err
 }
 
 // register grants a lease and writes the presence under it; it returns the lease and the
@@ -140,14 +206,21 @@ func (p *Presence) register(ctx context.Context) (clientv3.LeaseID, int64, error
 	return grant.ID, put.Header.Revision, nil
 }
 
-// hold keeps the lease alive until it is lost, the key is deleted or ctx ends, and says why it
-// returned.
-func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) string {
+// loss says why hold returned.
+type loss struct {
+	why string
+	// keyDeleted is set when the presence key was deleted while the lease was being kept.
+	keyDeleted bool
+}
+
+// hold keeps the lease alive until its keepalive ends (etcd unreachable for a TTL, or the
+// lease gone), the key is deleted or ctx ends, and says why it returned.
+func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) loss {
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	alive, err := p.etcd.KeepAlive(hctx, lease)
 	if err != nil {
-		return fmt.Sprintf("keep lease alive: %v", err)
+		return loss{why: fmt.Sprintf("keep lease alive: %v", err)}
 	}
 	p.setHeld(true) // granted just now
 	defer p.setHeld(false)
@@ -156,22 +229,22 @@ func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) 
 	for {
 		select {
 		case <-ctx.Done():
-			return "stopping"
+			return loss{why: "stopping"}
 		case _, ok := <-alive:
 			if !ok {
-				return "lease expired or revoked"
+				return loss{why: "keepalive ended: lease expired, revoked, or etcd unreachable for its TTL"}
 			}
 			p.setHeld(true)
 		case wr, ok := <-watch:
 			if !ok {
-				return "watch of the presence key ended"
+				return loss{why: "watch of the presence key ended"}
 			}
 			if err := wr.Err(); err != nil {
-				return fmt.Sprintf("watch of the presence key failed: %v", err)
+				return loss{why: fmt.Sprintf("watch of the presence key failed: %v", err)}
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypeDelete {
-					return "presence key deleted"
+					return loss{why: "presence key deleted", keyDeleted: true}
 				}
 			}
 		}
