@@ -38,9 +38,9 @@ var refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 // Dial makes; each service registers it in its own registry.
 func Metrics() prometheus.Collector { return refusals }
 
-// Refusals is how many calls of method (its short name, e.g. "DesireLRP") a shedding BBS
-// refused in this process with the given outcome (OutcomeRetried or OutcomeReturned), over
-// every connection Dial made.
+// Refusals is how many calls of method (its short name, e.g. "DesireLRP"; "" for every
+// method) a shedding BBS refused in this process with the given outcome (OutcomeRetried or
+// OutcomeReturned), over every connection Dial made.
 func Refusals(method, outcome string) int64 {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(refusals)
@@ -55,7 +55,7 @@ func Refusals(method, outcome string) int64 {
 			for _, l := range m.GetLabel() {
 				got[l.GetName()] = l.GetValue()
 			}
-			if got["grpc_method"] == method && got["outcome"] == outcome {
+			if (method == "" || got["grpc_method"] == method) && got["outcome"] == outcome {
 				n += m.GetCounter().GetValue()
 			}
 		}
