@@ -62,6 +62,11 @@ type Config struct {
 	// RepBBSInterceptor, when set, intercepts every call the reps make to the BBS (benchmarks
 	// time them with it).
 	RepBBSInterceptor grpc.UnaryClientInterceptor
+	// BBSInterceptors, when set, intercept every call the auctioneer, nsync and the
+	// route-emitter make to the BBS, by identity ("auctioneer", "nsync", "route-emitter"). Like
+	// RepBBSInterceptor they sit inside the BBS connection's own interceptors
+	// (bbsclient.RetryOverloaded), so they see every attempt.
+	BBSInterceptors map[string]grpc.UnaryClientInterceptor
 	// Transformers is the BBS's transformer plugin chain (each plugin is described at
 	// start-up; see docs/plugins.md).
 	Transformers []transform.PluginConfig
@@ -285,7 +290,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if c.cfg.ConfigureAuctioneer != nil {
 				c.cfg.ConfigureAuctioneer(&cfg)
 			}
-			bbsClient, err := bbsAs("auctioneer", nil)
+			bbsClient, err := bbsAs("auctioneer", c.cfg.BBSInterceptors["auctioneer"])
 			if err != nil {
 				return err
 			}
@@ -382,7 +387,7 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string,
 		if c.cfg.ConfigureNsync != nil {
 			c.cfg.ConfigureNsync(&cfg)
 		}
-		bbsClient, err := bbsAs("nsync", nil)
+		bbsClient, err := bbsAs("nsync", c.cfg.BBSInterceptors["nsync"])
 		if err != nil {
 			return err
 		}
@@ -504,7 +509,7 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(addr, identity stri
 			if c.cfg.ConfigureRouteEmitter != nil {
 				c.cfg.ConfigureRouteEmitter(&cfg)
 			}
-			bbsClient, err := bbsAs("route-emitter", nil)
+			bbsClient, err := bbsAs("route-emitter", c.cfg.BBSInterceptors["route-emitter"])
 			if err != nil {
 				return err
 			}

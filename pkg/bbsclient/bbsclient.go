@@ -1,7 +1,9 @@
 // Package bbsclient is how every Gavel component reaches the BBS: one configuration (the
 // addresses of the BBS instances and the client TLS), one set of command-line flags and one
-// dial, balanced round-robin over the instances that answer, with keepalives and a reconnect
-// backoff short enough that a restarted BBS is followed quickly.
+// dial, balanced round-robin over the instances that answer, with keepalives, a reconnect
+// backoff short enough that a restarted BBS is followed quickly, and the BBS's load-shedding
+// contract honoured for every caller: a call the BBS refused as overloaded is sent again after
+// the wait it named (RetryOverloaded), so no component keeps a loop of its own for it.
 package bbsclient
 
 import (
@@ -76,8 +78,10 @@ func Flags(fs *flag.FlagSet, c *Config) {
 }
 
 // Dial connects to the BBS instances of c (round-robin over those that answer) with c's TLS,
-// keepalives every Keepalive and reconnection attempts at most MaxReconnectDelay apart. opts
-// (e.g. interceptors) are applied after those. The caller closes the connection.
+// keepalives every Keepalive, reconnection attempts at most MaxReconnectDelay apart and
+// RetryOverloaded on every unary call. opts (e.g. interceptors) are applied after those, so an
+// interceptor given here sees each attempt RetryOverloaded makes. The caller closes the
+// connection.
 func Dial(c Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("bbs client: %w", err)
@@ -87,6 +91,7 @@ func Dial(c Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: MaxReconnectDelay},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		grpc.WithChainUnaryInterceptor(RetryOverloaded()),
 	}, opts...)
 	conn, err := grpcx.DialMulti(c.BBSTargets(), grpcx.ClientConfig{TLS: c.BBSTLS, KeepaliveTime: Keepalive}, all...)
 	if err != nil {

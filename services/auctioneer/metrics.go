@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/auction"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/batch"
@@ -55,7 +56,8 @@ func newServiceMetrics() *serviceMetrics {
 		reused:       counter("cell_states_reused_total", "Cells whose last known state stood in for a State call in a round, summed over rounds."),
 		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gavel", Subsystem: "auctioneer", Name: "leader", Help: "1 while this auctioneer leads, 0 while it stands by."}),
 	}
-	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.reused, m.leader)
+	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.reused, m.leader,
+		bbsclient.Metrics())
 	return m
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 )
 
@@ -33,7 +34,7 @@ func newServiceMetrics() *serviceMetrics {
 		restarts: prometheus.NewCounterVec(opts("restarts_total",
 			"Finished zero-downtime restarts, by outcome: completed, cell_mismatch or timed_out."), []string{"outcome"}),
 	}
-	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts)
+	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts, bbsclient.Metrics())
 	for _, r := range []string{"complete", "incomplete"} {
 		m.passes.WithLabelValues(r)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -54,7 +55,7 @@ func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
 			"Repairs made by the bulk loop, by fix (remove_record, fail_task, stop_container)."), []string{"fix"}),
 	}
 	m.registry.MustRegister(m.starts, m.crashes, m.stops, m.hookFailures, m.reconcile, m.reconcileFails, m.fixes,
-		cellCollector{stats: stats})
+		cellCollector{stats: stats}, bbsclient.Metrics())
 	// Series that should read 0 rather than be absent until their first event.
 	for _, k := range []string{"lrp", "task"} {
 		m.starts.WithLabelValues(k)

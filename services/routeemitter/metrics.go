@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/api"
@@ -47,7 +48,7 @@ func newServiceMetrics(hub *api.Hub) *serviceMetrics {
 		syncErrors: prometheus.NewCounterVec(opts("sync_errors_total",
 			"Failed listings (stage list) and broken or refused event streams (stage watch) of the BBS."), []string{"stage"}),
 	}
-	m.registry.MustRegister(m.events, m.syncs, m.syncTime, m.syncErrors, hubCollector{hub: hub})
+	m.registry.MustRegister(m.events, m.syncs, m.syncTime, m.syncErrors, hubCollector{hub: hub}, bbsclient.Metrics())
 	for _, k := range eventKinds {
 		m.events.WithLabelValues(k)
 	}

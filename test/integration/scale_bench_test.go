@@ -14,10 +14,10 @@ import (
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
-	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -67,7 +67,7 @@ func BenchmarkPlacement(b *testing.B) {
 		b.StartTimer()
 
 		start := time.Now()
-		var refused atomic.Int64
+		refusedBefore := bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)
 		var wg sync.WaitGroup
 		next := atomic.Int64{}
 		for w := 0; w < 32; w++ {
@@ -80,19 +80,11 @@ func BenchmarkPlacement(b *testing.B) {
 						return
 					}
 					d := desiredLRP(fmt.Sprintf("scale-%d-%d", iter, g), "preloaded:cflinuxfs4", perLRP, nil)
-					// A BBS that sheds load is asked again after the wait it names.
-					for {
-						_, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
-						wait, shed := rpcerr.RetryAfter(err)
-						if !shed {
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							break
-						}
-						refused.Add(1)
-						time.Sleep(wait)
+					// A BBS that sheds load is asked again after the wait it names (by the BBS
+					// connection, bbsclient.RetryOverloaded).
+					if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
+						b.Error(err)
+						return
 					}
 				}
 			}()
@@ -110,7 +102,7 @@ func BenchmarkPlacement(b *testing.B) {
 		rate := float64(lrps*perLRP) / elapsed.Seconds()
 		rates = append(rates, rate)
 		b.Logf("run %d: %d instances RUNNING in %s (%.0f placements/s); desires sent in %s (%d refused by the BBS's admission bound and sent again); auctioneer: cell states %s, placement %s, perform %s, report %s; rep claim+start BBS calls %d, mean %.2fms",
-			iter, lrps*perLRP, elapsed.Round(time.Millisecond), rate, desired.Round(time.Millisecond), refused.Load(),
+			iter, lrps*perLRP, elapsed.Round(time.Millisecond), rate, desired.Round(time.Millisecond), bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)-refusedBefore,
 			(after.ListCells + after.FetchStates - before.ListCells - before.FetchStates).Round(time.Millisecond),
 			(after.Place - before.Place).Round(time.Millisecond),
 			(after.Perform - before.Perform).Round(time.Millisecond),

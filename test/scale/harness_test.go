@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -33,7 +33,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/retry"
-	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
@@ -234,35 +233,29 @@ func run(t testing.TB, cfg runConfig) *report {
 	<-rtReady
 
 	desired := map[string]time.Time{}
-	var refusals, transient atomic.Int64
+	var transient atomic.Int64
 	var desiredMu sync.Mutex
 	desire := func(guid string) error {
 		desiredMu.Lock()
 		desired[guid] = time.Now()
 		desiredMu.Unlock()
-		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names;
-		// one that is unavailable or too slow for the call's deadline is asked again after a
+		// As a well-behaved client: a BBS that sheds load is asked again after the wait it names
+		// (by the BBS connection, bbsclient.RetryOverloaded); one that is unavailable, too slow
+		// for the call's deadline or still shedding after those waits is asked again after a
 		// backoff (retried), and an AlreadyExists then means an earlier try landed.
 		req := &bbsv1.DesireLRPRequest{DesiredLrp: scaleLRP(guid, cfg.PerLRP)}
 		calls := 0
-		for {
-			before := calls
-			_, err := retried(ctx, func() (*bbsv1.DesireLRPResponse, error) {
-				calls++
-				return c.BBS.DesireLRP(ctx, req)
-			})
-			transient.Add(int64(calls - before - 1))
-			if wait, shed := rpcerr.RetryAfter(err); shed {
-				refusals.Add(1)
-				time.Sleep(wait + rand.N(wait))
-				continue
-			}
-			if status.Code(err) == codes.AlreadyExists && calls > 1 {
-				return nil
-			}
-			return err
+		_, err := retried(ctx, func() (*bbsv1.DesireLRPResponse, error) {
+			calls++
+			return c.BBS.DesireLRP(ctx, req)
+		})
+		transient.Add(int64(calls - 1))
+		if status.Code(err) == codes.AlreadyExists && calls > 1 {
+			return nil
 		}
+		return err
 	}
+	refusalsBefore := bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)
 	before := c.Auctioneer.Stats()
 	commitsBefore := c.BBSService.CommitStats()
 
@@ -327,7 +320,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.auction = after.Place - before.Place
 	r.auctionPerform = after.Perform - before.Perform
 	r.auctionRounds = c.Auctioneer.Rounds()
-	r.desireRefusals, r.desireTransient = refusals.Load(), transient.Load()
+	r.desireRefusals, r.desireTransient = bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)-refusalsBefore, transient.Load()
 	commits := c.BBSService.CommitStats().Sub(commitsBefore)
 	r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
 		alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
@@ -475,13 +468,14 @@ const transientTries = 11
 var transientPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: time.Second}
 
 // retried calls f, as a well-behaved client, until it succeeds or fails other than because the
-// server was unavailable or too slow for the call's deadline, at most transientTries times.
+// server was unavailable, too slow for the call's deadline or still shedding load after the
+// waits the BBS connection made, at most transientTries times.
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	var v T
 	err := retry.Do(ctx, transientPolicy, transientTries, func() error {
 		var err error
 		v, err = f()
-		if c := status.Code(err); err != nil && c != codes.Unavailable && c != codes.DeadlineExceeded {
+		if c := status.Code(err); err != nil && c != codes.Unavailable && c != codes.DeadlineExceeded && c != codes.ResourceExhausted {
 			return retry.Permanent(err)
 		}
 		return err
@@ -534,7 +528,7 @@ func (r *report) print(w io.Writer) {
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), r.burstSteady, ms(r.burstP50), ms(r.burstP99))
 	fmt.Fprintf(&b, "  stream:   %d instances offered at %.0f/s: all RUNNING in %s = %.0f placements/s sustained (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), r.streamSteady, ms(r.streamP50), ms(r.streamP99))
-	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and retried after the wait it named; %d retried after Unavailable or DeadlineExceeded\n", r.desireRefusals, r.desireTransient)
+	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and sent again by the BBS connection after the wait it named; %d retried after Unavailable, DeadlineExceeded or a refusal that outlasted those waits\n", r.desireRefusals, r.desireTransient)
 	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
 		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -24,7 +23,6 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
-	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
 )
 
@@ -512,29 +510,11 @@ func (r *Runner) report(ctx context.Context, works []*placement.Work, failed map
 	return int(errCount.Load())
 }
 
-// reportOne reports one failure, waiting and trying again (within BBSTimeout) as long as the
-// BBS sheds load and says when to come back.
+// reportOne reports one failure within BBSTimeout. A BBS that sheds load is waited for, and
+// asked again, by the BBS connection (bbsclient.RetryOverloaded).
 func (r *Runner) reportOne(ctx context.Context, w *placement.Work, f *placement.Failure) error {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
-	for {
-		err := r.reportOnce(rctx, w, f)
-		wait, shed := rpcerr.RetryAfter(err)
-		if !shed {
-			return err
-		}
-		t := time.NewTimer(wait + rand.N(max(wait, time.Millisecond)))
-		select {
-		case <-rctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-	}
-}
-
-// reportOnce makes one report call.
-func (r *Runner) reportOnce(rctx context.Context, w *placement.Work, f *placement.Failure) error {
 	if w.Kind == placement.KindTask {
 		if _, err := r.bbs.RejectTask(rctx, &bbsv1.RejectTaskRequest{TaskGuid: w.TaskGuid, RejectionReason: f.Message, PlacementError: f.Proto()}); err != nil {
 			return fmt.Errorf("reject task %s: %w", w.TaskGuid, err)

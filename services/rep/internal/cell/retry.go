@@ -3,14 +3,12 @@ package cell
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/retry"
-	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
 // Bounds of call's retries.
@@ -21,8 +19,10 @@ var callPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Sec
 
 // call makes one BBS call, retrying (up to callAttempts, with backoff) while the BBS is
 // unavailable, a compare-and-swap was lost or an attempt timed out. A BBS that sheds load
-// (ResourceExhausted with a retry-after) is waited for as long as it asks and as often as it
-// takes while ctx lasts: those refusals are not failed attempts.
+// (ResourceExhausted with a retry-after) is waited for by the BBS connection itself
+// (bbsclient.RetryOverloaded, within each attempt's CallTimeout); a refusal that outlasted
+// those waits is tried again after a backoff as often as it takes while ctx lasts: refusals
+// are not failed attempts.
 func (c *Cell) call(ctx context.Context, what string, f func(ctx context.Context) error) error {
 	return c.retry(ctx, what, callAttempts, f)
 }
@@ -40,25 +40,18 @@ func (c *Cell) retry(ctx context.Context, what string, attempts int, f func(ctx 
 		if !retriable(err) || ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		wait, shed := rpcerr.RetryAfter(err)
-		if shed {
-			wait = jitter(wait)
-		} else {
+		shed := status.Code(err) == codes.ResourceExhausted
+		if !shed {
 			if failed++; attempts > 0 && failed >= attempts {
 				return fmt.Errorf("%s: %w", what, err)
 			}
-			wait = b.NextBackOff()
 		}
+		wait := b.NextBackOff()
 		c.log.Debug("bbs call failed, retrying", "call", what, "failed_attempts", failed, "shed", shed, "error", err, "retry_in", wait)
 		if !retry.Sleep(ctx, wait) {
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
 		}
 	}
-}
-
-// jitter spreads a retry-after over [d, 2d) so that refused callers do not come back together.
-func jitter(d time.Duration) time.Duration {
-	return d + rand.N(max(d, time.Millisecond))
 }
 
 // retriable reports whether a BBS error may go away on its own.
