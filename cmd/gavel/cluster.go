@@ -198,6 +198,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 	events.Flags().Int64Var(&since, "since", 0, "resume after this revision")
 	events.Flags().StringVar(&evFilter.Domain, "domain", "", "only this domain")
 	events.Flags().StringVar(&evFilter.CellId, "cell", "", "only this cell")
+	events.Flags().StringVarP(&evFilter.LabelSelector, "selector", "l", "", "only records whose labels match, e.g. app=web,tier!=db,env in (a,b)")
 
 	var wRoutes watchFlags
 	routes := &cobra.Command{

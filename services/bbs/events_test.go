@@ -735,3 +735,114 @@ func TestSubscribeToEventsListThenWatchAcrossCompaction(t *testing.T) {
 		t.Logf("%s: applied %d events between revisions %d and %d", name, n, second.GetRevision(), final.GetRevision())
 	}
 }
+
+// TestSubscribeToEventsLabelSelector: a subscription's label_selector keeps the events a list
+// with the same selector would show: a desired LRP's own events and its instances' by the
+// desired LRP's labels as of each event's revision (a change by either side), tasks by their
+// definition's labels, and no presence events; served from the ring and from etcd alike.
+func TestSubscribeToEventsLabelSelector(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ring int
+	}{{"within the ring", 0}, {"etcd fallback", 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := bbstest.Start(t, func(c *bbs.Config) {
+				if tc.ring > 0 {
+					c.EventRing = tc.ring
+				}
+			})
+			ctx := ctxT(t)
+			r0 := evCurrentRev(t, env)
+			var live *evEventStream
+			if tc.ring == 0 {
+				live = evSubscribe(t, env, r0, &bbsv1.Filter{LabelSelector: "app=web"})
+			}
+			relabel := func(guid, app string) func() error {
+				return func() error {
+					_, err := env.Client.UpdateDesiredLRP(ctx, labelsUpdate(guid, map[string]string{"app": app}))
+					return err
+				}
+			}
+			task := func(guid, app string) func() error {
+				return func() error {
+					def := taskDefinition()
+					def.Labels = map[string]string{"app": app}
+					_, err := env.Client.DesireTask(ctx, &bbsv1.DesireTaskRequest{TaskGuid: guid, Domain: "apps", Definition: def})
+					return err
+				}
+			}
+			web0 := evIk("ig-web-0", "cell-1")
+			steps := []struct {
+				name string
+				do   func() error
+				want []string // the kinds app=web keeps
+			}{
+				{"desire web", func() error {
+					_, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: lrp("web", 1)})
+					return err
+				}, []string{"DesiredLrpCreated", "ActualLrpCreated"}},
+				{"desire worker", func() error {
+					_, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: lrp("worker", 1)})
+					return err
+				}, nil},
+				{"claim web/0: web's instance", func() error {
+					_, err := env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 0, InstanceKey: web0})
+					return err
+				}, []string{"ActualLrpChanged"}},
+				{"claim worker/0", func() error {
+					_, err := env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "worker", Index: 0, InstanceKey: evIk("ig-worker-0", "cell-2")})
+					return err
+				}, nil},
+				{"task labelled web", task("t-web", "web"), []string{"TaskCreated"}},
+				{"task labelled other", task("t-other", "other"), nil},
+				{"a cell appears", func() error { evPutCell(t, env, evCellPresence("cell-1")); return nil }, nil},
+				{"web relabelled api: its before side matches", relabel("web", "api"), []string{"DesiredLrpChanged"}},
+				{"crash web/0: web is api now", func() error {
+					_, err := env.Client.CrashActualLRP(ctx, &bbsv1.CrashActualLRPRequest{ProcessGuid: "web", Index: 0, InstanceKey: web0, ErrorMessage: "boom"})
+					return err
+				}, nil},
+				{"worker relabelled web: its after side matches", relabel("worker", "web"), []string{"DesiredLrpChanged"}},
+				{"desire db, unclaimed", func() error {
+					d := lrp("db", 1)
+					d.Labels = map[string]string{"app": "web"}
+					_, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
+					return err
+				}, []string{"DesiredLrpCreated", "ActualLrpCreated"}},
+				{"remove db: its instance goes in the same revision", func() error {
+					_, err := env.Client.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: "db"})
+					return err
+				}, []string{"DesiredLrpRemoved", "ActualLrpRemoved"}},
+			}
+			type expect struct {
+				step  string
+				rev   int64
+				kinds []string
+			}
+			var want []expect
+			for _, s := range steps {
+				if err := s.do(); err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+				if s.want != nil {
+					want = append(want, expect{s.name, evCurrentRev(t, env), s.want})
+				}
+			}
+			final := evCurrentRev(t, env)
+			if live == nil { // every revision has left a ring of 3: served by an etcd watch
+				live = evSubscribe(t, env, r0, &bbsv1.Filter{LabelSelector: "app=web"})
+			}
+			got := live.until(final)
+			var gotSteps []string
+			for _, r := range got {
+				gotSteps = append(gotSteps, fmt.Sprint(r.GetRevision(), evKinds(r.GetEvents())))
+			}
+			var wantSteps []string
+			for _, w := range want {
+				wantSteps = append(wantSteps, fmt.Sprint(w.rev, w.kinds))
+			}
+			if !slices.Equal(gotSteps, wantSteps) {
+				t.Fatalf("app=web kept\n%v\nwant\n%v", gotSteps, wantSteps)
+			}
+		})
+	}
+}

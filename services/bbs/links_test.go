@@ -207,3 +207,48 @@ func TestLinksBadInputStoresNothing(t *testing.T) {
 		t.Fatalf("resolve web: %v %v", resp.GetLinks(), err)
 	}
 }
+
+// TestLinksSecondProviderMakesConsumersAmbiguous: desiring a second provider of a type that a
+// consumer finds by type is accepted (docs/links.md, LinkConsume.type); the consumer's
+// LinksChanged event lists both candidates, ResolveLinks is FailedPrecondition and scaling it up
+// InvalidArgument, until the extra provider goes and the consumer resolves again.
+func TestLinksSecondProviderMakesConsumersAmbiguous(t *testing.T) {
+	env := bbstest.Start(t)
+	ctx := ctxT(t)
+	mysql := func(guid string) *modelsv1.DesiredLRP {
+		return linkLRP(guid, "apps", 0, &modelsv1.Links{Provides: []*modelsv1.LinkProvide{{Name: "db", Type: "mysql"}}})
+	}
+	linkDesire(t, env, mysql("mysql-a"))
+	linkDesire(t, env, linkLRP("web", "apps", 1, &modelsv1.Links{Consumes: []*modelsv1.LinkConsume{{Name: "db", Type: "mysql"}}}))
+	events := evSubscribe(t, env, 0, &bbsv1.Filter{ProcessGuids: []string{"web"}})
+	events.waitBookmark()
+
+	if _, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: mysql("mysql-b")}); err != nil {
+		t.Fatalf("desire a second mysql provider: %v, want it accepted", err)
+	}
+	const ambiguous = `link "db": 2 providers of type "mysql" in domain "apps": lrp "mysql-a" link "db", lrp "mysql-b" link "db"; set from to choose one`
+	if lc := linkNext(t, events, "web"); len(lc.GetErrors()) != 1 || lc.GetErrors()[0] != ambiguous {
+		t.Fatalf("LinksChanged after the second provider: %v, want the error %q", lc.GetErrors(), ambiguous)
+	}
+	_, err := env.Client.ResolveLinks(ctx, &bbsv1.ResolveLinksRequest{ProcessGuid: "web"})
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(status.Convert(err).Message(), ambiguous) {
+		t.Fatalf("ResolveLinks: %q does not list the candidates", status.Convert(err).Message())
+	}
+	rev := lrpRevision(t, env)
+	_, err = env.Client.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: "web", Update: &modelsv1.DesiredLRPUpdate{Instances: ptr[int32](2)}})
+	wantCode(t, err, codes.InvalidArgument)
+	wantBadRequestField(t, err, "desired_lrp.links.consumes[0]")
+	lrpWantRevision(t, env, rev, "refused scale-up of an ambiguous consumer")
+
+	// The extra provider is not consumed by anyone (web resolves to neither): it goes unforced.
+	if _, err := env.Client.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: "mysql-b"}); err != nil {
+		t.Fatalf("remove the second provider: %v", err)
+	}
+	if lc := linkNext(t, events, "web"); len(lc.GetErrors()) != 0 {
+		t.Fatalf("LinksChanged after the second provider went: %v, want no errors", lc.GetErrors())
+	}
+	if _, err := env.Client.ResolveLinks(ctx, &bbsv1.ResolveLinksRequest{ProcessGuid: "web"}); err != nil {
+		t.Fatalf("ResolveLinks once unambiguous: %v", err)
+	}
+}

@@ -593,3 +593,107 @@ func TestTransformerHungPluginUnderLoad(t *testing.T) {
 		t.Errorf("the hung plugin was called %d times, want 1..%d (8 at a time, the rest timed out waiting)", c, n)
 	}
 }
+
+// checksPlugin changes a desired LRP as its labels ask, on desire and on update alike:
+// add-tcp-port=N replaces its routes with a TCP route on incoming port N, drop-routes=yes drops
+// every route, add-link=T makes it consume a required link of type T.
+func checksPlugin() *plugin.Plugin {
+	return lrpPlugin("checks", func(_ context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error) {
+		if p := d.GetLabels()["add-tcp-port"]; p != "" {
+			d.Routes = portRoutes(d.GetProcessGuid(), "tcp:"+p)
+		}
+		if d.GetLabels()["drop-routes"] == "yes" {
+			d.Routes = nil
+		}
+		if typ := d.GetLabels()["add-link"]; typ != "" {
+			d.Links = &modelsv1.Links{Consumes: []*modelsv1.LinkConsume{{Name: typ, Type: typ}}}
+		}
+		return d, nil
+	})
+}
+
+// labelsUpdate is an update setting an LRP's labels.
+func labelsUpdate(guid string, l map[string]string) *bbsv1.UpdateDesiredLRPRequest {
+	return &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: guid, Update: &modelsv1.DesiredLRPUpdate{Labels: &modelsv1.LabelsUpdate{Labels: l}}}
+}
+
+// TestTransformerUpdateRefusedAsDesire: what a plugin adds on UpdateDesiredLRP meets the checks
+// a desire meets. A TCP incoming_port another LRP owns, or a required link that does not
+// resolve, gets the answer DesireLRP gives the same plugin answer (code, message after the
+// request's own prefix, field), and nothing is stored.
+func TestTransformerUpdateRefusedAsDesire(t *testing.T) {
+	env := bbstest.Start(t, withTransformers(transform.PluginConfig{Name: "checks", Socket: servePlugin(t, checksPlugin())}))
+	ctx := ctxT(t)
+	if err := desireWithPorts(ctx, env, "owner", "tcp:62000"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: lrp("web", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	stored := storedLRP(t, env, "web")
+	tests := []struct {
+		name   string
+		labels map[string]string
+		code   codes.Code
+		msg    string // after "desire lrp web-2: " or "update desired lrp web: "
+		field  string // the BadRequest field of an InvalidArgument
+	}{
+		{"adds a taken incoming_port", map[string]string{"app": "web", "add-tcp-port": "62000"},
+			codes.AlreadyExists, `tcp port 62000 is owned by desired lrp "owner"`, ""},
+		{"adds an unresolvable required link", map[string]string{"app": "web", "add-link": "redis"},
+			codes.InvalidArgument, `invalid request: desired_lrp.links.consumes[0]: link "redis": no provider of type "redis" in domain "apps"`, "desired_lrp.links.consumes[0]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := lrp("web-2", 1)
+			d.Labels = tt.labels
+			before := storeRevision(t, env)
+			_, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d})
+			wantRefused(t, env, before, err, tt.code, "desire lrp web-2: "+tt.msg)
+			_, err = env.Client.UpdateDesiredLRP(ctx, labelsUpdate("web", tt.labels))
+			wantRefused(t, env, before, err, tt.code, "update desired lrp web: "+tt.msg)
+			if tt.field != "" {
+				wantBadRequestField(t, err, tt.field)
+			}
+			if got := storedLRP(t, env, "web"); !proto.Equal(got, stored) {
+				t.Errorf("stored after a refused update:\n%v\nwant unchanged:\n%v", got, stored)
+			}
+		})
+	}
+}
+
+// TestTransformerUpdateMovesPorts: port ownership follows the routes an update stores, as a
+// plugin leaves them: a port the plugin adds is claimed (another LRP asking for it is refused),
+// and a port the plugin drops is released (another LRP may take it).
+func TestTransformerUpdateMovesPorts(t *testing.T) {
+	env := bbstest.Start(t, withTransformers(transform.PluginConfig{Name: "checks", Socket: servePlugin(t, checksPlugin())}))
+	ctx := ctxT(t)
+	tests := []struct {
+		name   string
+		guid   string
+		port   string            // the port the LRP is desired with
+		labels map[string]string // its labels after the update
+		taken  string            // a port another LRP is then refused
+		free   string            // a port another LRP may then take
+	}{
+		{"plugin moves the route to another port", "a", "tcp:62000", map[string]string{"add-tcp-port": "62001"}, "tcp:62001", "tcp:62000"},
+		{"plugin drops the only route", "b", "tcp:62100", map[string]string{"drop-routes": "yes"}, "", "tcp:62100"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := desireWithPorts(ctx, env, tt.guid, tt.port); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := env.Client.UpdateDesiredLRP(ctx, labelsUpdate(tt.guid, tt.labels)); err != nil {
+				t.Fatalf("update %s: %v", tt.guid, err)
+			}
+			if tt.taken != "" {
+				before := storeRevision(t, env)
+				wantOwned(t, env, before, desireWithPorts(ctx, env, tt.guid+"-taker", tt.taken), tt.guid)
+			}
+			if err := desireWithPorts(ctx, env, tt.guid+"-other", tt.free); err != nil {
+				t.Errorf("asking for %s, which %s no longer routes: %v", tt.free, tt.guid, err)
+			}
+		})
+	}
+}

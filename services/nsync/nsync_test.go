@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/pkg/transform/plugin"
 	"github.com/gavel-sched/gavel/services/nsync"
@@ -140,6 +142,84 @@ func TestPlacementPoolsAndZeroDowntimeRestart(t *testing.T) {
 	if task.GetTask().GetDomain() != "cf-tasks" || def.GetPlacementConstraint().GetRequire()[0] != "skynet" ||
 		def.GetProperties()["app_guid"] != "worker" || def.GetLabels()["space"] != "space-b" {
 		t.Errorf("task %v", task.GetTask())
+	}
+}
+
+// TestPlacementPoolUpdateAndUnbind: a successful UpdatePlacementPool changes the pool every
+// bound space uses and a successful UnbindPlacementPool sends the space back to the default
+// pool; each shows in PlacementPools, in the constraint of a task RunTask desires for an app of
+// the space, and in whether Apps says a restart would apply a new constraint to the app.
+func TestPlacementPoolUpdateAndUnbind(t *testing.T) {
+	e := startEnv(t, nil, nil)
+	ctx := ctxT(t)
+	mustPool(t, e, "pool-a", []string{"staging"}, nil)
+	mustPool(t, e, "fallback", []string{"staging"}, nil) // the app's first constraint again
+	if _, err := e.nsync.SetDefaultPlacementPool(ctx, &nsyncv1.SetDefaultPlacementPoolRequest{Pool: "fallback"}); err != nil {
+		t.Fatal(err)
+	}
+	bind(t, e, "space-a", "pool-a")
+	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("web", "space-a", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name       string
+		call       func() error
+		pool       *nsyncv1.PlacementPool // pool-a as PlacementPools lists it
+		spaces     []string               // the spaces bound to pool-a
+		constraint *modelsv1.PlacementConstraint
+		restart    bool // Apps says a restart would apply a new constraint to web
+	}{
+		{"update pool-a", func() error {
+			_, err := e.nsync.UpdatePlacementPool(ctx, &nsyncv1.UpdatePlacementPoolRequest{Pool: &nsyncv1.PlacementPool{
+				Name: "pool-a", Require: []string{"production"}, Disallow: []string{"skynet"}}})
+			return err
+		},
+			&nsyncv1.PlacementPool{Name: "pool-a", Require: []string{"production"}, Disallow: []string{"skynet"}}, []string{"space-a"},
+			&modelsv1.PlacementConstraint{Require: []string{"production"}, Disallow: []string{"skynet"}}, true},
+		{"unbind space-a", func() error {
+			_, err := e.nsync.UnbindPlacementPool(ctx, &nsyncv1.UnbindPlacementPoolRequest{SpaceGuid: "space-a"})
+			return err
+		},
+			&nsyncv1.PlacementPool{Name: "pool-a", Require: []string{"production"}, Disallow: []string{"skynet"}}, nil,
+			&modelsv1.PlacementConstraint{Require: []string{"staging"}}, false},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			if err := st.call(); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+			pools, err := e.nsync.PlacementPools(ctx, &nsyncv1.PlacementPoolsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var info *nsyncv1.PlacementPoolInfo
+			for _, p := range pools.GetPools() {
+				if p.GetPool().GetName() == "pool-a" {
+					info = p
+				}
+			}
+			if !proto.Equal(info.GetPool(), st.pool) || !slices.Equal(info.GetSpaceGuids(), st.spaces) {
+				t.Errorf("PlacementPools lists pool-a as %v bound to %v, want %v bound to %v", info.GetPool(), info.GetSpaceGuids(), st.pool, st.spaces)
+			}
+			tr, err := e.nsync.RunTask(ctx, &nsyncv1.RunTaskRequest{AppGuid: "web", Command: "/bin/migrate", Name: "migrate"})
+			if err != nil {
+				t.Fatalf("RunTask: %v", err)
+			}
+			task, err := e.bbs.TaskByGuid(ctx, &bbsv1.TaskByGuidRequest{TaskGuid: tr.GetTaskGuid()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := task.GetTask().GetDefinition().GetPlacementConstraint(); !models.SameConstraint(got, st.constraint) {
+				t.Errorf("task of space-a placed by %v, want %v", got, st.constraint)
+			}
+			if got := e.appInfo(t, "web").GetRestartToApply(); got != st.restart {
+				t.Errorf("restart_to_apply %v, want %v", got, st.restart)
+			}
+		})
+	}
+	_, err := e.nsync.UnbindPlacementPool(ctx, &nsyncv1.UnbindPlacementPoolRequest{SpaceGuid: "space-a"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("unbinding an unbound space: %v, want NotFound", err)
 	}
 }
 

@@ -396,6 +396,60 @@ func TestHooks(t *testing.T) {
 	}, "failed hook reported as crash")
 }
 
+// TestTaskHookGetsProperties: a task's container spec, as an on_create hook reads it, carries
+// the task's definition: its properties (which a networking hook needs), result file and action.
+func TestTaskHookGetsProperties(t *testing.T) {
+	env := bbstest.Start(t)
+	out := t.TempDir()
+	create := writeHook(t, `cat > "`+out+`/create-$GAVEL_CONTAINER_GUID.json"`)
+	r := startRep(t, env, func(c *rep.Config) { c.Hooks.OnCreate = []string{create} })
+	def := taskDefinition()
+	def.Properties = map[string]string{"network.app_guid": "app-job", "network.network_id": "net-1"}
+	if _, err := env.Client.DesireTask(ctxT(t), &bbsv1.DesireTaskRequest{TaskGuid: "job", Domain: "jobs", Definition: def}); err != nil {
+		t.Fatalf("DesireTask: %v", err)
+	}
+	perform(t, r, nil, []*repv1.TaskWork{{TaskGuid: "job", Domain: "jobs",
+		Resources: &modelsv1.Resources{MemoryMb: def.GetMemoryMb(), DiskMb: def.GetDiskMb()}, Rootfs: def.GetRootfs()}})
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
+		tk := task(t, env, "job")
+		return tk.GetState() == modelsv1.Task_STATE_COMPLETED, fmt.Sprint(tk)
+	}, "job COMPLETED")
+
+	b, err := os.ReadFile(filepath.Join(out, "create-job.json"))
+	if err != nil {
+		t.Fatalf("on_create hook output: %v", err)
+	}
+	var spec struct {
+		Kind       string            `json:"kind"`
+		TaskGuid   string            `json:"task_guid"`
+		Domain     string            `json:"domain"`
+		Properties map[string]string `json:"properties"`
+		ResultFile string            `json:"result_file"`
+		Action     struct {
+			Run struct{ Path string } `json:"run"`
+		} `json:"action"`
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatalf("hook stdin %s: %v", b, err)
+	}
+	tests := []struct {
+		field     string
+		got, want any
+	}{
+		{"kind", spec.Kind, "task"},
+		{"task_guid", spec.TaskGuid, "job"},
+		{"domain", spec.Domain, "jobs"},
+		{"properties", spec.Properties, def.GetProperties()},
+		{"result_file", spec.ResultFile, "/tmp/result"},
+		{"action.run.path", spec.Action.Run.Path, "/bin/migrate"},
+	}
+	for _, tt := range tests {
+		if fmt.Sprint(tt.got) != fmt.Sprint(tt.want) {
+			t.Errorf("hook stdin %s = %v, want %v", tt.field, tt.got, tt.want)
+		}
+	}
+}
+
 // TestBulk: the bulk loop removes a record naming this cell without a container, fails a task
 // without a container, and stops a container whose record is gone.
 func TestBulk(t *testing.T) {

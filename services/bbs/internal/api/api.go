@@ -291,5 +291,9 @@ func (s *Server) ResolveLinks(_ context.Context, r *bbsv1.ResolveLinksRequest) (
 
 // SubscribeToEvents implements bbsv1.BBSServiceServer.
 func (s *Server) SubscribeToEvents(r *bbsv1.SubscribeToEventsRequest, stream bbsv1.BBSService_SubscribeToEventsServer) error {
-	return s.st.Subscribe(stream.Context(), r.GetSinceRevision(), store.NewEventFilter(r.GetFilter()), s.bookmarkEvery, stream.Send)
+	f, err := store.NewEventFilter(r.GetFilter())
+	if err != nil {
+		return err
+	}
+	return s.st.Subscribe(stream.Context(), r.GetSinceRevision(), f, s.bookmarkEvery, stream.Send)
 }

@@ -127,9 +127,6 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 	var created []int32
 	var stops []stopRequest
 	var memo lrpTransformMemo
-	if err := c.checkStoredLinks(guid, u); err != nil {
-		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
-	}
 	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
 		created, stops = nil, nil
 		sched, err := t.SchedulingInfo(guid)
@@ -142,6 +139,7 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		if run, err = t.RunInfo(guid); err != nil {
 			return err
 		}
+		storedRun := run
 		if expected != nil && (expected.GetEpoch() != sched.GetModificationTag().GetEpoch() || expected.GetIndex() != sched.GetModificationTag().GetIndex()) {
 			return rpcerr.Aborted("desired lrp %q was modified: stored modification tag %s/%d, expected %s/%d",
 				guid, sched.GetModificationTag().GetEpoch(), sched.GetModificationTag().GetIndex(), expected.GetEpoch(), expected.GetIndex())
@@ -155,9 +153,6 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		if u.GetRoutes() != nil {
 			next.Routes = maps.Clone(u.GetRoutes().GetRoutes())
-			if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), routerPorts(next.GetRoutes())); err != nil {
-				return err
-			}
 		}
 		if u.Annotation != nil {
 			next.Annotation = u.GetAnnotation()
@@ -177,6 +172,15 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 					return err
 				}
 			}
+		}
+		// What is stored passes the checks a desire does, whatever changed it (the update or a
+		// plugin): its required links resolve, and it owns exactly the router ports of its final
+		// routes.
+		if err := c.checkUpdatedLinks(storedRun, models.JoinDesiredLRP(next, run), u); err != nil {
+			return err
+		}
+		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), routerPorts(next.GetRoutes())); err != nil {
+			return err
 		}
 		next.ModificationTag = bump(sched.GetModificationTag())
 		if err := t.Put(store.DesiredSchedKey(guid), next); err != nil {

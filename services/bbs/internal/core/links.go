@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/links"
@@ -32,18 +34,15 @@ func linkViolations(err error) error {
 	return inv
 }
 
-// checkStoredLinks refuses an update that leaves instances running for a stored LRP whose
-// required links no longer resolve (its provider was removed with force); scaling it to zero
-// is always allowed.
-func (c *DesiredLRPs) checkStoredLinks(guid string, u *modelsv1.DesiredLRPUpdate) error {
-	if u.Instances != nil && u.GetInstances() == 0 {
+// checkUpdatedLinks refuses (as checkLinks refuses a desire) the result of an update whose
+// required links do not resolve, whether the stored links stopped resolving (their provider was
+// removed with force) or a transformer plugin changed them. Scaling to zero with the stored
+// links unchanged is always allowed, so a consumer whose provider is gone can be stopped.
+func (c *DesiredLRPs) checkUpdatedLinks(stored *modelsv1.DesiredLRPRunInfo, result *modelsv1.DesiredLRP, u *modelsv1.DesiredLRPUpdate) error {
+	if u.Instances != nil && u.GetInstances() == 0 && proto.Equal(stored.GetLinks(), result.GetLinks()) {
 		return nil
 	}
-	r, ok := c.st.ResolveLinks(guid, "", false)
-	if !ok || r.Err == nil {
-		return nil
-	}
-	return linkViolations(r.Err)
+	return c.checkLinks(result)
 }
 
 // checkNotConsumed refuses to remove a provider that other LRPs consume, unless forced.

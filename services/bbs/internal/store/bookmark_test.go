@@ -44,9 +44,9 @@ func TestSubscribeBookmarksWhenIdle(t *testing.T) {
 		event := []*bbsv1.Event{{Kind: &bbsv1.Event_DesiredLrpCreated{DesiredLrpCreated: &bbsv1.DesiredLRPCreated{
 			DesiredLrp: &modelsv1.DesiredLRP{ProcessGuid: "web"}}}}}
 		time.Sleep(1500 * time.Millisecond)
-		s.hub.publish(11, event) // at 1.5s: an event; the tick at 2s is too soon after it
+		s.hub.publish(11, event, nil) // at 1.5s: an event; the tick at 2s is too soon after it
 		time.Sleep(2 * time.Second)
-		s.hub.publish(12, nil) // at 3.5s: a revision with nothing to send moves the bookmarks' revision
+		s.hub.publish(12, nil, nil) // at 3.5s: a revision with nothing to send moves the bookmarks' revision
 		time.Sleep(1 * time.Second)
 		cancel()
 		if err := <-done; err != nil {

@@ -5,7 +5,9 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/labels"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
 // change is one key's transition within a store revision; before or after is nil when the
@@ -142,6 +144,70 @@ func cellEvent(c change) *bbsv1.Event {
 	return nil // a re-registration with new details is not an appearance
 }
 
+// labelSets are the label sets of one event that a label selector is matched against, as of
+// the event's revision: the labels of the desired LRP it concerns (an instance's or a
+// consumer's desired LRP; both sides of a desired LRP's change), or of the task's definition
+// (both sides of a change). A presence event, or an instance event whose desired LRP is gone,
+// has none.
+type labelSets []map[string]string
+
+// eventLabels returns the label sets of each event of one revision: changes are the
+// revision's, and look supplies the desired LRPs it did not touch, as of the revision.
+func eventLabels(events []*bbsv1.Event, changes []change, look lookup) []labelSets {
+	var touched map[string]proto.Message // the revision's scheduling infos, after or else before
+	for _, c := range changes {
+		if c.key.kind != kindSched {
+			continue
+		}
+		if touched == nil {
+			touched = map[string]proto.Message{}
+		}
+		if c.after != nil {
+			touched[c.key.id] = c.after
+		} else {
+			touched[c.key.id] = c.before
+		}
+	}
+	desiredOf := func(guid string) labelSets {
+		m, ok := touched[guid]
+		if !ok {
+			m = look(parsedKey{kind: kindSched, id: guid})
+		}
+		if sched, _ := m.(*modelsv1.DesiredLRPSchedulingInfo); sched != nil {
+			return labelSets{sched.GetLabels()}
+		}
+		return nil
+	}
+	out := make([]labelSets, len(events))
+	for i, e := range events {
+		switch k := e.GetKind().(type) {
+		case *bbsv1.Event_DesiredLrpCreated:
+			out[i] = labelSets{k.DesiredLrpCreated.GetDesiredLrp().GetLabels()}
+		case *bbsv1.Event_DesiredLrpChanged:
+			out[i] = labelSets{k.DesiredLrpChanged.GetBefore().GetLabels(), k.DesiredLrpChanged.GetAfter().GetLabels()}
+		case *bbsv1.Event_DesiredLrpRemoved:
+			out[i] = labelSets{k.DesiredLrpRemoved.GetDesiredLrp().GetLabels()}
+		case *bbsv1.Event_ActualLrpCreated:
+			out[i] = desiredOf(k.ActualLrpCreated.GetActualLrp().GetKey().GetProcessGuid())
+		case *bbsv1.Event_ActualLrpChanged:
+			out[i] = desiredOf(k.ActualLrpChanged.GetAfter().GetKey().GetProcessGuid())
+		case *bbsv1.Event_ActualLrpRemoved:
+			out[i] = desiredOf(k.ActualLrpRemoved.GetActualLrp().GetKey().GetProcessGuid())
+		case *bbsv1.Event_ActualLrpCrashed:
+			out[i] = desiredOf(k.ActualLrpCrashed.GetKey().GetProcessGuid())
+		case *bbsv1.Event_LinksChanged:
+			out[i] = desiredOf(k.LinksChanged.GetProcessGuid())
+		case *bbsv1.Event_TaskCreated:
+			out[i] = labelSets{k.TaskCreated.GetTask().GetDefinition().GetLabels()}
+		case *bbsv1.Event_TaskChanged:
+			out[i] = labelSets{k.TaskChanged.GetBefore().GetDefinition().GetLabels(), k.TaskChanged.GetAfter().GetDefinition().GetLabels()}
+		case *bbsv1.Event_TaskRemoved:
+			out[i] = labelSets{k.TaskRemoved.GetTask().GetDefinition().GetLabels()}
+		}
+	}
+	return out
+}
+
 // EventFilter keeps the events a subscriber asked for; empty fields match everything, and a
 // record without the attribute a non-empty field asks for does not match.
 type EventFilter struct {
@@ -151,10 +217,16 @@ type EventFilter struct {
 	Guids map[string]struct{}
 	// CellID keeps events of instances, tasks and presences of this cell.
 	CellID string
+	// Selector keeps events whose labels match, as the list reads do: a desired LRP's labels
+	// for its own events, its instances' and its links' (as of each event's revision), a task's
+	// definition labels. A change matches when either side does; presence events never match
+	// a non-empty selector.
+	Selector labels.Selector
 }
 
-// NewEventFilter builds a filter from the API's filter message.
-func NewEventFilter(f *bbsv1.Filter) EventFilter {
+// NewEventFilter builds a filter from the API's filter message; the selector was validated
+// with the request.
+func NewEventFilter(f *bbsv1.Filter) (EventFilter, error) {
 	ef := EventFilter{Domain: f.GetDomain(), CellID: f.GetCellId()}
 	if len(f.GetProcessGuids()) > 0 {
 		ef.Guids = make(map[string]struct{}, len(f.GetProcessGuids()))
@@ -162,10 +234,30 @@ func NewEventFilter(f *bbsv1.Filter) EventFilter {
 			ef.Guids[g] = struct{}{}
 		}
 	}
-	return ef
+	sel, err := labels.Parse(f.GetLabelSelector())
+	if err != nil {
+		return ef, rpcerr.Invalid("filter.label_selector", "%v", err)
+	}
+	ef.Selector = sel
+	return ef, nil
 }
 
-func (f EventFilter) empty() bool { return f.Domain == "" && f.Guids == nil && f.CellID == "" }
+func (f EventFilter) empty() bool {
+	return f.Domain == "" && f.Guids == nil && f.CellID == "" && f.Selector.Empty()
+}
+
+// selects reports whether one of an event's label sets matches the selector.
+func (f EventFilter) selects(sets labelSets) bool {
+	if f.Selector.Empty() {
+		return true
+	}
+	for _, l := range sets {
+		if f.Selector.Matches(l) {
+			return true
+		}
+	}
+	return false
+}
 
 func (f EventFilter) matchRecord(domain, guid, cell string) bool {
 	if f.Domain != "" && f.Domain != domain {
@@ -179,10 +271,14 @@ func (f EventFilter) matchRecord(domain, guid, cell string) bool {
 	return f.CellID == "" || f.CellID == cell
 }
 
-// Match reports whether e passes the filter; a change matches if either side does.
-func (f EventFilter) Match(e *bbsv1.Event) bool {
+// Match reports whether e, whose label sets are sets, passes the filter; a change matches if
+// either side does.
+func (f EventFilter) Match(e *bbsv1.Event, sets labelSets) bool {
 	if f.empty() {
 		return true
+	}
+	if !f.selects(sets) {
+		return false
 	}
 	desired := func(d *modelsv1.DesiredLRP) bool {
 		return d != nil && f.matchRecord(d.GetDomain(), d.GetProcessGuid(), "")
@@ -230,14 +326,18 @@ func (f EventFilter) Match(e *bbsv1.Event) bool {
 	return false
 }
 
-// filterEvents returns the events of evs that f keeps (evs itself when all pass).
-func (f EventFilter) filterEvents(evs []*bbsv1.Event) []*bbsv1.Event {
+// filterEvents returns the events of b that f keeps (b's own slice when all pass).
+func (f EventFilter) filterEvents(b batch) []*bbsv1.Event {
 	if f.empty() {
-		return evs
+		return b.events
 	}
 	var out []*bbsv1.Event
-	for _, e := range evs {
-		if f.Match(e) {
+	for i, e := range b.events {
+		var sets labelSets
+		if i < len(b.labels) {
+			sets = b.labels[i]
+		}
+		if f.Match(e, sets) {
 			out = append(out, e)
 		}
 	}

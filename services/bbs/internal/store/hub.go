@@ -7,10 +7,11 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 )
 
-// batch is every event of one store revision.
+// batch is every event of one store revision, with each event's label sets.
 type batch struct {
 	rev    int64
 	events []*bbsv1.Event
+	labels []labelSets // per event; nil: no event has labels
 }
 
 // hub keeps the recent event batches in revision order so subscribers can catch up from any
@@ -62,8 +63,9 @@ func (h *hub) reset(rev int64) {
 	h.notify = make(chan struct{})
 }
 
-// publish appends the batch of revision rev (events may be empty) and wakes subscribers.
-func (h *hub) publish(rev int64, events []*bbsv1.Event) {
+// publish appends the batch of revision rev (events may be empty), with each event's label
+// sets (see eventLabels), and wakes subscribers.
+func (h *hub) publish(rev int64, events []*bbsv1.Event, labels []labelSets) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev <= h.head {
@@ -71,7 +73,7 @@ func (h *hub) publish(rev int64, events []*bbsv1.Event) {
 	}
 	h.head = rev
 	if len(events) > 0 {
-		h.batches = append(h.batches, batch{rev: rev, events: events})
+		h.batches = append(h.batches, batch{rev: rev, events: events, labels: labels})
 		h.index(rev, events)
 		if len(h.batches) > 2*h.limit {
 			drop := len(h.batches) - h.limit

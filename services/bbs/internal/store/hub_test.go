@@ -62,7 +62,7 @@ func readAll(t *testing.T, read func(int64, int) ([]batch, int64, <-chan struct{
 			return out, false
 		}
 		for _, b := range bs {
-			if evs := f.filterEvents(b.events); len(evs) > 0 {
+			if evs := f.filterEvents(b); len(evs) > 0 {
 				out = append(out, fmt.Sprint(b.rev, evs))
 			}
 		}
@@ -91,7 +91,7 @@ func TestCellIndexMatchesTheFilter(t *testing.T) {
 			for k := r.IntN(4); k > 0; k-- {
 				evs = append(evs, randomEvent(r))
 			}
-			h.publish(rev, evs)
+			h.publish(rev, evs, nil)
 		}
 		start, head := h.window()
 		for _, cell := range []string{"c0", "c1", "c2", "c9"} {
@@ -133,16 +133,16 @@ func TestCellIndexWakesOnlyItsCell(t *testing.T) {
 		return &bbsv1.Event{Kind: &bbsv1.Event_CellAppeared{CellAppeared: &bbsv1.CellAppeared{Cell: &modelsv1.CellPresence{CellId: id}}}}
 	}
 	n := wait()
-	h.publish(2, []*bbsv1.Event{presence("c2")})
+	h.publish(2, []*bbsv1.Event{presence("c2")}, nil)
 	if isClosed(n) {
 		t.Fatal("another cell's event woke the subscriber")
 	}
-	h.publish(3, []*bbsv1.Event{presence("c1")})
+	h.publish(3, []*bbsv1.Event{presence("c1")}, nil)
 	if !isClosed(n) {
 		t.Fatal("its own cell's event did not wake the subscriber")
 	}
 	n = wait()
-	h.publish(4, []*bbsv1.Event{{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p"}}}})
+	h.publish(4, []*bbsv1.Event{{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p"}}}}, nil)
 	if !isClosed(n) {
 		t.Fatal("a broadcast event did not wake the subscriber")
 	}
@@ -178,7 +178,7 @@ func BenchmarkFanOut(b *testing.B) {
 		rev++
 		id := fmt.Sprintf("cell-%04d", i%cells)
 		s.hub.publish(rev, []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
-			After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}})
+			After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}}, nil)
 		<-got // the unfiltered subscriber
 		<-got // the cell's
 	}

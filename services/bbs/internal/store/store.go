@@ -277,14 +277,16 @@ func (s *Store) apply(evs []*clientv3.Event) {
 		}
 		changes = append(changes, c)
 	}
-	events := buildEvents(rev, changes, func(k parsedKey) proto.Message {
+	look := func(k parsedKey) proto.Message {
 		it, _ := st.get(k)
 		return it.msg
-	})
+	}
+	events := buildEvents(rev, changes, look)
 	events = append(events, s.linkEvents(rev, st, changes)...)
+	labels := eventLabels(events, changes, look)
 	s.cache.advanceLocked(rev)
 	s.cache.mu.Unlock()
-	s.hub.publish(rev, events)
+	s.hub.publish(rev, events, labels)
 	if cellGone {
 		select {
 		case s.cellGone <- struct{}{}:
@@ -309,7 +311,7 @@ func (s *Store) advance(rev int64) {
 		s.cache.advanceLocked(rev)
 	}
 	s.cache.mu.Unlock()
-	s.hub.publish(rev, nil)
+	s.hub.publish(rev, nil, nil)
 }
 
 // CurrentRevision asks etcd for its current revision.

@@ -56,7 +56,7 @@ func (s *Store) Subscribe(ctx context.Context, since int64, f EventFilter, bookm
 			return s.subscribeFromEtcd(ctx, cursor, f, bookmarkEvery, send)
 		}
 		for _, b := range bs {
-			if evs := f.filterEvents(b.events); len(evs) > 0 {
+			if evs := f.filterEvents(b); len(evs) > 0 {
 				if err := send(&bbsv1.SubscribeToEventsResponse{Revision: b.rev, Events: evs}); err != nil {
 					return err
 				}
@@ -139,8 +139,9 @@ func (s *Store) subscribeFromEtcd(ctx context.Context, cursor int64, f EventFilt
 	}
 }
 
-// eventsFromWatch converts one revision of a watch with previous values into BBS events.
-func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) []*bbsv1.Event {
+// eventsFromWatch converts one revision of a watch with previous values into the batch of its
+// BBS events.
+func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) batch {
 	changes := make([]change, 0, len(evs))
 	for _, ev := range evs {
 		k, after, ok := s.decodeEvent(ev)
@@ -158,7 +159,7 @@ func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) []*bbsv1.Event
 	// A desired LRP's run info never changes while it is desired, so the cached copy completes a
 	// change that touched only the scheduling info, provided the cache has reached rev and the
 	// copy was written by then (not by a later incarnation of the guid); else the copy at rev.
-	return buildEvents(rev, changes, func(k parsedKey) proto.Message {
+	look := func(k parsedKey) proto.Message {
 		var it item
 		var ok bool
 		s.cache.read(func(st *state, cacheRev int64) {
@@ -179,7 +180,9 @@ func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) []*bbsv1.Event
 			return nil
 		}
 		return m
-	})
+	}
+	events := buildEvents(rev, changes, look)
+	return batch{rev: rev, events: events, labels: eventLabels(events, changes, look)}
 }
 
 // String describes the ring window, for logs and tests.

@@ -3420,7 +3420,10 @@ type SubscribeToEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// SinceRevision resumes the stream just after this revision; zero starts at the current revision.
 	SinceRevision int64 `protobuf:"varint,1,opt,name=since_revision,json=sinceRevision,proto3" json:"since_revision,omitempty"`
-	// Filter keeps events of this domain, these process guids or this cell (label_selector is ignored).
+	// Filter keeps the events of records the same filter keeps in the lists. label_selector
+	// matches a desired LRP's labels for its own events and for its instances' and links' events
+	// (the labels as of each event's revision), and a task's definition labels; a change matches
+	// when its before or after side does, and cell presence events never match a selector.
 	Filter        *Filter `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -68,7 +68,10 @@ type BBSServiceClient interface {
 	UpsertDomain(ctx context.Context, in *UpsertDomainRequest, opts ...grpc.CallOption) (*UpsertDomainResponse, error)
 	// Domains lists the fresh domains.
 	Domains(ctx context.Context, in *DomainsRequest, opts ...grpc.CallOption) (*DomainsResponse, error)
-	// DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction.
+	// DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction. One
+	// whose required links do not resolve is InvalidArgument; one that provides a second link of
+	// a type other LRPs consume by type is accepted and leaves them unresolved (see
+	// LinkConsume.type).
 	DesireLRP(ctx context.Context, in *DesireLRPRequest, opts ...grpc.CallOption) (*DesireLRPResponse, error)
 	// UpdateDesiredLRP changes instances, routes, annotation or labels of a desired LRP.
 	UpdateDesiredLRP(ctx context.Context, in *UpdateDesiredLRPRequest, opts ...grpc.CallOption) (*UpdateDesiredLRPResponse, error)
@@ -490,7 +493,10 @@ type BBSServiceServer interface {
 	UpsertDomain(context.Context, *UpsertDomainRequest) (*UpsertDomainResponse, error)
 	// Domains lists the fresh domains.
 	Domains(context.Context, *DomainsRequest) (*DomainsResponse, error)
-	// DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction.
+	// DesireLRP stores a new desired LRP and its UNCLAIMED instances in one transaction. One
+	// whose required links do not resolve is InvalidArgument; one that provides a second link of
+	// a type other LRPs consume by type is accepted and leaves them unresolved (see
+	// LinkConsume.type).
 	DesireLRP(context.Context, *DesireLRPRequest) (*DesireLRPResponse, error)
 	// UpdateDesiredLRP changes instances, routes, annotation or labels of a desired LRP.
 	UpdateDesiredLRP(context.Context, *UpdateDesiredLRPRequest) (*UpdateDesiredLRPResponse, error)

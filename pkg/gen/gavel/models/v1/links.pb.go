@@ -182,7 +182,13 @@ type LinkConsume struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name identifies the link within the consuming LRP.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Type selects providers when from is empty.
+	// Type selects providers when from is empty: the one provider of this type in the
+	// consumer's domain (two or more is an error listing them). Desiring a second provider of the
+	// type later is not refused (the BBS cannot tell a mistake from a deliberate replacement);
+	// instead each such consumer's resolution fails: a LinksChanged event lists the candidates,
+	// ResolveLinks is FailedPrecondition, and an update that keeps or adds instances is
+	// InvalidArgument (scaling to zero is allowed), until from names one of them or all but one
+	// are removed. Running containers keep their last link files meanwhile.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// From names the provider: its name or alias, or "domain.name" for a shared provider.
 	From string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
