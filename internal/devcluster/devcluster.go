@@ -94,6 +94,9 @@ type Config struct {
 	// Zero puts every rep on one host. Presence never shares a connection with the BBS, so
 	// data-path load cannot starve the lease keepalives.
 	CellsPerHost int
+	// EtcdEndpoints, when set, are the client URLs of an etcd the cluster uses instead of
+	// starting its own embedded one (a test's multi-member etcd, to stop and restart).
+	EtcdEndpoints []string
 }
 
 // Cluster is a running cluster; its fields are valid once Run has called ready.
@@ -164,6 +167,19 @@ func (c *Cluster) listen(addr string) (net.Listener, error) {
 	return l, nil
 }
 
+// externalEtcd is an etcd the cluster does not run: its runner only waits.
+type externalEtcd []string
+
+// Endpoints are the etcd's client URLs.
+func (e externalEtcd) Endpoints() []string { return e }
+
+// Run implements lifecycle.Runner.
+func (e externalEtcd) Run(ctx context.Context, ready func()) error {
+	ready()
+	<-ctx.Done()
+	return nil
+}
+
 // Run starts etcd, the BBS, the auctioneer and the reps in that order, calls ready, and stops
 // them in reverse order when ctx ends.
 func (c *Cluster) Run(ctx context.Context, ready func()) error {
@@ -191,8 +207,13 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			return fmt.Errorf("dev pki: %w", err)
 		}
 	}
-	etcd, err := etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true, FastElection: true})
-	if err != nil {
+	var etcd interface {
+		lifecycle.Runner
+		Endpoints() []string
+	}
+	if len(c.cfg.EtcdEndpoints) > 0 {
+		etcd = externalEtcd(c.cfg.EtcdEndpoints)
+	} else if etcd, err = etcdembed.New(etcdembed.Config{Dir: filepath.Join(c.cfg.Dir, "etcd"), UnsafeNoFsync: c.cfg.UnsafeNoFsync, Quiet: true, FastElection: true}); err != nil {
 		return err
 	}
 	var conns []*grpc.ClientConn
