@@ -41,7 +41,7 @@ fmt:
 
 ## layers: pkg/ never imports services/ or internal/; service binaries never link the etcd server
 layers:
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}}' ./pkg/... | \
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./pkg/... | \
 		grep -E ' github.com/gavel-sched/gavel/(services|internal)/' | cut -d: -f1); \
 	if [ -n "$$bad" ]; then echo "pkg/ imports services/ or internal/:"; echo "$$bad"; exit 1; fi
 	@for b in ./services/*/cmd/*; do \

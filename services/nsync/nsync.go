@@ -210,7 +210,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		logger = hclog.NewNullLogger()
 	}
 	m := newServiceMetrics()
-	st := store.New(etcd)
+	st := store.New(etcdx.Guard(etcd, etcdx.DefaultUnreachableTimeout))
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
 	chain, err := transform.Load(context.Background(), cfg.Plugins, logger.Named("transform"), m.registry, transform.WithLimits(limits))

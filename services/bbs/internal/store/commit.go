@@ -8,10 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/connectivity"
 
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -288,26 +287,7 @@ func batchContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
 // awaitReachable waits until the etcd client has a connection ready, for at most the
 // committer's unreachable bound or until ctx ends; it reports whether one is.
 func (c *committer) awaitReachable(ctx context.Context) bool {
-	conn := c.client.ActiveConnection()
-	if conn == nil {
-		return true // a client without a gRPC connection (tests' fakes): nothing to wait for
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.unreachable)
-	defer cancel()
-	for {
-		st := conn.GetState()
-		switch st {
-		case connectivity.Ready:
-			return true
-		case connectivity.Idle:
-			conn.Connect()
-		case connectivity.Shutdown:
-			return false
-		}
-		if !conn.WaitForStateChange(ctx, st) {
-			return false
-		}
-	}
+	return etcdx.AwaitReachable(ctx, c.client, c.unreachable)
 }
 
 // send marks the still-wanted requests of reqs sent and returns them; a request withdrawn by
@@ -330,21 +310,9 @@ func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3
 	c.stats.txns.Add(1)
 	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
-		return commitRes{err: err, unsent: refusedBeforeProposal(err)}
+		return commitRes{err: err, unsent: etcdx.RefusedBeforeProposal(err)}
 	}
 	return commitRes{ok: resp.Succeeded, rev: resp.Header.Revision}
-}
-
-// refusedBeforeProposal reports whether etcd refused a transaction before it could enter the
-// raft log: then it is certain not to be applied, ever.
-func refusedBeforeProposal(err error) bool {
-	for _, e := range []error{rpctypes.ErrNoLeader, rpctypes.ErrGRPCNoLeader, rpctypes.ErrTooManyOps,
-		rpctypes.ErrGRPCTooManyOps, rpctypes.ErrRequestTooLarge, rpctypes.ErrGRPCRequestTooLarge} {
-		if errors.Is(err, e) || rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(e) {
-			return true
-		}
-	}
-	return false
 }
 
 // commitBatch waits for etcd to be reachable, sends the batch's requests that are still

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/retry"
 )
@@ -71,13 +72,9 @@ func (o *Options) defaults() {
 
 // Defaults of Options.UnreachableTimeout and Options.WriteTimeout.
 const (
-	DefaultUnreachableTimeout = 2 * time.Second
+	DefaultUnreachableTimeout = etcdx.DefaultUnreachableTimeout
 	DefaultWriteTimeout       = 10 * time.Second
 )
-
-// unavailableRetryAfter is the wait a caller told that etcd is unreachable is advised to
-// observe before sending the change again.
-const unavailableRetryAfter = time.Second
 
 // resyncPolicy is the wait between failed listings of the store.
 var resyncPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}

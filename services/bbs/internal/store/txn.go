@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/gavel-sched/gavel/pkg/etcdx"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
@@ -193,7 +194,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 	fresh := false
 	for attempt := 0; attempt < s.opts.WriteAttempts; attempt++ {
 		if fresh && !s.committer.awaitReachable(ctx) {
-			return 0, rpcerr.UnavailableRetry(unavailableRetryAfter, "etcd unreachable for %s: the change was not made", s.opts.UnreachableTimeout)
+			return 0, rpcerr.UnavailableRetry(etcdx.UnreachableRetryAfter, "etcd unreachable for %s: the change was not made", s.opts.UnreachableTimeout)
 		}
 		t := &Txn{s: s, ctx: clientv3.WithRequireLeader(ctx), fresh: fresh, reads: map[string]int64{}}
 		if err := fn(t); err != nil {
@@ -226,7 +227,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			if !resp.unsent {
 				return 0, rpcerr.Indeterminate("etcd did not confirm the change (%v): it may or may not have been made; read it back before sending it again", err)
 			}
-			return 0, rpcerr.UnavailableRetry(unavailableRetryAfter, "%v; the change was not made", err)
+			return 0, rpcerr.UnavailableRetry(etcdx.UnreachableRetryAfter, "%v; the change was not made", err)
 		}
 		if resp.ok {
 			rev := resp.rev
