@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -144,9 +145,9 @@ func (e unreachableError) Error() string {
 }
 
 // commit queues a transaction and waits for its outcome: the result, or an error. A request
-// that could not be sent within the committer's unreachable bound, or before ctx ended, is
-// withdrawn and answered with res.unsent set: it is never sent afterwards. One whose caller
-// gives up after it was sent has an unknown outcome (ctx's error, res.unsent false).
+// that could not be sent within the committer's unreachable bound while etcd is out of reach, or
+// before ctx ended, is withdrawn and answered with res.unsent set: it is never sent afterwards. One
+// whose caller gives up after it was sent has an unknown outcome (ctx's error, res.unsent false).
 func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error) {
 	r.done = make(chan commitRes, 1)
 	r.ctx = ctx
@@ -165,10 +166,12 @@ func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error)
 		case res := <-r.done:
 			return res, nil
 		case <-bound.C:
-			if r.withdraw() {
+			// Only an etcd out of reach withdraws a request at the bound; one merely queued
+			// behind others (a busy committer) waits on, until its caller's end.
+			if !c.connected() && r.withdraw() {
 				return unsent, unreachableError{c.unreachable}
 			}
-			// Sent: wait for etcd's answer or the caller's end.
+			bound.Reset(c.unreachable)
 		case <-ctx.Done():
 			if r.withdraw() {
 				return unsent, ctx.Err()
@@ -288,6 +291,12 @@ func batchContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
 // committer's unreachable bound or until ctx ends; it reports whether one is.
 func (c *committer) awaitReachable(ctx context.Context) bool {
 	return etcdx.AwaitReachable(ctx, c.client, c.unreachable)
+}
+
+// connected reports whether the etcd client has a ready connection now.
+func (c *committer) connected() bool {
+	conn := c.client.ActiveConnection()
+	return conn == nil || conn.GetState() == connectivity.Ready
 }
 
 // send marks the still-wanted requests of reqs sent and returns them; a request withdrawn by
