@@ -184,26 +184,23 @@ const (
 // ConvergeMissingLRP creates UNCLAIMED instances for every desired index of guid without an
 // ordinary record and asks for them to be placed. It returns the indices created.
 func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, error) {
-	var sched *modelsv1.DesiredLRPSchedulingInfo
-	var created []int32
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		created = nil
-		var err error
-		if sched, err = t.SchedulingInfo(guid); err != nil || sched == nil {
-			return err
+	start, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (LRPStart, error) {
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil || sched == nil {
+			return LRPStart{}, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return err
+			return LRPStart{}, err
 		}
-		created, err = c.createMissing(t, sched, actuals)
-		return err
+		created, err := c.createMissing(t, sched, actuals)
+		return LRPStart{SchedulingInfo: sched, Indices: created}, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("converge missing instances of %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: created}})
-	return created, nil
+	c.auctionLRPs([]LRPStart{start})
+	return start.Indices, nil
 }
 
 // ConvergeExtraLRP retires the ordinary instance guid/index when it is no longer desired (its
@@ -211,55 +208,57 @@ func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]in
 // record without a container is deleted, a container on a live cell is stopped by its rep.
 // It reports whether the instance was retired (or its stop requested).
 func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var stops []stopRequest
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		stops, done = nil, false
+	type retired struct {
+		done  bool
+		stops []stopRequest
+	}
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retired, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return retired{}, err
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return retired{}, err
 		}
 		if sched != nil && index < sched.GetInstances() {
-			return nil // desired again
+			return retired{}, nil // desired again
 		}
 		dom, err := t.Domain(a.GetKey().GetDomain())
 		if err != nil || dom == nil {
-			return err // a stale domain keeps its instances
+			return retired{}, err // a stale domain keeps its instances
 		}
-		done = true
-		return c.retire(t, a, &stops)
+		out := retired{done: true}
+		if err := c.retire(t, a, &out.stops); err != nil {
+			return retired{}, err
+		}
+		return out, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge extra %s: %w", describe(guid, index), err)
 	}
-	c.stopInstances(stops)
-	return done, nil
+	c.stopInstances(out.stops)
+	return out.done, nil
 }
 
 // ConvergeCrashedLRP restarts a CRASHED instance whose restart delay has passed (and that has
 // crashed fewer than models.MaxCrashes times): it becomes UNCLAIMED, keeping its crash count,
 // and is sent for placement. It reports whether it was restarted.
 func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if !models.ShouldRestartCrashed(a, c.cfg.Now()) {
-			return nil
+			return nil, nil
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil || sched == nil || index >= sched.GetInstances() {
-			return err // extra: left to ConvergeExtraLRP
+			return nil, err // extra: left to ConvergeExtraLRP
 		}
-		next = c.changed(a, unclaimed)
-		return putActual(t, next)
+		next := c.changed(a, unclaimed)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge crashed %s: %w", describe(guid, index), err)
@@ -276,30 +275,28 @@ func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index 
 // unclaimed for a replacement, in one transaction; a CLAIMED one is only unclaimed. The
 // replacement is sent for placement. It reports whether the instance was handled.
 func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if s := a.GetState(); (s != claimed && s != running) || !sameInstance(a.GetInstanceKey(), ik) {
-			return nil
+			return nil, nil
 		}
 		if cell, err := t.Cell(ik.GetCellId()); err != nil || cell != nil {
-			return err // the cell is back
+			return nil, err // the cell is back
 		}
 		if a.GetState() == running {
 			sus := clone(a)
 			sus.Presence = suspect
 			sus.ModificationTag = bump(a.GetModificationTag())
 			if err := putActual(t, sus); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		next = c.unclaim(a)
+		next := c.unclaim(a)
 		next.PlacementError = nil
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge suspect %s: %w", describe(guid, index), err)
@@ -317,19 +314,17 @@ func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index 
 // and the replacement reports first keeps the slot and the other is refused. It reports whether
 // the instance was unclaimed.
 func (c *ActualLRPs) ConvergeStaleClaimedLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, deadline time.Time) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if a.GetState() != claimed || !sameInstance(a.GetInstanceKey(), ik) || a.GetSince().AsTime().After(deadline) {
-			return nil // started, given up, or claimed again meanwhile
+			return nil, nil // started, given up, or claimed again meanwhile
 		}
-		next = c.unclaim(a)
+		next := c.unclaim(a)
 		next.PlacementError = nil
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge stale claimed %s: %w", describe(guid, index), err)
@@ -445,19 +440,17 @@ func (c *Tasks) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (bo
 }
 
 func (c *Tasks) convergeFailTask(ctx context.Context, guid, reason string, cond func(*store.Txn, *modelsv1.Task) (bool, error)) (bool, error) {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		after = nil
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil {
-			return err
+			return nil, err
 		}
 		ok, err := cond(t, task)
 		if err != nil || !ok {
-			return err
+			return nil, err
 		}
-		after = c.complete(task, true, reason, "")
-		return putTask(t, after)
+		after := c.complete(task, true, reason, "")
+		return after, putTask(t, after)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge fail task %s: %w", guid, err)
@@ -473,22 +466,19 @@ func (c *Tasks) convergeFailTask(ctx context.Context, guid, reason string, cond 
 // RESOLVING one whose resolution stalled (it is put back to COMPLETED first). It reports
 // whether a callback was queued.
 func (c *Tasks) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool, error) {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		after = nil
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil || task.GetDefinition().GetCompletionCallbackUrl() == "" {
-			return err
+			return nil, err
 		}
 		switch task.GetState() {
 		case completed:
-			after = task
-			return nil
+			return task, nil
 		case resolving:
-			after = c.changedTask(task, completed)
-			return putTask(t, after)
+			after := c.changedTask(task, completed)
+			return after, putTask(t, after)
 		}
-		return nil
+		return nil, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge retry callback of task %s: %w", guid, err)
@@ -504,22 +494,19 @@ func (c *Tasks) ConvergeRetryTaskCallback(ctx context.Context, guid string) (boo
 // deadline (its client never resolved it, or its callback never succeeded). It reports
 // whether it did.
 func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		done = false
+	done, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (bool, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil {
-			return err
+			return false, err
 		}
 		if s := task.GetState(); s != completed && s != resolving {
-			return nil
+			return false, nil
 		}
 		if plan.CompletedAt(task).After(deadline) {
-			return nil
+			return false, nil
 		}
 		t.Delete(store.TaskKey(guid))
-		done = true
-		return nil
+		return true, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge delete task %s: %w", guid, err)
@@ -531,12 +518,7 @@ func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline ti
 // (again on a lost race); step reports whether it changed anything. An error names op and the
 // slot.
 func (c *ActualLRPs) convergeStep(ctx context.Context, op, guid string, index int32, step func(t *store.Txn) (bool, error)) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		var err error
-		done, err = step(t)
-		return err
-	})
+	done, _, err := store.UpdateValue(ctx, c.st, step)
 	if err != nil {
 		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
 	}
