@@ -335,8 +335,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		_ = transformers.Close()
 		return nil, err
 	}
-	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
-	conv := converge.New(c, converge.Config{
+	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval)))
+	conv := converge.New(c, st, converge.Config{
 		Interval:             time.Duration(cfg.ConvergenceInterval),
 		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),
 		ClaimedTimeout:       time.Duration(cfg.ClaimedTimeout),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -63,17 +64,31 @@ type Report struct {
 	Duration time.Duration
 }
 
+// Cache is the store's cache as convergence reads it: the snapshot a pass plans from, and when
+// it is first filled.
+type Cache interface {
+	Synced() <-chan struct{}
+	SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64)
+	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
+	ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64)
+	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
+	Cells() ([]*modelsv1.CellPresence, int64)
+	Domains() ([]*modelsv1.Domain, int64)
+}
+
+var _ Cache = (*store.Store)(nil)
+
 // Converger runs convergence passes over a core.
 type Converger struct {
 	core *core.Core
-	st   *store.Store
+	st   Cache
 	cfg  Config
 	log  hclog.Logger
 	mu   sync.Mutex // one pass at a time
 }
 
-// New returns a converger over c.
-func New(c *core.Core, cfg Config) *Converger {
+// New returns a converger that plans from cache and applies through c.
+func New(c *core.Core, cache Cache, cfg Config) *Converger {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
@@ -95,7 +110,7 @@ func New(c *core.Core, cfg Config) *Converger {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	return &Converger{core: c, st: c.Store(), cfg: cfg, log: cfg.Logger}
+	return &Converger{core: c, st: cache, cfg: cfg, log: cfg.Logger}
 }
 
 // Run converges every Interval and, with the cell-loss rules only (ConvergeCells), whenever
