@@ -1,8 +1,8 @@
 // Package converge is the BBS's convergence loop: run by the leader on a timer and at once when
 // a cell's presence disappears, each pass takes a snapshot of desired and actual state from the
 // store's cache, lets the pure planner (package plan, where the rules are) decide the changes,
-// and has core apply them, one compare-and-swap transaction per change, each re-checking its
-// rule on the data it reads.
+// and applies them (apply.go) through the core, one compare-and-swap transaction per change,
+// each re-checking its rule on the data it reads.
 package converge
 
 import (
@@ -56,10 +56,10 @@ type Config struct {
 	Metrics *Metrics
 }
 
-// Report is what one pass found (plan.Found) and did (core.Applied).
+// Report is what one pass found (plan.Found) and did (Applied).
 type Report struct {
 	plan.Found
-	core.Applied
+	Applied
 	// Duration is how long the pass took.
 	Duration time.Duration
 }
@@ -160,7 +160,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		CompletedTask: c.cfg.CompletedTaskTimeout,
 		Claimed:       c.cfg.ClaimedTimeout,
 	})
-	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
@@ -184,7 +184,7 @@ func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
 	scheds, _ := c.st.SchedulingInfos(store.ListFilter{})
 	tasks, _ := c.st.Tasks(store.ListFilter{})
 	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: actuals, Tasks: tasks, Cells: cells, Now: c.cfg.Now()})
-	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observeRun(r)
 	if len(errs) > 0 {
