@@ -16,7 +16,7 @@ import (
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 )
@@ -138,7 +138,7 @@ func newWorkerQueue(t *testing.T, r callback.Resolver, cfg callback.Config, queu
 	if cfg.Backoff == 0 {
 		cfg.Backoff = 20 * time.Millisecond
 	}
-	cfg.Logger = logging.NewTest(t)
+	cfg.Logger = logtest.New(t)
 	q := callback.NewQueue(queueSize, cfg.Logger)
 	return callback.New(cfg, q, r), q
 }

@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 )
 
@@ -51,7 +51,7 @@ func inBubble(t *testing.T, statuses []int, cfg callback.Config, f func(q *callb
 	synctest.Test(t, func(t *testing.T) {
 		a := &answers{statuses: statuses}
 		cfg.Client = &http.Client{Transport: a}
-		cfg.Logger = logging.NewTest(t)
+		cfg.Logger = logtest.New(t)
 		res := newFakeResolver()
 		q := callback.NewQueue(0, cfg.Logger)
 		w := callback.New(cfg, q, res)

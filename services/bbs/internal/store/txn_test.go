@@ -6,7 +6,7 @@ import (
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -15,7 +15,7 @@ import (
 // committed, not of the one that lost; an error returns the zero value.
 func TestUpdateValueReturnsTheCommittedAttempt(t *testing.T) {
 	_, cli := etcdtest.Start(t)
-	st := New(cli, Options{Logger: logging.NewTest(t)})
+	st := New(cli, Options{Logger: logtest.New(t)})
 	testkit.Start(t, "store", st)
 	ctx := t.Context()
 	if _, err := st.Update(ctx, func(tx *Txn) error { return tx.PutPortOwner("tcp", 62000, "first") }); err != nil {
