@@ -39,13 +39,15 @@ fmt:
 	@out=$$($(GO) tool goimports -l -local github.com/gavel-sched/gavel $$(echo $(GOFILES) | tr ' ' '\n' | grep -v '^pkg/gen/')); \
 	if [ -n "$$out" ]; then echo "goimports would change:"; echo "$$out"; exit 1; fi
 
-## layers: pkg/ never imports services/ or internal/; service binaries never link the etcd server
+## layers: pkg/ never imports services/ or internal/; service binaries never link the etcd server nor testing
 layers:
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./pkg/... | \
 		grep -E ' github.com/gavel-sched/gavel/(services|internal)/' | cut -d: -f1); \
 	if [ -n "$$bad" ]; then echo "pkg/ imports services/ or internal/:"; echo "$$bad"; exit 1; fi
 	@for b in ./services/*/cmd/*; do \
-		if $(GO) list -deps $$b | grep -q '^go.etcd.io/etcd/server/'; then echo "$$b links go.etcd.io/etcd/server"; exit 1; fi; \
+		deps=$$($(GO) list -deps $$b) || exit 1; \
+		if echo "$$deps" | grep -q '^go.etcd.io/etcd/server/'; then echo "$$b links go.etcd.io/etcd/server"; exit 1; fi; \
+		if echo "$$deps" | grep -qx testing; then echo "$$b links testing (test helpers belong in packages only tests import, e.g. pkg/logging/logtest)"; exit 1; fi; \
 	done
 
 vet:

@@ -17,7 +17,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -52,7 +52,7 @@ func startCluster(t *testing.T, withNsync bool) *env {
 		Nsync:               withNsync,
 		NsyncAddress:        "127.0.0.1:0",
 		TLS:                 true,
-		Logger:              logging.NewTest(t),
+		Logger:              logtest.New(t),
 	})
 	testkit.Start(t, "cluster", c)
 	admin := c.PKI["admin"]

@@ -20,7 +20,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/pkg/transform/plugin"
@@ -159,7 +159,7 @@ func TestEveryClientHonoursLoadShedding(t *testing.T) {
 		Routing: true, RouteEmitterAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
 		Nsync: true, NsyncAddress: "127.0.0.1:0",
 		TLS:    true,
-		Logger: logging.NewTest(t),
+		Logger: logtest.New(t),
 		ConfigureBBS: func(b *bbs.Config) {
 			b.MaxInflightWrites = 1
 			b.OverloadRetryAfter = bbs.Duration(20 * time.Millisecond)

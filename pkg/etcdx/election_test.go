@@ -10,7 +10,7 @@ import (
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // contender is one Election running in the background, recording its terms.
@@ -24,7 +24,7 @@ type contender struct {
 
 func startContender(t *testing.T, cli *clientv3.Client, id string) *contender {
 	t.Helper()
-	e, err := etcdx.NewElection(cli, "test-svc", id, 2*time.Second, logging.NewTest(t).Named(id))
+	e, err := etcdx.NewElection(cli, "test-svc", id, 2*time.Second, logtest.New(t).Named(id))
 	if err != nil {
 		t.Fatal(err)
 	}

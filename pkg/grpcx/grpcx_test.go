@@ -18,7 +18,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
@@ -148,7 +148,7 @@ func start(t *testing.T, cfg ServerConfig, logger hclog.Logger, opts ...ServerOp
 	t.Helper()
 	cfg.ListenAddress = "127.0.0.1:0"
 	if logger == nil {
-		logger = logging.NewTest(t)
+		logger = logtest.New(t)
 	}
 	srv, err := NewServer(cfg, logger, opts...)
 	if err != nil {

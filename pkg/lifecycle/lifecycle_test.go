@@ -12,7 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // recorder collects events from several members in order.
@@ -279,7 +279,7 @@ func TestSignalContext(t *testing.T) {
 func runWithTimeout(t *testing.T, ctx context.Context, members ...Member) error {
 	t.Helper()
 	errc := make(chan error, 1)
-	go func() { errc <- Run(ctx, logging.NewTest(t), members...) }()
+	go func() { errc <- Run(ctx, logtest.New(t), members...) }()
 	select {
 	case err := <-errc:
 		return err

@@ -1,6 +1,7 @@
 // Package logging builds the hclog loggers used by every Gavel component:
 // named per component, key/value fields, text for humans and JSON for
-// deployments, and a test logger that writes through testing.TB.
+// deployments. Tests log through package logtest, which only tests import, so
+// that no service binary links package testing.
 package logging
 
 import (
@@ -8,8 +9,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
-	"testing"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -31,10 +30,6 @@ const (
 	FormatJSON = "json"
 )
 
-// TestLogLevelEnv names the environment variable that sets the level of
-// loggers made by NewTest.
-const TestLogLevelEnv = "GAVEL_TEST_LOG_LEVEL"
-
 // Config describes how a component logs.
 type Config struct {
 	// Level is the minimum level written: trace, debug, info, warn or error
@@ -48,7 +43,7 @@ type Config struct {
 
 // Validate reports whether the level and format are supported.
 func (c Config) Validate() error {
-	if _, err := parseLevel(c.Level); err != nil {
+	if _, err := ParseLevel(c.Level); err != nil {
 		return fmt.Errorf("logging config: %w", err)
 	}
 	switch strings.ToLower(c.Format) {
@@ -62,7 +57,7 @@ func (c Config) Validate() error {
 // New returns a logger named name configured by cfg. It expects a validated
 // Config; an unknown level falls back to info and an unknown format to text.
 func New(name string, cfg Config) hclog.Logger {
-	level, err := parseLevel(cfg.Level)
+	level, err := ParseLevel(cfg.Level)
 	if err != nil {
 		level = hclog.Info
 	}
@@ -78,57 +73,9 @@ func New(name string, cfg Config) hclog.Logger {
 	})
 }
 
-// NewTest returns a logger that writes through t.Logf, named after the test.
-// Its level comes from the GAVEL_TEST_LOG_LEVEL environment variable and
-// defaults to warn. Output written after the test's cleanup has started is
-// dropped, so goroutines that outlive the test cannot make it panic.
-func NewTest(t testing.TB) hclog.Logger {
-	t.Helper()
-	level := hclog.Warn
-	if env := os.Getenv(TestLogLevelEnv); env != "" {
-		l, err := parseLevel(env)
-		if err != nil {
-			t.Logf("logging: ignoring %s: %v", TestLogLevelEnv, err)
-		} else {
-			level = l
-		}
-	}
-	w := &testWriter{t: t}
-	t.Cleanup(w.close)
-	return hclog.New(&hclog.LoggerOptions{
-		Name:       t.Name(),
-		Level:      level,
-		Output:     w,
-		TimeFormat: "15:04:05.000",
-	})
-}
-
-// testWriter forwards each write to t.Logf until closed.
-type testWriter struct {
-	mu     sync.Mutex
-	t      testing.TB
-	closed bool
-}
-
-// Write logs p, without its trailing newline, unless the writer is closed.
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.closed {
-		w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-// close makes later writes no-ops.
-func (w *testWriter) close() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
-}
-
-// parseLevel maps a Config.Level to an hclog level; empty means info.
-func parseLevel(s string) (hclog.Level, error) {
+// ParseLevel maps a level name (as Config.Level takes it) to an hclog level; empty means
+// info.
+func ParseLevel(s string) (hclog.Level, error) {
 	if s == "" {
 		return hclog.Info, nil
 	}

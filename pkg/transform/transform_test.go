@@ -18,7 +18,7 @@ import (
 
 	"github.com/gavel-sched/gavel/pkg/config"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/pkg/transform/plugin"
@@ -204,7 +204,7 @@ func TestEmptyChainPassesThrough(t *testing.T) {
 func TestConnectionsAreReused(t *testing.T) {
 	var conns atomic.Int64
 	socket := serve(t, addProperty("net", "k", "v"), func() { conns.Add(1) })
-	c, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: socket, CheckDeterminism: true}}, logging.NewTest(t), nil)
+	c, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: socket, CheckDeterminism: true}}, logtest.New(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestMetrics(t *testing.T) {
 		return d, nil
 	}}
 	reg := prometheus.NewRegistry()
-	c, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: serve(t, p, nil)}}, logging.NewTest(t), reg)
+	c, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: serve(t, p, nil)}}, logtest.New(t), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("call_duration_seconds count %v, want 2", got)
 	}
 	// A second chain on the same registry shares the series instead of failing.
-	c2, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: serve(t, p, nil)}}, logging.NewTest(t), reg)
+	c2, err := transform.Load(ctxT(t), []transform.PluginConfig{{Name: "net", Socket: serve(t, p, nil)}}, logtest.New(t), reg)
 	if err != nil {
 		t.Fatalf("second chain on one registry: %v", err)
 	}

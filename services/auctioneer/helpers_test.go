@@ -18,7 +18,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
@@ -130,7 +130,7 @@ func startRep(t *testing.T, env *bbstest.Env, spec cellSpec) *fakeRep {
 		RootfsProviders:    []string{"docker"},
 	}}
 	srv, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: "127.0.0.1:0", TLS: tlsx.Config{Insecure: true}, GracefulStopTimeout: time.Second},
-		logging.NewTest(t).Named("rep-"+spec.id))
+		logtest.New(t).Named("rep-"+spec.id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func startAuctioneer(t *testing.T, env *bbstest.Env, configure ...func(*auctione
 	for _, f := range configure {
 		f(&cfg)
 	}
-	svc, err := auctioneer.New(cfg, logging.NewTest(t).Named("auctioneer"), env.Etcd, env.Client)
+	svc, err := auctioneer.New(cfg, logtest.New(t).Named("auctioneer"), env.Etcd, env.Client)
 	if err != nil {
 		t.Fatal(err)
 	}

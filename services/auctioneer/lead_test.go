@@ -13,7 +13,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/auction"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/batch"
@@ -81,9 +81,9 @@ func leading(t *testing.T, bbs *cellsBBS) (*Service, func()) {
 	}
 	s := &Service{
 		cfg:     Config{BatchInterval: Duration(50 * time.Millisecond)},
-		log:     logging.NewTest(t),
+		log:     logtest.New(t),
 		batch:   batch.New(),
-		runner:  auction.NewRunner(bbs, noReps{}, auction.Config{}, logging.NewTest(t)),
+		runner:  auction.NewRunner(bbs, noReps{}, auction.Config{}, logtest.New(t)),
 		server:  server,
 		metrics: newServiceMetrics(),
 	}

@@ -289,13 +289,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	repPool := reppool.New(clientCfg)
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain,
 		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout)})
-	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, nil)
+	callbackQueue := callback.NewQueue(0, logger.Named("callback"))
 	reps := peers.NewReps(repPool)
 	coreCfg := core.Config{
 		Limits:            limits,
 		MaxTaskRejections: cfg.MaxTaskRejections,
 		Logger:            logger.Named("core"),
-		Callbacks:         callbacks,
+		Callbacks:         callbackQueue,
 		Cells:             core.CellClient(reps),
 		Now:               o.now,
 		Auctions:          convergeMetrics,
@@ -319,7 +319,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		coreCfg.Auctioneer = auctioneer
 	}
 	c := core.New(st, coreCfg)
-	callbacks.SetResolver(c.Tasks)
+	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, callbackQueue, c.Tasks)
 	v := validate.Validator{Limits: limits}
 	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
@@ -335,8 +335,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		_ = transformers.Close()
 		return nil, err
 	}
-	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, time.Duration(cfg.BookmarkInterval)))
-	conv := converge.New(c, converge.Config{
+	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval)))
+	conv := converge.New(c, st, converge.Config{
 		Interval:             time.Duration(cfg.ConvergenceInterval),
 		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),
 		ClaimedTimeout:       time.Duration(cfg.ClaimedTimeout),

@@ -14,7 +14,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -59,7 +59,7 @@ func TestStopJoinsBackgroundWork(t *testing.T) {
 	cfg.TLS = tlsx.Config{Insecure: true}
 	cfg.EtcdTLS = tlsx.Config{Insecure: true}
 	rep := &hungRep{called: make(chan struct{})}
-	svc, err := bbs.New(cfg, logging.NewTest(t), cli, bbs.WithManualConvergence(), bbs.WithCellClient(rep))
+	svc, err := bbs.New(cfg, logtest.New(t), cli, bbs.WithManualConvergence(), bbs.WithCellClient(rep))
 	if err != nil {
 		t.Fatal(err)
 	}

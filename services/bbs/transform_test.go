@@ -23,7 +23,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/pkg/transform/plugin"
 	"github.com/gavel-sched/gavel/services/bbs"
@@ -345,7 +345,7 @@ func TestTransformerStartup(t *testing.T) {
 			before := storeRevision(t, env)
 			cfg := env.Config
 			cfg.Transformers = []transform.PluginConfig{tt.plugin}
-			_, err := bbs.New(cfg, logging.NewTest(t), env.Etcd)
+			_, err := bbs.New(cfg, logtest.New(t), env.Etcd)
 			if err == nil || err.Error() != tt.msg {
 				t.Errorf("bbs.New: %v\nwant %s", err, tt.msg)
 			}

@@ -13,7 +13,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/nsync"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -37,7 +37,7 @@ func BenchmarkDesireThroughNsync(b *testing.B) {
 	}
 	c := devcluster.New(devcluster.Config{
 		Dir: b.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
-		Cells: cells, Logger: logging.NewTest(b), Nsync: true,
+		Cells: cells, Logger: logtest.New(b), Nsync: true,
 		ConfigureNsync: func(cfg *nsync.Config) {
 			cfg.BulkInterval, cfg.DomainTTL = nsync.Duration(time.Minute), nsync.Duration(2*time.Minute)
 		},

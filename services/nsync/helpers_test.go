@@ -20,7 +20,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/nsync"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -72,7 +72,7 @@ func newEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer) *
 	}
 	c := devcluster.New(devcluster.Config{
 		Dir: t.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
-		UnsafeNoFsync: true, Cells: cells, Logger: logging.NewTest(t),
+		UnsafeNoFsync: true, Cells: cells, Logger: logtest.New(t),
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
@@ -126,7 +126,7 @@ func (e *env) startNsync(t *testing.T) {
 	}
 	logger := e.logger
 	if logger == nil {
-		logger = logging.NewTest(t).Named("nsync")
+		logger = logtest.New(t).Named("nsync")
 	}
 	svc, err := nsync.New(e.cfg, logger, e.cluster.Etcd, bbsv1.NewBBSServiceClient(conn), e.tr)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -82,7 +82,7 @@ func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client,
 	if err != nil {
 		t.Fatalf("resolver: %v", err)
 	}
-	svc, err := rep.New(cfg, logging.NewTest(t), presenceEtcd, client, backend, resolver)
+	svc, err := rep.New(cfg, logtest.New(t), presenceEtcd, client, backend, resolver)
 	if err != nil {
 		t.Fatalf("new rep: %v", err)
 	}

@@ -24,7 +24,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/rep/internal/presence"
@@ -600,7 +600,7 @@ func TestClaimBringsTheRunInfo(t *testing.T) {
 // rep does neither.
 func TestPresenceLapseStopsNewWork(t *testing.T) {
 	env := bbstest.Start(t)
-	presenceEtcd, err := etcdx.NewClient(etcdx.Config{Endpoints: env.Etcd.Endpoints()}, logging.NewTest(t))
+	presenceEtcd, err := etcdx.NewClient(etcdx.Config{Endpoints: env.Etcd.Endpoints()}, logtest.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/routeemitter"
@@ -58,7 +58,7 @@ func startEmitter(t testing.TB, bbsAddr string, configure ...func(*routeemitter.
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := logging.NewTest(t).Named("routeemitter")
+	logger := logtest.New(t).Named("routeemitter")
 	svc, err := routeemitter.New(cfg, logger, bbsv1.NewBBSServiceClient(bbsConn))
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func startBBS(t testing.TB, cli *clientv3.Client, addr string, configure ...func
 	for _, f := range configure {
 		f(&cfg)
 	}
-	svc, err := bbs.New(cfg, logging.NewTest(t).Named("bbs"), cli)
+	svc, err := bbs.New(cfg, logtest.New(t).Named("bbs"), cli)
 	if err != nil {
 		t.Fatal(err)
 	}

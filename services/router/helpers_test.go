@@ -21,7 +21,7 @@ import (
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // fakeEmitter is a RouteEmitterService serving a table the test controls, over real gRPC on
@@ -253,7 +253,7 @@ func startRouter(t testing.TB, cfg Config) *Router {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(cfg, logging.NewTest(t), routeemitterv1.NewRouteEmitterServiceClient(conn))
+	r, err := New(cfg, logtest.New(t), routeemitterv1.NewRouteEmitterServiceClient(conn))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -39,7 +39,7 @@ func startClusterWith(t testing.TB, cfg devcluster.Config) *devcluster.Cluster {
 	t.Helper()
 	cells := cfg.Cells
 	cfg.Dir, cfg.BBSAddress, cfg.AuctioneerAddress = t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
-	cfg.UnsafeNoFsync, cfg.Logger = true, logging.NewTest(t)
+	cfg.UnsafeNoFsync, cfg.Logger = true, logtest.New(t)
 	c := devcluster.New(cfg)
 	testkit.Start(t, "cluster", c)
 	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {

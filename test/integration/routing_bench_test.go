@@ -12,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/bbs"
 )
 
@@ -25,7 +25,7 @@ func BenchmarkEventToRouterTable(b *testing.B) {
 	c := devcluster.New(devcluster.Config{
 		Dir: b.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0", UnsafeNoFsync: true,
 		Routing: true, RouteEmitterAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0",
-		Logger:       logging.NewTest(b),
+		Logger:       logtest.New(b),
 		ConfigureBBS: func(cfg *bbs.Config) { cfg.ConvergenceInterval = bbs.Duration(time.Hour) },
 	})
 	testkit.Start(b, "cluster", c)

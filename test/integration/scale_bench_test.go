@@ -17,7 +17,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -48,7 +48,7 @@ func BenchmarkPlacement(b *testing.B) {
 	}
 	c := devcluster.New(devcluster.Config{
 		Dir: b.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
-		UnsafeNoFsync: false, Cells: specs, Logger: logging.NewTest(b), RepBBSInterceptor: timeCalls,
+		UnsafeNoFsync: false, Cells: specs, Logger: logtest.New(b), RepBBSInterceptor: timeCalls,
 	})
 	testkit.Start(b, "cluster", c)
 	ctx := b.Context()

@@ -31,7 +31,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
@@ -180,7 +180,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	c := devcluster.New(devcluster.Config{
 		Dir: dir, BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
 		UnsafeNoFsync: !cfg.Fsync, Cells: simCells(cfg), CellsPerHost: cfg.CellsPerHost,
-		Logger: logging.NewTest(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
+		Logger: logtest.New(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
 		RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
 		ConfigureBBS: func(bc *bbs.Config) {
 			if cfg.BBSMaxInflightWrites >= 0 {

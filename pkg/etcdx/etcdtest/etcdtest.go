@@ -21,7 +21,7 @@ import (
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // startTimeout bounds how long Start waits for the server.
@@ -54,7 +54,7 @@ func Start(t testing.TB, configure ...func(*etcdembed.Config)) (*etcdembed.Serve
 		}
 	})
 
-	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: e.Endpoints()}, logging.NewTest(t).Named("etcd-client"))
+	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: e.Endpoints()}, logtest.New(t).Named("etcd-client"))
 	if err != nil {
 		t.Fatalf("connect to embedded etcd: %v", err)
 	}
@@ -140,7 +140,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	t.Cleanup(c.StopAll) // after the client's close below
 	c.StartAll()
-	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: c.Endpoints()}, logging.NewTest(t).Named("etcd-client"))
+	cli, err := etcdx.NewClient(etcdx.Config{Endpoints: c.Endpoints()}, logtest.New(t).Named("etcd-client"))
 	if err != nil {
 		t.Fatalf("connect to the etcd cluster: %v", err)
 	}

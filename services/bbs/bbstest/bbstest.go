@@ -12,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -69,7 +69,7 @@ func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configur
 	for _, f := range configure {
 		f(&cfg)
 	}
-	logger := logging.NewTest(t)
+	logger := logtest.New(t)
 	svc, err := bbs.New(cfg, logger, cli, opts...)
 	if err != nil {
 		t.Fatalf("new bbs: %v", err)

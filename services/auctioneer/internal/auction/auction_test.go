@@ -19,7 +19,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
@@ -170,7 +170,7 @@ func TestRoundPlacesAndReports(t *testing.T) {
 	bbs, reps := env(t)
 	bbs.cells = append(bbs.cells, &modelsv1.CellPresence{CellId: "c", RepAddress: "c:1", Zone: "z3"})
 	reps["c:1"] = &fakeRep{stateErr: status.Error(codes.Unavailable, "down")}
-	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{}, logtest.New(t))
 
 	picky := lrpStart("picky", 64, 0)
 	picky.PlacementConstraint = &modelsv1.PlacementConstraint{Require: []string{"gpu"}}
@@ -201,7 +201,7 @@ func TestRoundPlacesAndReports(t *testing.T) {
 func TestRoundRetriesRefusedWorkOnce(t *testing.T) {
 	bbs, reps := env(t)
 	reps["a:1"].refuseAll = true
-	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{}, logtest.New(t))
 	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1)}))
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +218,7 @@ func TestRoundRetriesRefusedWorkOnce(t *testing.T) {
 	bbs, reps = env(t)
 	reps["a:1"].performErr = status.Error(codes.Unavailable, "connection refused")
 	reps["b:1"].refuseAll = true
-	r = NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	r = NewRunner(bbs, reps, Config{}, logtest.New(t))
 	if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0)})); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestRoundRetriesRefusedWorkOnce(t *testing.T) {
 func TestRoundInFlightLimit(t *testing.T) {
 	bbs, reps := env(t)
 	reps["a:1"].state.StartingContainerCount = 1
-	r := NewRunner(bbs, reps, Config{MaxInFlight: 3}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{MaxInFlight: 3}, logtest.New(t))
 	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1, 2, 3)}))
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +251,7 @@ func TestRoundInFlightLimit(t *testing.T) {
 func TestRoundDefersOverTheInFlightLimit(t *testing.T) {
 	bbs, reps := env(t)
 	reps["a:1"].state.StartingContainerCount = 1
-	r := NewRunner(bbs, reps, Config{MaxInFlight: 3, DeferOverLimit: true}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{MaxInFlight: 3, DeferOverLimit: true}, logtest.New(t))
 	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0, 1, 2, 3)}))
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestRoundDefersOverTheInFlightLimit(t *testing.T) {
 func TestRoundWithoutCellList(t *testing.T) {
 	bbs, reps := env(t)
 	bbs.cellsErr = status.Error(codes.Unavailable, "bbs down")
-	_, err := NewRunner(bbs, reps, Config{}, logging.NewTest(t)).Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 1, 0)}))
+	_, err := NewRunner(bbs, reps, Config{}, logtest.New(t)).Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 1, 0)}))
 	if !errors.Is(err, ErrListCells) || len(bbs.failed) != 0 {
 		t.Fatalf("err %v, failures %v", err, bbs.failed)
 	}
@@ -287,7 +287,7 @@ func TestRoundClosesConnectionsOfDepartedCells(t *testing.T) {
 		t.Fatal(err)
 	}
 	bbs := &fakeBBS{cells: []*modelsv1.CellPresence{{CellId: "a", RepAddress: "127.0.0.1:2"}}}
-	if _, err := NewRunner(bbs, p, Config{StateTimeout: time.Second}, logging.NewTest(t)).Run(context.Background(), nil); err != nil {
+	if _, err := NewRunner(bbs, p, Config{StateTimeout: time.Second}, logtest.New(t)).Run(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	// The round dialled cell a for its state; the connection of the cell that left is closed.
@@ -368,7 +368,7 @@ func TestRoundMatchingCellsUnavailable(t *testing.T) {
 			withPresence(bbs)
 			tt.breakA(reps["a:1"])
 			tt.breakB(reps["b:1"])
-			r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+			r := NewRunner(bbs, reps, Config{}, logtest.New(t))
 			if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 128, 0)})); err != nil {
 				t.Fatal(err)
 			}
@@ -385,7 +385,7 @@ func TestRoundMatchingCellsUnavailable(t *testing.T) {
 // and a departed cell are asked (or forgotten) again.
 func TestRoundReusesKnownStates(t *testing.T) {
 	bbs, reps := env(t)
-	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour}, logtest.New(t))
 	a, b := reps["a:1"], reps["b:1"]
 	round := func(starts ...*auctioneerv1.LRPStartRequest) Result {
 		t.Helper()
@@ -445,7 +445,7 @@ func TestRoundReusesKnownStates(t *testing.T) {
 // Perform does not ask for the state.
 func TestRoundAsksEveryCellWithoutMaxAge(t *testing.T) {
 	bbs, reps := env(t)
-	r := NewRunner(bbs, reps, Config{}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{}, logtest.New(t))
 	for i := range 3 {
 		if _, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 64, int32(i))})); err != nil {
 			t.Fatal(err)
@@ -467,7 +467,7 @@ func TestRoundAsksEveryCellWithoutMaxAge(t *testing.T) {
 // containers starting, the next asks every cell, so the limit is judged on fresh counts.
 func TestRoundAsksEveryCellNearTheInFlightLimit(t *testing.T) {
 	bbs, reps := env(t)
-	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour, MaxInFlight: 4}, logging.NewTest(t))
+	r := NewRunner(bbs, reps, Config{StateMaxAge: time.Hour, MaxInFlight: 4}, logtest.New(t))
 	run := func(index int32) Result {
 		t.Helper()
 		res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("web", 64, index)}))

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -32,7 +32,7 @@ func TestAdmission(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := NewAdmission(tt.limit, 250*time.Millisecond, logging.NewTest(t))
+			a := NewAdmission(tt.limit, 250*time.Millisecond, logtest.New(t))
 			intercept := a.UnaryServerInterceptor()
 			release := make(chan struct{})
 			var entered, done sync.WaitGroup

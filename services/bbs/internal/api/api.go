@@ -8,9 +8,24 @@ import (
 	"time"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
+
+// Cache is what the API answers straight from the store's cache: lists, with the revision they
+// were read at, and the event stream.
+type Cache interface {
+	Domains() ([]*modelsv1.Domain, int64)
+	DesiredLRPs(f store.ListFilter) ([]*modelsv1.DesiredLRP, int64)
+	SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64)
+	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
+	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
+	Cells() ([]*modelsv1.CellPresence, int64)
+	Subscribe(ctx context.Context, since int64, f store.EventFilter, bookmarkEvery time.Duration, send func(*bbsv1.SubscribeToEventsResponse) error) error
+}
+
+var _ Cache = (*store.Store)(nil)
 
 // Server implements bbsv1.BBSServiceServer over the core.
 type Server struct {
@@ -20,21 +35,22 @@ type Server struct {
 	tasks         *core.Tasks
 	domains       *core.Domains
 	cells         *core.Cells
-	st            *store.Store
+	cache         Cache
 	bookmarkEvery time.Duration
 }
 
 var _ bbsv1.BBSServiceServer = (*Server)(nil)
 
-// New returns the API over c; idle event subscribers get a bookmark every bookmarkEvery.
-func New(c *core.Core, bookmarkEvery time.Duration) *Server {
+// New returns the API over c, answering lists and event subscriptions from cache; idle event
+// subscribers get a bookmark every bookmarkEvery.
+func New(c *core.Core, cache Cache, bookmarkEvery time.Duration) *Server {
 	return &Server{
 		desired:       c.DesiredLRPs,
 		actual:        c.ActualLRPs,
 		tasks:         c.Tasks,
 		domains:       c.Domains,
 		cells:         c.Cells,
-		st:            c.Store(),
+		cache:         cache,
 		bookmarkEvery: bookmarkEvery,
 	}
 }
@@ -46,7 +62,7 @@ func (s *Server) UpsertDomain(ctx context.Context, r *bbsv1.UpsertDomainRequest)
 
 // Domains implements bbsv1.BBSServiceServer.
 func (s *Server) Domains(context.Context, *bbsv1.DomainsRequest) (*bbsv1.DomainsResponse, error) {
-	domains, rev := s.st.Domains()
+	domains, rev := s.cache.Domains()
 	return &bbsv1.DomainsResponse{Domains: domains, Revision: rev}, nil
 }
 
@@ -83,7 +99,7 @@ func (s *Server) DesiredLRPs(_ context.Context, r *bbsv1.DesiredLRPsRequest) (*b
 	if err != nil {
 		return nil, err
 	}
-	lrps, rev := s.st.DesiredLRPs(f)
+	lrps, rev := s.cache.DesiredLRPs(f)
 	return &bbsv1.DesiredLRPsResponse{DesiredLrps: lrps, Revision: rev}, nil
 }
 
@@ -102,7 +118,7 @@ func (s *Server) DesiredLRPSchedulingInfos(_ context.Context, r *bbsv1.DesiredLR
 	if err != nil {
 		return nil, err
 	}
-	infos, rev := s.st.SchedulingInfos(f)
+	infos, rev := s.cache.SchedulingInfos(f)
 	return &bbsv1.DesiredLRPSchedulingInfosResponse{SchedulingInfos: infos, Revision: rev}, nil
 }
 
@@ -116,7 +132,7 @@ func (s *Server) ActualLRPs(_ context.Context, r *bbsv1.ActualLRPsRequest) (*bbs
 		idx := r.GetIndex()
 		f.Index = &idx
 	}
-	lrps, rev := s.st.ActualLRPs(f)
+	lrps, rev := s.cache.ActualLRPs(f)
 	return &bbsv1.ActualLRPsResponse{ActualLrps: lrps, Revision: rev}, nil
 }
 
@@ -226,7 +242,7 @@ func (s *Server) Tasks(_ context.Context, r *bbsv1.TasksRequest) (*bbsv1.TasksRe
 	if err != nil {
 		return nil, err
 	}
-	tasks, rev := s.st.Tasks(f)
+	tasks, rev := s.cache.Tasks(f)
 	return &bbsv1.TasksResponse{Tasks: tasks, Revision: rev}, nil
 }
 
@@ -275,7 +291,7 @@ func (s *Server) DeleteTask(ctx context.Context, r *bbsv1.DeleteTaskRequest) (*b
 
 // Cells implements bbsv1.BBSServiceServer.
 func (s *Server) Cells(context.Context, *bbsv1.CellsRequest) (*bbsv1.CellsResponse, error) {
-	cells, rev := s.st.Cells()
+	cells, rev := s.cache.Cells()
 	return &bbsv1.CellsResponse{Cells: cells, Revision: rev}, nil
 }
 
@@ -295,5 +311,5 @@ func (s *Server) SubscribeToEvents(r *bbsv1.SubscribeToEventsRequest, stream bbs
 	if err != nil {
 		return err
 	}
-	return s.st.Subscribe(stream.Context(), r.GetSinceRevision(), f, s.bookmarkEvery, stream.Send)
+	return s.cache.Subscribe(stream.Context(), r.GetSinceRevision(), f, s.bookmarkEvery, stream.Send)
 }

@@ -1,6 +1,10 @@
 // Package callback delivers task completion callbacks: an HTTP POST of the completed task's
 // JSON to its completion_callback_url, retried with backoff; a delivered task is resolved and
 // deleted. Undelivered tasks stay COMPLETED for convergence to retry.
+//
+// The Queue takes completed tasks (the BBS core enqueues them); a Worker delivers what the
+// queue holds and resolves delivered tasks (through the core). The queue is built first, the
+// core over it, the worker last over both: nothing is wired after it is built.
 package callback
 
 import (
@@ -30,9 +34,6 @@ type Resolver interface {
 type Config struct {
 	// Workers is how many callbacks are delivered at once (default 8).
 	Workers int
-	// QueueSize bounds the tasks waiting for delivery (default 10,000); beyond it tasks are left
-	// for convergence.
-	QueueSize int
 	// Attempts is how many times one callback is tried (default 5).
 	Attempts int
 	// Backoff is the wait before the second attempt, doubled after each failure (default 500ms).
@@ -45,22 +46,67 @@ type Config struct {
 	Logger hclog.Logger
 }
 
-// Worker delivers completion callbacks in the background.
-type Worker struct {
-	cfg      Config
-	queue    chan *modelsv1.Task
-	resolver Resolver
+// DefaultQueueSize bounds a Queue built with no size.
+const DefaultQueueSize = 10_000
+
+// Queue holds completed tasks waiting for delivery, each task at most once at a time (queued
+// or being delivered).
+type Queue struct {
+	tasks    chan *modelsv1.Task
+	log      hclog.Logger
 	mu       sync.Mutex
 	inFlight map[string]bool
 }
 
-// New returns a worker that resolves delivered tasks through r.
-func New(cfg Config, r Resolver) *Worker {
+// NewQueue returns a queue of at most size tasks (default DefaultQueueSize); beyond it tasks
+// are left for convergence, and logged to logger.
+func NewQueue(size int, logger hclog.Logger) *Queue {
+	if size <= 0 {
+		size = DefaultQueueSize
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &Queue{tasks: make(chan *modelsv1.Task, size), log: logger, inFlight: map[string]bool{}}
+}
+
+// Enqueue queues a completed task for delivery without blocking; a task already queued or
+// being delivered is not queued twice.
+func (q *Queue) Enqueue(task *modelsv1.Task) {
+	q.mu.Lock()
+	if q.inFlight[task.GetTaskGuid()] {
+		q.mu.Unlock()
+		return
+	}
+	q.inFlight[task.GetTaskGuid()] = true
+	q.mu.Unlock()
+	select {
+	case q.tasks <- task:
+	default:
+		q.done(task.GetTaskGuid())
+		q.log.Warn("callback queue full; leaving the task for convergence", "task_guid", task.GetTaskGuid())
+	}
+}
+
+// done ends a task's turn in the queue: it may be queued again.
+func (q *Queue) done(guid string) {
+	q.mu.Lock()
+	delete(q.inFlight, guid)
+	q.mu.Unlock()
+}
+
+// Worker delivers the completion callbacks of a Queue in the background.
+type Worker struct {
+	cfg      Config
+	queue    *Queue
+	resolver Resolver
+}
+
+// New returns a worker that delivers the callbacks of q and resolves delivered tasks through
+// r.
+func New(cfg Config, q *Queue, r Resolver) *Worker {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 8
-	}
-	if cfg.QueueSize <= 0 {
-		cfg.QueueSize = 10_000
 	}
 	if cfg.Attempts <= 0 {
 		cfg.Attempts = 5
@@ -77,35 +123,7 @@ func New(cfg Config, r Resolver) *Worker {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	return &Worker{cfg: cfg, queue: make(chan *modelsv1.Task, cfg.QueueSize), resolver: r, inFlight: map[string]bool{}}
-}
-
-// SetResolver sets the resolver when it is built after the worker (the BBS core needs the
-// worker as its queue, the worker needs the core as its resolver).
-func (w *Worker) SetResolver(r Resolver) { w.resolver = r }
-
-// Enqueue queues a completed task for delivery without blocking; a task already queued or
-// being delivered is not queued twice.
-func (w *Worker) Enqueue(task *modelsv1.Task) {
-	w.mu.Lock()
-	if w.inFlight[task.GetTaskGuid()] {
-		w.mu.Unlock()
-		return
-	}
-	w.inFlight[task.GetTaskGuid()] = true
-	w.mu.Unlock()
-	select {
-	case w.queue <- task:
-	default:
-		w.done(task.GetTaskGuid())
-		w.cfg.Logger.Warn("callback queue full; leaving the task for convergence", "task_guid", task.GetTaskGuid())
-	}
-}
-
-func (w *Worker) done(guid string) {
-	w.mu.Lock()
-	delete(w.inFlight, guid)
-	w.mu.Unlock()
+	return &Worker{cfg: cfg, queue: q, resolver: r}
 }
 
 // Run delivers queued callbacks until ctx ends.
@@ -119,9 +137,9 @@ func (w *Worker) Run(ctx context.Context, ready func()) error {
 				select {
 				case <-ctx.Done():
 					return
-				case task := <-w.queue:
+				case task := <-w.queue.tasks:
 					w.deliver(ctx, task)
-					w.done(task.GetTaskGuid())
+					w.queue.done(task.GetTaskGuid())
 				}
 			}
 		}()

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 )
@@ -129,12 +129,18 @@ func run(t *testing.T, w *callback.Worker) {
 	testkit.Start(t, "callback worker", w)
 }
 
-func newWorker(t *testing.T, r callback.Resolver, cfg callback.Config) *callback.Worker {
+// newWorker returns a worker over a queue of the default size; tests enqueue on the queue.
+func newWorker(t *testing.T, r callback.Resolver, cfg callback.Config) (*callback.Worker, *callback.Queue) {
+	return newWorkerQueue(t, r, cfg, 0)
+}
+
+func newWorkerQueue(t *testing.T, r callback.Resolver, cfg callback.Config, queueSize int) (*callback.Worker, *callback.Queue) {
 	if cfg.Backoff == 0 {
 		cfg.Backoff = 20 * time.Millisecond
 	}
-	cfg.Logger = logging.NewTest(t)
-	return callback.New(cfg, r)
+	cfg.Logger = logtest.New(t)
+	q := callback.NewQueue(queueSize, cfg.Logger)
+	return callback.New(cfg, q, r), q
 }
 
 func completed(guid, url string) *modelsv1.Task {
@@ -155,10 +161,10 @@ func completed(guid, url string) *modelsv1.Task {
 func TestDeliverResolvesAndDeletes(t *testing.T) {
 	srv := newServer(t, http.StatusOK)
 	res := newFakeResolver()
-	w := newWorker(t, res, callback.Config{})
+	w, q := newWorker(t, res, callback.Config{})
 	run(t, w)
 	task := completed("t1", srv.URL+"/tasks/t1/done?sig=abc")
-	w.Enqueue(task)
+	q.Enqueue(task)
 
 	calls := res.waitCalls(t, 2)
 	if want := []string{"resolving t1", "delete t1"}; !equal(calls, want) {
@@ -194,9 +200,9 @@ func TestGivesUpOnAnUnreachableURL(t *testing.T) {
 		url := srv.URL
 		srv.Close()
 		res := newFakeResolver()
-		w := newWorker(t, res, callback.Config{Attempts: 2, Backoff: 5 * time.Millisecond})
+		w, q := newWorker(t, res, callback.Config{Attempts: 2, Backoff: 5 * time.Millisecond})
 		run(t, w)
-		w.Enqueue(completed("t1", url))
+		q.Enqueue(completed("t1", url))
 		// Once given up, the task can be queued again (nothing is left in flight).
 		srv2 := newServer(t, http.StatusOK)
 		deadline := time.Now().Add(10 * time.Second)
@@ -204,7 +210,7 @@ func TestGivesUpOnAnUnreachableURL(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatal("task never delivered after the first delivery gave up")
 			}
-			w.Enqueue(completed("t1", srv2.URL))
+			q.Enqueue(completed("t1", srv2.URL))
 			time.Sleep(20 * time.Millisecond)
 		}
 		if calls := res.waitCalls(t, 2); !equal(calls, []string{"resolving t1", "delete t1"}) {
@@ -223,9 +229,9 @@ func TestResolveRefusedSkipsDelete(t *testing.T) {
 			srv := newServer(t, http.StatusOK)
 			res := newFakeResolver()
 			res.resolveErr = err
-			w := newWorker(t, res, callback.Config{})
+			w, q := newWorker(t, res, callback.Config{})
 			run(t, w)
-			w.Enqueue(completed("t1", srv.URL))
+			q.Enqueue(completed("t1", srv.URL))
 			res.waitCalls(t, 1)
 			time.Sleep(100 * time.Millisecond)
 			if calls := res.got(); !equal(calls, []string{"resolving t1"}) {
@@ -239,13 +245,13 @@ func TestEnqueueDeduplicatesInFlight(t *testing.T) {
 	srv := newServer(t, http.StatusOK)
 	srv.hold = make(chan struct{})
 	res := newFakeResolver()
-	w := newWorker(t, res, callback.Config{Workers: 4})
+	w, q := newWorker(t, res, callback.Config{Workers: 4})
 	run(t, w)
-	w.Enqueue(completed("t1", srv.URL))
+	q.Enqueue(completed("t1", srv.URL))
 	srv.waitRequests(t, 1)
 	// Delivering: queuing it again is a no-op; another task goes through.
-	w.Enqueue(completed("t1", srv.URL))
-	w.Enqueue(completed("t2", srv.URL))
+	q.Enqueue(completed("t1", srv.URL))
+	q.Enqueue(completed("t2", srv.URL))
 	srv.waitRequests(t, 2)
 	srv.mu.Lock()
 	close(srv.hold)
@@ -257,7 +263,7 @@ func TestEnqueueDeduplicatesInFlight(t *testing.T) {
 		t.Fatalf("%d requests, want 2 (t1 once, t2 once)", n)
 	}
 	// Delivered: t1 may be queued again.
-	w.Enqueue(completed("t1", srv.URL))
+	q.Enqueue(completed("t1", srv.URL))
 	srv.waitRequests(t, 3)
 	res.waitCalls(t, 6)
 }
@@ -265,10 +271,10 @@ func TestEnqueueDeduplicatesInFlight(t *testing.T) {
 func TestQueueFull(t *testing.T) {
 	srv := newServer(t, http.StatusOK)
 	res := newFakeResolver()
-	w := newWorker(t, res, callback.Config{QueueSize: 2, Workers: 1})
+	w, q := newWorkerQueue(t, res, callback.Config{Workers: 1}, 2)
 	// Not running yet: the queue fills up and further tasks are left for convergence.
 	for _, guid := range []string{"t1", "t2", "t3", "t4"} {
-		w.Enqueue(completed(guid, srv.URL))
+		q.Enqueue(completed(guid, srv.URL))
 	}
 	run(t, w)
 	calls := res.waitCalls(t, 4)
@@ -277,7 +283,7 @@ func TestQueueFull(t *testing.T) {
 		t.Fatalf("resolver calls %v, want t1 and t2 only", calls)
 	}
 	// A dropped task is not stuck as in flight: it can be queued again.
-	w.Enqueue(completed("t3", srv.URL))
+	q.Enqueue(completed("t3", srv.URL))
 	if calls := res.waitCalls(t, 6); !equal(calls[4:], []string{"resolving t3", "delete t3"}) {
 		t.Fatalf("resolver calls %v", calls)
 	}
@@ -285,17 +291,17 @@ func TestQueueFull(t *testing.T) {
 
 func TestBadURLIsPermanent(t *testing.T) {
 	res := newFakeResolver()
-	w := newWorker(t, res, callback.Config{Attempts: 5, Backoff: time.Hour})
+	w, q := newWorker(t, res, callback.Config{Attempts: 5, Backoff: time.Hour})
 	run(t, w)
 	// Unparseable: the worker gives up at once instead of sleeping an hour between attempts.
-	w.Enqueue(completed("t1", "http://[::1"))
+	q.Enqueue(completed("t1", "http://[::1"))
 	srv := newServer(t, http.StatusOK)
 	deadline := time.Now().Add(5 * time.Second)
 	for len(res.got()) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("a bad URL kept the task in flight")
 		}
-		w.Enqueue(completed("t1", srv.URL))
+		q.Enqueue(completed("t1", srv.URL))
 		time.Sleep(20 * time.Millisecond)
 	}
 }

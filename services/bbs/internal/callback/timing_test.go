@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
 )
 
@@ -45,19 +45,20 @@ func (a *answers) times() []time.Time {
 }
 
 // inBubble runs a worker over an answers transport with cfg inside a synctest bubble, calls
-// f, then stops the worker and checks it returned nil at once (no fake time passing: a
+// f with the worker's queue, then stops the worker and checks it returned nil at once (no fake time passing: a
 // delivery sleeping out its backoff would hold Run until the clock moved).
-func inBubble(t *testing.T, statuses []int, cfg callback.Config, f func(w *callback.Worker, a *answers, res *fakeResolver)) {
+func inBubble(t *testing.T, statuses []int, cfg callback.Config, f func(q *callback.Queue, a *answers, res *fakeResolver)) {
 	synctest.Test(t, func(t *testing.T) {
 		a := &answers{statuses: statuses}
 		cfg.Client = &http.Client{Transport: a}
-		cfg.Logger = logging.NewTest(t)
+		cfg.Logger = logtest.New(t)
 		res := newFakeResolver()
-		w := callback.New(cfg, res)
+		q := callback.NewQueue(0, cfg.Logger)
+		w := callback.New(cfg, q, res)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- w.Run(ctx, func() {}) }()
-		f(w, a, res)
+		f(q, a, res)
 		stop := time.Now()
 		cancel()
 		if err := <-done; err != nil {
@@ -78,9 +79,9 @@ func TestRetriesServerErrors(t *testing.T) {
 		{"500 then 429 then 408", []int{500, 429, 408, 204}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			inBubble(t, tt.answers, callback.Config{Backoff: 30 * time.Millisecond}, func(w *callback.Worker, a *answers, res *fakeResolver) {
+			inBubble(t, tt.answers, callback.Config{Backoff: 30 * time.Millisecond}, func(q *callback.Queue, a *answers, res *fakeResolver) {
 				start := time.Now()
-				w.Enqueue(completed("t1", "http://callback.example/done"))
+				q.Enqueue(completed("t1", "http://callback.example/done"))
 				time.Sleep(time.Hour) // every backoff passes
 				synctest.Wait()
 				if calls := res.got(); !equal(calls, []string{"resolving t1", "delete t1"}) {
@@ -114,8 +115,8 @@ func TestGivesUp(t *testing.T) {
 		{"attempts exhausted", []int{http.StatusBadGateway}, 3, 3},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			inBubble(t, tt.answers, callback.Config{Attempts: tt.attempts, Backoff: 5 * time.Millisecond}, func(w *callback.Worker, a *answers, res *fakeResolver) {
-				w.Enqueue(completed("t1", "http://callback.example/done"))
+			inBubble(t, tt.answers, callback.Config{Attempts: tt.attempts, Backoff: 5 * time.Millisecond}, func(q *callback.Queue, a *answers, res *fakeResolver) {
+				q.Enqueue(completed("t1", "http://callback.example/done"))
 				time.Sleep(time.Hour) // many backoffs
 				synctest.Wait()
 				if n := len(a.times()); n != tt.want {
@@ -130,8 +131,8 @@ func TestGivesUp(t *testing.T) {
 }
 
 func TestStopsDuringBackoff(t *testing.T) {
-	inBubble(t, []int{http.StatusServiceUnavailable}, callback.Config{Backoff: time.Hour}, func(w *callback.Worker, a *answers, res *fakeResolver) {
-		w.Enqueue(completed("t1", "http://callback.example/done"))
+	inBubble(t, []int{http.StatusServiceUnavailable}, callback.Config{Backoff: time.Hour}, func(q *callback.Queue, a *answers, res *fakeResolver) {
+		q.Enqueue(completed("t1", "http://callback.example/done"))
 		synctest.Wait() // the first attempt failed; the delivery is backing off for an hour
 		if n := len(a.times()); n != 1 {
 			t.Fatalf("%d attempts before the backoff, want 1", n)

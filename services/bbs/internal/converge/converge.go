@@ -1,8 +1,8 @@
 // Package converge is the BBS's convergence loop: run by the leader on a timer and at once when
 // a cell's presence disappears, each pass takes a snapshot of desired and actual state from the
 // store's cache, lets the pure planner (package plan, where the rules are) decide the changes,
-// and has core apply them, one compare-and-swap transaction per change, each re-checking its
-// rule on the data it reads.
+// and applies them (apply.go) through the core, one compare-and-swap transaction per change,
+// each re-checking its rule on the data it reads.
 package converge
 
 import (
@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -55,25 +56,39 @@ type Config struct {
 	Metrics *Metrics
 }
 
-// Report is what one pass found (plan.Found) and did (core.Applied).
+// Report is what one pass found (plan.Found) and did (Applied).
 type Report struct {
 	plan.Found
-	core.Applied
+	Applied
 	// Duration is how long the pass took.
 	Duration time.Duration
 }
 
+// Cache is the store's cache as convergence reads it: the snapshot a pass plans from, and when
+// it is first filled.
+type Cache interface {
+	Synced() <-chan struct{}
+	SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64)
+	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
+	ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64)
+	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
+	Cells() ([]*modelsv1.CellPresence, int64)
+	Domains() ([]*modelsv1.Domain, int64)
+}
+
+var _ Cache = (*store.Store)(nil)
+
 // Converger runs convergence passes over a core.
 type Converger struct {
 	core *core.Core
-	st   *store.Store
+	st   Cache
 	cfg  Config
 	log  hclog.Logger
 	mu   sync.Mutex // one pass at a time
 }
 
-// New returns a converger over c.
-func New(c *core.Core, cfg Config) *Converger {
+// New returns a converger that plans from cache and applies through c.
+func New(c *core.Core, cache Cache, cfg Config) *Converger {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
@@ -95,7 +110,7 @@ func New(c *core.Core, cfg Config) *Converger {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	return &Converger{core: c, st: c.Store(), cfg: cfg, log: cfg.Logger}
+	return &Converger{core: c, st: cache, cfg: cfg, log: cfg.Logger}
 }
 
 // Run converges every Interval and, with the cell-loss rules only (ConvergeCells), whenever
@@ -145,7 +160,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		CompletedTask: c.cfg.CompletedTaskTimeout,
 		Claimed:       c.cfg.ClaimedTimeout,
 	})
-	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
@@ -169,7 +184,7 @@ func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
 	scheds, _ := c.st.SchedulingInfos(store.ListFilter{})
 	tasks, _ := c.st.Tasks(store.ListFilter{})
 	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: actuals, Tasks: tasks, Cells: cells, Now: c.cfg.Now()})
-	applied, errs := c.core.ApplyPlan(ctx, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observeRun(r)
 	if len(errs) > 0 {

@@ -70,31 +70,28 @@ func (c *ActualLRPs) zoneOf(cellID string) string { return c.st.Cell(cellID).Get
 // ClaimActualLRP moves an UNCLAIMED instance to CLAIMED by the given container. Claiming again
 // with the same instance key is a no-op; any other claim fails with FailedPrecondition.
 func (c *ActualLRPs) ClaimActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (*modelsv1.ActualLRP, error) {
-	var out *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		switch a.GetState() {
 		case unclaimed:
 		case claimed:
 			if sameInstance(a.GetInstanceKey(), ik) {
-				out = a
-				return nil
+				return a, nil
 			}
-			return rpcerr.FailedPrecondition("%s is already claimed by %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
+			return nil, rpcerr.FailedPrecondition("%s is already claimed by %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
 		case running:
-			return rpcerr.FailedPrecondition("%s is already running as %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
+			return nil, rpcerr.FailedPrecondition("%s is already running as %s", describe(guid, index), describeInstance(a.GetInstanceKey()))
 		default:
-			return rpcerr.FailedPrecondition("%s cannot be claimed in state %s", describe(guid, index), a.GetState())
+			return nil, rpcerr.FailedPrecondition("%s cannot be claimed in state %s", describe(guid, index), a.GetState())
 		}
 		next := c.changed(a, claimed)
 		next.InstanceKey = clone(ik)
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
-		out = next
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", describe(guid, index), err)
@@ -106,28 +103,26 @@ func (c *ActualLRPs) ClaimActualLRP(ctx context.Context, guid string, index int3
 // legal from UNCLAIMED, from CLAIMED by the same container, and again while RUNNING in the same
 // container (to update network info or routability).
 func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool) (*modelsv1.ActualLRP, error) {
-	var out *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		switch a.GetState() {
 		case unclaimed:
 		case claimed:
 			if !sameInstance(a.GetInstanceKey(), ik) {
-				return rpcerr.FailedPrecondition("%s is claimed by %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+				return nil, rpcerr.FailedPrecondition("%s is claimed by %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
 			}
 		case running:
 			if !sameInstance(a.GetInstanceKey(), ik) {
-				return rpcerr.FailedPrecondition("%s is running as %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+				return nil, rpcerr.FailedPrecondition("%s is running as %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
 			}
 			if proto.Equal(a.GetNetInfo(), net) && a.GetRoutable() == routable {
-				out = a
-				return nil
+				return a, nil
 			}
 		default:
-			return rpcerr.FailedPrecondition("%s cannot be started in state %s", describe(guid, index), a.GetState())
+			return nil, rpcerr.FailedPrecondition("%s cannot be started in state %s", describe(guid, index), a.GetState())
 		}
 		next := c.changed(a, running)
 		next.InstanceKey = clone(ik)
@@ -135,16 +130,15 @@ func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int3
 		next.Routable = routable
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
-		out = next
 		// A running replacement ends the suspect copy of the slot (in the same transaction).
 		sus, err := t.ActualLRP(guid, index, suspect)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if sus != nil {
 			deleteActual(t, sus)
 		}
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", describe(guid, index), err)
@@ -172,20 +166,19 @@ func (c *ActualLRPs) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.Act
 
 // CrashActualLRP records a crash of a CLAIMED or RUNNING instance in the given container.
 func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (*modelsv1.ActualLRP, error) {
-	var out *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if s := a.GetState(); s != claimed && s != running {
-			return rpcerr.FailedPrecondition("%s cannot crash in state %s", describe(guid, index), s)
+			return nil, rpcerr.FailedPrecondition("%s cannot crash in state %s", describe(guid, index), s)
 		}
 		if !sameInstance(a.GetInstanceKey(), ik) {
-			return rpcerr.FailedPrecondition("%s belongs to %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
+			return nil, rpcerr.FailedPrecondition("%s belongs to %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
 		}
-		out = c.crashed(a, reason)
-		return putActual(t, out)
+		next := c.crashed(a, reason)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("crash %s: %w", describe(guid, index), err)
@@ -269,14 +262,16 @@ func (c *ActualLRPs) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRe
 // RetireActualLRP stops an instance: a record without a container (or on a vanished cell) is
 // deleted; a container on a live cell is stopped by its rep, which then removes the record.
 func (c *ActualLRPs) RetireActualLRP(ctx context.Context, guid string, index int32) error {
-	var stops []stopRequest
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		stops = nil
+	stops, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]stopRequest, error) {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		return c.retire(t, a, &stops)
+		var stops []stopRequest
+		if err := c.retire(t, a, &stops); err != nil {
+			return nil, err
+		}
+		return stops, nil
 	})
 	if err != nil {
 		return fmt.Errorf("retire %s: %w", describe(guid, index), err)

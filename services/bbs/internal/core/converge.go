@@ -3,10 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -14,164 +11,10 @@ import (
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
-// Convergence changes. The converger decides them from a snapshot of the cache (package plan);
-// ApplyPlan applies each as one compare-and-swap transaction that re-checks, on the data it
-// reads, the condition the planner saw; when the condition no longer holds it changes nothing
-// and reports false.
-
-// Applied is what applying a convergence plan did.
-type Applied struct {
-	// Created counts instances created for missing slots.
-	Created int
-	// Retired counts extra instances retired (deleted, or their stop requested).
-	Retired int
-	// Reauctioned counts stale UNCLAIMED instances sent to the auctioneer again.
-	Reauctioned int
-	// Restarted counts CRASHED instances restarted after their backoff.
-	Restarted int
-	// Suspected counts instances of vanished cells unclaimed for replacement.
-	Suspected int
-	// Unclaimed counts instances unclaimed after staying CLAIMED for the claimed timeout.
-	Unclaimed int
-	// Promoted counts suspects promoted back to ordinary after their cell returned.
-	Promoted int
-	// SuspectsRemoved counts suspects removed because their replacement runs.
-	SuspectsRemoved int
-	// EvacuatingRemoved counts EVACUATING copies removed because their cell vanished or their
-	// slot is no longer desired.
-	EvacuatingRemoved int
-
-	// TasksReauctioned counts PENDING tasks sent to the auctioneer again.
-	TasksReauctioned int
-	// TasksFailed counts tasks failed (not started in time, or cell vanished).
-	TasksFailed int
-	// TaskCallbacksRetried counts completion callbacks queued again.
-	TaskCallbacksRetried int
-	// TasksDeleted counts expired completed or resolving tasks deleted.
-	TasksDeleted int
-
-	// Errors counts changes that failed; the next pass plans them again.
-	Errors int
-}
-
-// maxApplyErrors bounds the errors ApplyPlan returns (the rest are only counted).
-const maxApplyErrors = 10
-
-// ApplyPlan applies the changes of a convergence plan: each transactional change as its own
-// transaction, at most workers at a time (the store group-commits them), then the auctions, in
-// one request for instances and one for tasks. It stops starting changes when ctx ends. It
-// returns what it did and the errors of failed changes (at most maxApplyErrors).
-func (c *Core) ApplyPlan(ctx context.Context, changes []plan.Change, workers int) (Applied, []error) {
-	var a Applied
-	var starts []LRPStart
-	var tasks []*modelsv1.Task
-	var txns []plan.Change
-	for _, ch := range changes {
-		switch ch := ch.(type) {
-		case plan.AuctionLRP:
-			starts = append(starts, LRPStart{SchedulingInfo: ch.SchedulingInfo, Indices: ch.Indices})
-			a.Reauctioned += len(ch.Indices)
-		case plan.AuctionTask:
-			tasks = append(tasks, ch.Task)
-		default:
-			txns = append(txns, ch)
-		}
-	}
-	var mu sync.Mutex
-	var errs []error
-	var g errgroup.Group
-	g.SetLimit(max(workers, 1))
-	for _, ch := range txns {
-		if ctx.Err() != nil {
-			break
-		}
-		g.Go(func() error {
-			n, err := c.apply(ctx, ch)
-			mu.Lock()
-			defer mu.Unlock()
-			*a.counter(ch) += n
-			if err != nil {
-				a.Errors++
-				if len(errs) < maxApplyErrors {
-					errs = append(errs, err)
-				}
-			}
-			return nil
-		})
-	}
-	_ = g.Wait() // errors are collected above, bounded by maxApplyErrors
-	c.ActualLRPs.RequestLRPAuctions(starts)
-	c.Tasks.RequestTaskAuctions(tasks)
-	a.TasksReauctioned = len(tasks)
-	return a, errs
-}
-
-// counter is the count a transactional change adds to.
-func (a *Applied) counter(ch plan.Change) *int {
-	switch ch.(type) {
-	case plan.CreateMissing:
-		return &a.Created
-	case plan.RetireExtra:
-		return &a.Retired
-	case plan.RestartCrashed:
-		return &a.Restarted
-	case plan.MarkSuspect:
-		return &a.Suspected
-	case plan.UnclaimStale:
-		return &a.Unclaimed
-	case plan.PromoteSuspect:
-		return &a.Promoted
-	case plan.RemoveSuspect:
-		return &a.SuspectsRemoved
-	case plan.RemoveEvacuating:
-		return &a.EvacuatingRemoved
-	case plan.ExpirePendingTask, plan.FailTaskOnVanishedCell:
-		return &a.TasksFailed
-	case plan.RetryTaskCallback:
-		return &a.TaskCallbacksRetried
-	case plan.DeleteTask:
-		return &a.TasksDeleted
-	}
-	return new(int) // no transaction: apply reports it as an error
-}
-
-// apply runs the transaction of one change and returns how many records it changed.
-func (c *Core) apply(ctx context.Context, ch plan.Change) (int, error) {
-	one := func(ok bool, err error) (int, error) {
-		if ok {
-			return 1, err
-		}
-		return 0, err
-	}
-	switch ch := ch.(type) {
-	case plan.CreateMissing:
-		created, err := c.DesiredLRPs.ConvergeMissingLRP(ctx, ch.ProcessGuid)
-		return len(created), err
-	case plan.RetireExtra:
-		return one(c.ActualLRPs.ConvergeExtraLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.RestartCrashed:
-		return one(c.ActualLRPs.ConvergeCrashedLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.MarkSuspect:
-		return one(c.ActualLRPs.ConvergeSuspectLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance))
-	case plan.UnclaimStale:
-		return one(c.ActualLRPs.ConvergeStaleClaimedLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance, ch.Deadline))
-	case plan.PromoteSuspect:
-		return one(c.ActualLRPs.ConvergePromoteSuspectLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.RemoveSuspect:
-		return one(c.ActualLRPs.ConvergeRemoveSuspectLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.RemoveEvacuating:
-		return one(c.ActualLRPs.ConvergeRemoveEvacuatingLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.ExpirePendingTask:
-		return one(c.Tasks.ConvergeExpirePendingTask(ctx, ch.TaskGuid, ch.Deadline))
-	case plan.FailTaskOnVanishedCell:
-		return one(c.Tasks.ConvergeTaskOnVanishedCell(ctx, ch.TaskGuid))
-	case plan.RetryTaskCallback:
-		return one(c.Tasks.ConvergeRetryTaskCallback(ctx, ch.TaskGuid))
-	case plan.DeleteTask:
-		return one(c.Tasks.ConvergeDeleteTask(ctx, ch.TaskGuid, ch.Deadline))
-	}
-	return 0, fmt.Errorf("convergence change %T has no transaction", ch)
-}
+// Convergence transactions. The converger plans changes from a snapshot of the cache (package
+// plan) and applies each (package converge) by calling one of these: one compare-and-swap
+// transaction that re-checks, on the data it reads, the condition the planner saw; when the
+// condition no longer holds it changes nothing and reports false.
 
 // Task failure reasons written by convergence.
 const (
@@ -184,26 +27,23 @@ const (
 // ConvergeMissingLRP creates UNCLAIMED instances for every desired index of guid without an
 // ordinary record and asks for them to be placed. It returns the indices created.
 func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]int32, error) {
-	var sched *modelsv1.DesiredLRPSchedulingInfo
-	var created []int32
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		created = nil
-		var err error
-		if sched, err = t.SchedulingInfo(guid); err != nil || sched == nil {
-			return err
+	start, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (LRPStart, error) {
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil || sched == nil {
+			return LRPStart{}, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return err
+			return LRPStart{}, err
 		}
-		created, err = c.createMissing(t, sched, actuals)
-		return err
+		created, err := c.createMissing(t, sched, actuals)
+		return LRPStart{SchedulingInfo: sched, Indices: created}, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("converge missing instances of %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: created}})
-	return created, nil
+	c.auctionLRPs([]LRPStart{start})
+	return start.Indices, nil
 }
 
 // ConvergeExtraLRP retires the ordinary instance guid/index when it is no longer desired (its
@@ -211,55 +51,57 @@ func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]in
 // record without a container is deleted, a container on a live cell is stopped by its rep.
 // It reports whether the instance was retired (or its stop requested).
 func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var stops []stopRequest
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		stops, done = nil, false
+	type retired struct {
+		done  bool
+		stops []stopRequest
+	}
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retired, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return retired{}, err
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return retired{}, err
 		}
 		if sched != nil && index < sched.GetInstances() {
-			return nil // desired again
+			return retired{}, nil // desired again
 		}
 		dom, err := t.Domain(a.GetKey().GetDomain())
 		if err != nil || dom == nil {
-			return err // a stale domain keeps its instances
+			return retired{}, err // a stale domain keeps its instances
 		}
-		done = true
-		return c.retire(t, a, &stops)
+		out := retired{done: true}
+		if err := c.retire(t, a, &out.stops); err != nil {
+			return retired{}, err
+		}
+		return out, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge extra %s: %w", describe(guid, index), err)
 	}
-	c.stopInstances(stops)
-	return done, nil
+	c.stopInstances(out.stops)
+	return out.done, nil
 }
 
 // ConvergeCrashedLRP restarts a CRASHED instance whose restart delay has passed (and that has
 // crashed fewer than models.MaxCrashes times): it becomes UNCLAIMED, keeping its crash count,
 // and is sent for placement. It reports whether it was restarted.
 func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index int32) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if !models.ShouldRestartCrashed(a, c.cfg.Now()) {
-			return nil
+			return nil, nil
 		}
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil || sched == nil || index >= sched.GetInstances() {
-			return err // extra: left to ConvergeExtraLRP
+			return nil, err // extra: left to ConvergeExtraLRP
 		}
-		next = c.changed(a, unclaimed)
-		return putActual(t, next)
+		next := c.changed(a, unclaimed)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge crashed %s: %w", describe(guid, index), err)
@@ -276,30 +118,28 @@ func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index 
 // unclaimed for a replacement, in one transaction; a CLAIMED one is only unclaimed. The
 // replacement is sent for placement. It reports whether the instance was handled.
 func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if s := a.GetState(); (s != claimed && s != running) || !sameInstance(a.GetInstanceKey(), ik) {
-			return nil
+			return nil, nil
 		}
 		if cell, err := t.Cell(ik.GetCellId()); err != nil || cell != nil {
-			return err // the cell is back
+			return nil, err // the cell is back
 		}
 		if a.GetState() == running {
 			sus := clone(a)
 			sus.Presence = suspect
 			sus.ModificationTag = bump(a.GetModificationTag())
 			if err := putActual(t, sus); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		next = c.unclaim(a)
+		next := c.unclaim(a)
 		next.PlacementError = nil
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge suspect %s: %w", describe(guid, index), err)
@@ -317,19 +157,17 @@ func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index 
 // and the replacement reports first keeps the slot and the other is refused. It reports whether
 // the instance was unclaimed.
 func (c *ActualLRPs) ConvergeStaleClaimedLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, deadline time.Time) (bool, error) {
-	var next *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		next = nil
+	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
-			return err
+			return nil, err
 		}
 		if a.GetState() != claimed || !sameInstance(a.GetInstanceKey(), ik) || a.GetSince().AsTime().After(deadline) {
-			return nil // started, given up, or claimed again meanwhile
+			return nil, nil // started, given up, or claimed again meanwhile
 		}
-		next = c.unclaim(a)
+		next := c.unclaim(a)
 		next.PlacementError = nil
-		return putActual(t, next)
+		return next, putActual(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge stale claimed %s: %w", describe(guid, index), err)
@@ -445,19 +283,17 @@ func (c *Tasks) ConvergeTaskOnVanishedCell(ctx context.Context, guid string) (bo
 }
 
 func (c *Tasks) convergeFailTask(ctx context.Context, guid, reason string, cond func(*store.Txn, *modelsv1.Task) (bool, error)) (bool, error) {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		after = nil
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil {
-			return err
+			return nil, err
 		}
 		ok, err := cond(t, task)
 		if err != nil || !ok {
-			return err
+			return nil, err
 		}
-		after = c.complete(task, true, reason, "")
-		return putTask(t, after)
+		after := c.complete(task, true, reason, "")
+		return after, putTask(t, after)
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge fail task %s: %w", guid, err)
@@ -473,22 +309,19 @@ func (c *Tasks) convergeFailTask(ctx context.Context, guid, reason string, cond 
 // RESOLVING one whose resolution stalled (it is put back to COMPLETED first). It reports
 // whether a callback was queued.
 func (c *Tasks) ConvergeRetryTaskCallback(ctx context.Context, guid string) (bool, error) {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		after = nil
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil || task.GetDefinition().GetCompletionCallbackUrl() == "" {
-			return err
+			return nil, err
 		}
 		switch task.GetState() {
 		case completed:
-			after = task
-			return nil
+			return task, nil
 		case resolving:
-			after = c.changedTask(task, completed)
-			return putTask(t, after)
+			after := c.changedTask(task, completed)
+			return after, putTask(t, after)
 		}
-		return nil
+		return nil, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge retry callback of task %s: %w", guid, err)
@@ -504,22 +337,19 @@ func (c *Tasks) ConvergeRetryTaskCallback(ctx context.Context, guid string) (boo
 // deadline (its client never resolved it, or its callback never succeeded). It reports
 // whether it did.
 func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline time.Time) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		done = false
+	done, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (bool, error) {
 		task, err := t.Task(guid)
 		if err != nil || task == nil {
-			return err
+			return false, err
 		}
 		if s := task.GetState(); s != completed && s != resolving {
-			return nil
+			return false, nil
 		}
 		if plan.CompletedAt(task).After(deadline) {
-			return nil
+			return false, nil
 		}
 		t.Delete(store.TaskKey(guid))
-		done = true
-		return nil
+		return true, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("converge delete task %s: %w", guid, err)
@@ -531,12 +361,7 @@ func (c *Tasks) ConvergeDeleteTask(ctx context.Context, guid string, deadline ti
 // (again on a lost race); step reports whether it changed anything. An error names op and the
 // slot.
 func (c *ActualLRPs) convergeStep(ctx context.Context, op, guid string, index int32, step func(t *store.Txn) (bool, error)) (bool, error) {
-	var done bool
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		var err error
-		done, err = step(t)
-		return err
-	})
+	done, _, err := store.UpdateValue(ctx, c.st, step)
 	if err != nil {
 		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
 	}

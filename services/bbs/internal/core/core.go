@@ -131,9 +131,6 @@ func New(st *store.Store, cfg Config) *Core {
 	}
 }
 
-// Store is the store the core writes to.
-func (c *Core) Store() *store.Store { return c.d.st }
-
 // Now is the core's clock.
 func (c *Core) Now() time.Time { return c.d.cfg.Now() }
 

@@ -68,33 +68,31 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	d.Rootfs = rootfs // stored canonical: the auctioneer and the reps see one spelling
 	sched, run := models.SchedulingInfo(d), models.RunInfo(d)
 	guid := d.GetProcessGuid()
-	var created []int32
-	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
+	created, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]int32, error) {
 		existing, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if existing != nil {
-			return rpcerr.AlreadyExists("desired lrp %q already exists", guid)
+			return nil, rpcerr.AlreadyExists("desired lrp %q already exists", guid)
 		}
 		if _, err := t.RunInfo(guid); err != nil {
-			return err
+			return nil, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := movePorts(t, guid, nil, routerPorts(sched.GetRoutes())); err != nil {
-			return err
+			return nil, err
 		}
 		if err := t.Put(store.DesiredSchedKey(guid), sched); err != nil {
-			return err
+			return nil, err
 		}
 		if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
-			return err
+			return nil, err
 		}
-		created, err = c.createMissing(t, sched, actuals)
-		return err
+		return c.createMissing(t, sched, actuals)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("desire lrp %s: %w", guid, err)
@@ -120,34 +118,40 @@ func retireOrStop(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) {
 	}
 }
 
+// desiredUpdate is what an attempt at UpdateDesiredLRP decided: the records written, the
+// instances created and the stops to request once it commits.
+type desiredUpdate struct {
+	sched   *modelsv1.DesiredLRPSchedulingInfo
+	run     *modelsv1.DesiredLRPRunInfo
+	created []int32
+	stops   []stopRequest
+}
+
 // UpdateDesiredLRP applies an update, creating or retiring instances when the count changes.
 func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *modelsv1.DesiredLRPUpdate, expected *modelsv1.ModificationTag) (*modelsv1.DesiredLRP, int64, error) {
-	var next *modelsv1.DesiredLRPSchedulingInfo
-	var run *modelsv1.DesiredLRPRunInfo
-	var created []int32
-	var stops []stopRequest
-	var memo lrpTransformMemo
-	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
-		created, stops = nil, nil
+	var memo lrpTransformMemo // kept across attempts: a retry does not call the plugin again for the same input
+	out, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (desiredUpdate, error) {
+		var none desiredUpdate
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return none, err
 		}
 		if sched == nil {
-			return rpcerr.NotFound("desired lrp %q not found", guid)
+			return none, rpcerr.NotFound("desired lrp %q not found", guid)
 		}
-		if run, err = t.RunInfo(guid); err != nil {
-			return err
+		run, err := t.RunInfo(guid)
+		if err != nil {
+			return none, err
 		}
 		storedRun := run
 		if expected != nil && (expected.GetEpoch() != sched.GetModificationTag().GetEpoch() || expected.GetIndex() != sched.GetModificationTag().GetIndex()) {
-			return rpcerr.Aborted("desired lrp %q was modified: stored modification tag %s/%d, expected %s/%d",
+			return none, rpcerr.Aborted("desired lrp %q was modified: stored modification tag %s/%d, expected %s/%d",
 				guid, sched.GetModificationTag().GetEpoch(), sched.GetModificationTag().GetIndex(), expected.GetEpoch(), expected.GetIndex())
 		}
 		if err := models.CheckImmutable("update", models.JoinDesiredLRP(sched, run), u); err != nil {
-			return err
+			return none, err
 		}
-		next = clone(sched)
+		next := clone(sched)
 		if u.Instances != nil {
 			next.Instances = u.GetInstances()
 		}
@@ -163,13 +167,13 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		if c.cfg.Transformer != nil {
 			transformed, err := memo.transform(ctx, c.deps, models.JoinDesiredLRP(next, run))
 			if err != nil {
-				return err
+				return none, err
 			}
 			next = models.SchedulingInfo(transformed)
 			if nextRun := models.RunInfo(transformed); !proto.Equal(nextRun, run) {
 				run = nextRun
 				if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
-					return err
+					return none, err
 				}
 			}
 		}
@@ -177,36 +181,37 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		// plugin): its required links resolve, and it owns exactly the router ports of its final
 		// routes.
 		if err := c.checkUpdatedLinks(storedRun, models.JoinDesiredLRP(next, run), u); err != nil {
-			return err
+			return none, err
 		}
 		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), routerPorts(next.GetRoutes())); err != nil {
-			return err
+			return none, err
 		}
 		next.ModificationTag = bump(sched.GetModificationTag())
 		if err := t.Put(store.DesiredSchedKey(guid), next); err != nil {
-			return err
+			return none, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return err
+			return none, err
 		}
+		out := desiredUpdate{sched: next, run: run}
 		if next.GetInstances() > sched.GetInstances() {
-			created, err = c.createMissing(t, next, actuals)
-			return err
+			out.created, err = c.createMissing(t, next, actuals)
+			return out, err
 		}
 		for _, a := range actuals {
 			if a.GetKey().GetIndex() >= next.GetInstances() {
-				retireOrStop(t, a, &stops)
+				retireOrStop(t, a, &out.stops)
 			}
 		}
-		return nil
+		return out, nil
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{{SchedulingInfo: next, Indices: created}})
-	c.stopInstances(stops)
-	return models.JoinDesiredLRP(next, run), rev, nil
+	c.auctionLRPs([]LRPStart{{SchedulingInfo: out.sched, Indices: out.created}})
+	c.stopInstances(out.stops)
+	return models.JoinDesiredLRP(out.sched, out.run), rev, nil
 }
 
 // RemoveDesiredLRP deletes a desired LRP with every instance that holds no container, and asks
@@ -216,32 +221,31 @@ func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string, force b
 	if err := c.checkNotConsumed(guid, force); err != nil {
 		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)
 	}
-	var stops []stopRequest
-	rev, err := c.st.Update(ctx, func(t *store.Txn) error {
-		stops = nil
+	stops, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]stopRequest, error) {
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if sched == nil {
-			return rpcerr.NotFound("desired lrp %q not found", guid)
+			return nil, rpcerr.NotFound("desired lrp %q not found", guid)
 		}
 		if _, err := t.RunInfo(guid); err != nil {
-			return err
+			return nil, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), nil); err != nil {
-			return err
+			return nil, err
 		}
 		t.Delete(store.DesiredSchedKey(guid))
 		t.Delete(store.DesiredRunKey(guid))
+		var stops []stopRequest
 		for _, a := range actuals {
 			retireOrStop(t, a, &stops)
 		}
-		return nil
+		return stops, nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)

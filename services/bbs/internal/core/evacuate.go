@@ -166,18 +166,19 @@ func (c *ActualLRPs) RemoveEvacuatingActualLRP(ctx context.Context, guid string,
 // any, that waits for placement again; that record is offered to the auctioneer once committed.
 // An error names op and the slot.
 func (c *ActualLRPs) evacuateStep(ctx context.Context, op, guid string, index int32, step func(t *store.Txn) (keep bool, restart *modelsv1.ActualLRP, err error)) (bool, error) {
-	var keep bool
-	var restart *modelsv1.ActualLRP
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		var err error
-		keep, restart, err = step(t)
-		return err
+	type outcome struct {
+		keep    bool
+		restart *modelsv1.ActualLRP
+	}
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (outcome, error) {
+		keep, restart, err := step(t)
+		return outcome{keep, restart}, err
 	})
 	if err != nil {
 		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
 	}
-	if restart != nil {
-		c.restartIfUnclaimed(restart)
+	if out.restart != nil {
+		c.restartIfUnclaimed(out.restart)
 	}
-	return keep, nil
+	return out.keep, nil
 }

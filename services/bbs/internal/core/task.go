@@ -98,27 +98,24 @@ func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *models
 // StartTask moves a PENDING task to RUNNING on cellID. It reports false when the task already
 // runs on that cell (the cell must not start it twice).
 func (c *Tasks) StartTask(ctx context.Context, guid, cellID string) (bool, error) {
-	start := true
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
-		start = true
+	start, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (bool, error) {
 		task, err := taskOf(t, guid)
 		if err != nil {
-			return err
+			return false, err
 		}
 		switch {
 		case task.GetState() == pending:
 		case task.GetState() == taskRun && task.GetCellId() == cellID:
-			start = false
-			return nil
+			return false, nil
 		case task.GetState() == taskRun:
-			return rpcerr.FailedPrecondition("task %q is running on cell %s, not %s", guid, task.GetCellId(), cellID)
+			return false, rpcerr.FailedPrecondition("task %q is running on cell %s, not %s", guid, task.GetCellId(), cellID)
 		default:
-			return rpcerr.FailedPrecondition("task %q cannot start in state %s", guid, task.GetState())
+			return false, rpcerr.FailedPrecondition("task %q cannot start in state %s", guid, task.GetState())
 		}
 		next := c.changedTask(task, taskRun)
 		next.CellId = cellID
 		next.PlacementError = nil
-		return putTask(t, next)
+		return true, putTask(t, next)
 	})
 	if err != nil {
 		return false, fmt.Errorf("start task %s: %w", guid, err)
@@ -128,21 +125,22 @@ func (c *Tasks) StartTask(ctx context.Context, guid, cellID string) (bool, error
 
 // CancelTask completes a PENDING or RUNNING task as failed and asks its cell to stop it.
 func (c *Tasks) CancelTask(ctx context.Context, guid string) error {
-	var before, after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	type cancelled struct{ before, after *modelsv1.Task }
+	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (cancelled, error) {
 		task, err := taskOf(t, guid)
 		if err != nil {
-			return err
+			return cancelled{}, err
 		}
 		if s := task.GetState(); s != pending && s != taskRun {
-			return rpcerr.FailedPrecondition("task %q cannot be cancelled in state %s", guid, s)
+			return cancelled{}, rpcerr.FailedPrecondition("task %q cannot be cancelled in state %s", guid, s)
 		}
-		before, after = task, c.complete(task, true, cancelText, "")
-		return putTask(t, after)
+		after := c.complete(task, true, cancelText, "")
+		return cancelled{before: task, after: after}, putTask(t, after)
 	})
 	if err != nil {
 		return fmt.Errorf("cancel task %s: %w", guid, err)
 	}
+	before, after := out.before, out.after
 	if before.GetState() == taskRun {
 		if cell := c.st.Cell(before.GetCellId()); cell != nil && c.cfg.Cells != nil {
 			c.detach("cancel task on cell", func(ctx context.Context) error { return c.cfg.Cells.CancelTask(ctx, cell, guid) })
@@ -155,22 +153,22 @@ func (c *Tasks) CancelTask(ctx context.Context, guid string) error {
 // RejectTask records that a cell or the auctioneer could not run a task. The task waits for
 // placement again, or completes as failed once it has been rejected too often.
 func (c *Tasks) RejectTask(ctx context.Context, guid, reason string, pe *modelsv1.PlacementError) error {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	if reason == "" {
+		reason = pe.GetMessage()
+	}
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := taskOf(t, guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if s := task.GetState(); s != pending && s != taskRun {
-			return rpcerr.FailedPrecondition("task %q cannot be rejected in state %s", guid, s)
+			return nil, rpcerr.FailedPrecondition("task %q cannot be rejected in state %s", guid, s)
 		}
 		limit := task.GetDefinition().GetMaxRejections()
 		if limit <= 0 {
 			limit = c.cfg.MaxTaskRejections
 		}
-		if reason == "" {
-			reason = pe.GetMessage()
-		}
+		var after *modelsv1.Task
 		count := task.GetRejectionCount() + 1
 		if count >= limit {
 			after = c.complete(task, true, fmt.Sprintf("task was rejected %d times: %s", count, reason), "")
@@ -181,7 +179,7 @@ func (c *Tasks) RejectTask(ctx context.Context, guid, reason string, pe *modelsv
 		}
 		after.RejectionCount = count
 		after.PlacementError = clone(pe)
-		return putTask(t, after)
+		return after, putTask(t, after)
 	})
 	if err != nil {
 		return fmt.Errorf("reject task %s: %w", guid, err)
@@ -192,20 +190,19 @@ func (c *Tasks) RejectTask(ctx context.Context, guid, reason string, pe *modelsv
 
 // CompleteTask records the outcome of a task RUNNING on cellID.
 func (c *Tasks) CompleteTask(ctx context.Context, guid, cellID string, failed bool, reason, result string) error {
-	var after *modelsv1.Task
-	_, err := c.st.Update(ctx, func(t *store.Txn) error {
+	after, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.Task, error) {
 		task, err := taskOf(t, guid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if task.GetState() != taskRun {
-			return rpcerr.FailedPrecondition("task %q cannot complete in state %s", guid, task.GetState())
+			return nil, rpcerr.FailedPrecondition("task %q cannot complete in state %s", guid, task.GetState())
 		}
 		if task.GetCellId() != cellID {
-			return rpcerr.FailedPrecondition("task %q runs on cell %s, not %s", guid, task.GetCellId(), cellID)
+			return nil, rpcerr.FailedPrecondition("task %q runs on cell %s, not %s", guid, task.GetCellId(), cellID)
 		}
-		after = c.complete(task, failed, reason, result)
-		return putTask(t, after)
+		after := c.complete(task, failed, reason, result)
+		return after, putTask(t, after)
 	})
 	if err != nil {
 		return fmt.Errorf("complete task %s: %w", guid, err)

@@ -16,7 +16,7 @@ import (
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 )
@@ -83,7 +83,7 @@ func startFake(t *testing.T, leader bool) *fakeAuctioneer {
 // run starts a client of addrs and returns it with a function that queues one LRP.
 func run(t *testing.T, addrs ...string) (*Auctioneer, func(guid string)) {
 	t.Helper()
-	a, err := DialAuctioneers(addrs, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}, time.Millisecond, logging.NewTest(t))
+	a, err := DialAuctioneers(addrs, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}, time.Millisecond, logtest.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestAuctioneerDropsWorkNobodyTakes(t *testing.T) {
 }
 
 func TestDialAuctioneersNeedsAnAddress(t *testing.T) {
-	if _, err := DialAuctioneers([]string{" , "}, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}, time.Millisecond, logging.NewTest(t)); err == nil {
+	if _, err := DialAuctioneers([]string{" , "}, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}}, time.Millisecond, logtest.New(t)); err == nil {
 		t.Error("DialAuctioneers without an address succeeded")
 	}
 }

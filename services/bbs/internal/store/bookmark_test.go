@@ -9,7 +9,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // TestSubscribeBookmarksWhenIdle checks, on synctest's fake clock, that a subscriber served from
@@ -18,7 +18,7 @@ import (
 // through its ring: no etcd is involved.
 func TestSubscribeBookmarksWhenIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := New(nil, Options{Logger: logging.NewTest(t)})
+		s := New(nil, Options{Logger: logtest.New(t)})
 		s.hub.reset(10)
 		close(s.synced)
 

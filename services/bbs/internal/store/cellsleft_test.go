@@ -11,7 +11,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // TestCellsLeftFollowsDepartures checks that the store tells Options.CellsLeft the cells still
@@ -41,7 +41,7 @@ func TestCellsLeftFollowsDepartures(t *testing.T) {
 		}
 		return len(calls), calls[len(calls)-1]
 	}
-	st := New(cli, Options{Logger: logging.NewTest(t), CellsLeft: func(present []*modelsv1.CellPresence) {
+	st := New(cli, Options{Logger: logtest.New(t), CellsLeft: func(present []*modelsv1.CellPresence) {
 		var ids []string
 		for _, c := range present {
 			ids = append(ids, c.GetCellId())

@@ -12,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -31,7 +31,7 @@ func TestWriteWhileEtcdIsDown(t *testing.T) {
 		}
 	})
 	srv, cli := etcdtest.Start(t, func(c *etcdembed.Config) { c.Dir, c.ClientAddr = dir, addr })
-	st := New(cli, Options{Logger: logging.NewTest(t), UnreachableTimeout: 500 * time.Millisecond})
+	st := New(cli, Options{Logger: logtest.New(t), UnreachableTimeout: 500 * time.Millisecond})
 	testkit.Start(t, "store", st)
 	claim := func(ctx context.Context, port uint32) error {
 		_, err := st.Update(ctx, func(tx *Txn) error { return tx.PutPortOwner("tcp", port, "web") })

@@ -242,3 +242,22 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 	}
 	return 0, rpcerr.Aborted("lost %d compare-and-swap races in a row; retry", s.opts.WriteAttempts)
 }
+
+// UpdateValue is Update for a change that yields a value: it runs fn as Update does, once per
+// attempt, and returns the value fn returned in the attempt that succeeded (the one whose
+// writes committed, or that wrote nothing), with the revision. Values of attempts that failed
+// or lost a race are dropped, so fn never resets anything by hand. On error the value is T's
+// zero value.
+func UpdateValue[T any](ctx context.Context, s *Store, fn func(t *Txn) (T, error)) (T, int64, error) {
+	var v T
+	rev, err := s.Update(ctx, func(t *Txn) error {
+		var err error
+		v, err = fn(t)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, 0, err
+	}
+	return v, rev, nil
+}

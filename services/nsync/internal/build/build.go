@@ -42,6 +42,29 @@ const (
 	MaxAppGuidLength = 63
 )
 
+// LiveVersions are the versions of a started app that should be desired at the BBS: its
+// version and, during a restart, the pending one (none unless the app is started).
+func LiveVersions(rec *nsyncv1.AppRecord) []int64 {
+	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
+		return nil
+	}
+	v := []int64{rec.GetApp().GetVersion()}
+	if p := rec.GetPendingVersion(); p != 0 {
+		v = append(v, p)
+	}
+	return v
+}
+
+// LRPUpdate is the in-place update that brings an LRP to the app's instances and routes.
+func LRPUpdate(app *nsyncv1.App) (*modelsv1.DesiredLRPUpdate, error) {
+	routes, err := RoutesJSON(app.GetRoutes())
+	if err != nil {
+		return nil, err
+	}
+	n := app.GetInstances()
+	return &modelsv1.DesiredLRPUpdate{Instances: &n, Routes: &modelsv1.RoutesUpdate{Routes: routes}}, nil
+}
+
 // ProcessGuid is the process guid of version of app guid.
 func ProcessGuid(appGuid string, version int64) string {
 	return appGuid + "-v" + strconv.FormatInt(version, 10)

@@ -1,18 +1,15 @@
 package core
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
+	"github.com/gavel-sched/gavel/services/nsync/internal/bulk"
 )
 
 // BulkResult counts what one bulk pass changed at the BBS.
@@ -26,7 +23,8 @@ type BulkResult struct {
 // so that the BBS retires extra instances only on the word of a complete pass (Diego's domain
 // freshness). The BBS's LRPs are listed before the records: every LRP nsync desires is
 // recorded first, so an LRP in the listing whose record is missing from the later record
-// listing is truly unknown.
+// listing is truly unknown. The pass is planned purely from what it listed (bulk.Make) and
+// the plan applied here (applyBulk).
 func (c *Core) Bulk(ctx context.Context) (BulkResult, error) {
 	start := c.cfg.Now()
 	res, err := c.bulk(ctx)
@@ -35,111 +33,24 @@ func (c *Core) Bulk(ctx context.Context) (BulkResult, error) {
 	return res, err
 }
 
+// bulk lists the BBS's LRPs, then the records, plans, applies and, when all went well,
+// refreshes the domain.
 func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
-	var res BulkResult
 	infos, err := c.bbs.DesiredLRPSchedulingInfos(ctx, &bbsv1.DesiredLRPSchedulingInfosRequest{Filter: &bbsv1.Filter{Domain: build.AppsDomain}})
 	if err != nil {
-		return res, fmt.Errorf("list cf-apps LRPs: %w", err)
+		return BulkResult{}, fmt.Errorf("list cf-apps LRPs: %w", err)
 	}
 	recs, _, err := c.store.Apps(ctx)
 	if err != nil {
-		return res, err
+		return BulkResult{}, err
 	}
-	atBBS := map[string]*modelsv1.DesiredLRPSchedulingInfo{}
-	for _, si := range infos.GetSchedulingInfos() {
-		atBBS[si.GetProcessGuid()] = si
-	}
-	var errs []error
-	expected := map[string]bool{}
+	snap := bulk.Snapshot{LRPs: infos.GetSchedulingInfos(), Apps: make([]bulk.App, 0, len(recs)), Now: c.cfg.Now()}
 	for _, r := range recs {
-		rec := r.Record
-		app := rec.GetApp()
-		for _, v := range liveVersions(rec) {
-			pg := build.ProcessGuid(app.GetGuid(), v)
-			expected[pg] = true
-			si, ok := atBBS[pg]
-			if !ok {
-				rootfs, constraint := rec.GetRootfs(), rec.GetPlacementConstraint()
-				if v == rec.GetPendingVersion() {
-					rootfs, constraint = rec.GetPendingRootfs(), rec.GetPendingConstraint()
-				}
-				d, err := c.lrp(ctx, app, v, rootfs, constraint)
-				if err == nil {
-					err = c.desire(ctx, d)
-				}
-				if err != nil {
-					errs = append(errs, fmt.Errorf("desire %s: %w", pg, err))
-					continue
-				}
-				c.log.Info("desired a missing LRP", "process_guid", pg)
-				res.Desired++
-				continue
-			}
-			u, err := lrpUpdate(app)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if si.GetInstances() == u.GetInstances() && sameRoutes(si.GetRoutes(), u.GetRoutes().GetRoutes()) {
-				continue
-			}
-			if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u}); err != nil {
-				errs = append(errs, fmt.Errorf("update %s: %w", pg, err))
-				continue
-			}
-			c.log.Info("corrected a drifted LRP", "process_guid", pg, "instances", u.GetInstances())
-			res.Updated++
-		}
+		snap.Apps = append(snap.Apps, bulk.App{Record: r.Record, ModRevision: r.ModRevision})
 	}
-	now := c.cfg.Now()
-	for _, r := range recs {
-		rec := r.Record
-		d := rec.GetDrainingVersion()
-		if d == 0 {
-			continue
-		}
-		if now.Before(time.UnixMilli(rec.GetDrainUntilUnixMs())) {
-			expected[build.ProcessGuid(rec.GetApp().GetGuid(), d)] = true
-			continue
-		}
-		if err := c.finishDrain(ctx, rec.GetApp().GetGuid(), d); err != nil {
-			errs = append(errs, fmt.Errorf("remove drained %s: %w", build.ProcessGuid(rec.GetApp().GetGuid(), d), err))
-			continue
-		}
-		expected[build.ProcessGuid(rec.GetApp().GetGuid(), d)] = true // removed just now
-	}
-	for pg := range atBBS {
-		if expected[pg] {
-			continue
-		}
-		if err := c.remove(ctx, pg); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s: %w", pg, err))
-			continue
-		}
-		c.log.Info("removed an LRP nsync does not know", "process_guid", pg)
-		res.Removed++
-	}
-	for _, r := range recs {
-		if p := r.Record.GetPendingVersion(); p != 0 && r.Record.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
-			if _, err := c.advanceRestart(ctx, r.Record.GetApp().GetGuid(), p); err != nil {
-				errs = append(errs, fmt.Errorf("restart of %s: %w", r.Record.GetApp().GetGuid(), err))
-			}
-		}
-	}
-	// Tombstones of deleted apps go once none of their LRPs was listed (those listed were just
-	// removed above; the next pass confirms they are gone).
-	listedApps := map[string]bool{}
-	for _, si := range atBBS {
-		listedApps[si.GetLabels()[build.LabelApp]] = true
-	}
-	for _, r := range recs {
-		if r.Record.GetState() == nsyncv1.AppState_APP_STATE_DELETED && !listedApps[r.Record.GetApp().GetGuid()] {
-			if err := c.store.DeleteApp(ctx, r.Record.GetApp().GetGuid(), r.ModRevision); err != nil && !errors.Is(err, rpcerr.ErrAborted) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	p := bulk.Make(snap)
+	res, errs := c.applyBulk(ctx, p.Changes)
+	if err := errors.Join(append(p.Errors, errs...)...); err != nil {
 		return res, err
 	}
 	ttl := int64(c.cfg.DomainTTL / time.Second)
@@ -149,6 +60,53 @@ func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
 	return res, nil
 }
 
-func sameRoutes(a, b map[string][]byte) bool {
-	return maps.EqualFunc(a, b, bytes.Equal)
+// applyBulk applies the changes of a bulk plan in order, one at a time; a failed change is
+// returned among the errors and the next pass plans it again.
+func (c *Core) applyBulk(ctx context.Context, changes []bulk.Change) (BulkResult, []error) {
+	var res BulkResult
+	var errs []error
+	for _, ch := range changes {
+		switch ch := ch.(type) {
+		case bulk.Desire:
+			d, err := c.lrp(ctx, ch.App, ch.Version, ch.Rootfs, ch.Constraint)
+			if err == nil {
+				err = c.desire(ctx, d)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("desire %s: %w", ch.ProcessGuid, err))
+				continue
+			}
+			c.log.Info("desired a missing LRP", "process_guid", ch.ProcessGuid)
+			res.Desired++
+		case bulk.Update:
+			if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: ch.ProcessGuid, Update: ch.Update}); err != nil {
+				errs = append(errs, fmt.Errorf("update %s: %w", ch.ProcessGuid, err))
+				continue
+			}
+			c.log.Info("corrected a drifted LRP", "process_guid", ch.ProcessGuid, "instances", ch.Update.GetInstances())
+			res.Updated++
+		case bulk.FinishDrain:
+			if err := c.finishDrain(ctx, ch.AppGuid, ch.Version); err != nil {
+				errs = append(errs, fmt.Errorf("remove drained %s: %w", build.ProcessGuid(ch.AppGuid, ch.Version), err))
+			}
+		case bulk.Remove:
+			if err := c.remove(ctx, ch.ProcessGuid); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s: %w", ch.ProcessGuid, err))
+				continue
+			}
+			c.log.Info("removed an LRP nsync does not know", "process_guid", ch.ProcessGuid)
+			res.Removed++
+		case bulk.AdvanceRestart:
+			if _, err := c.advanceRestart(ctx, ch.AppGuid, ch.Version); err != nil {
+				errs = append(errs, fmt.Errorf("restart of %s: %w", ch.AppGuid, err))
+			}
+		case bulk.DeleteTombstone:
+			if err := c.store.DeleteApp(ctx, ch.AppGuid, ch.ModRevision); err != nil && !errors.Is(err, rpcerr.ErrAborted) {
+				errs = append(errs, err)
+			}
+		default:
+			errs = append(errs, fmt.Errorf("bulk change %T has no apply step", ch))
+		}
+	}
+	return res, errs
 }

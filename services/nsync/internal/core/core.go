@@ -228,18 +228,6 @@ func (c *Core) getApp(ctx context.Context, guid string) (store.App, error) {
 	return cur, err
 }
 
-// liveVersions are the versions of a started app that should be desired at the BBS.
-func liveVersions(rec *nsyncv1.AppRecord) []int64 {
-	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
-		return nil
-	}
-	v := []int64{rec.GetApp().GetVersion()}
-	if p := rec.GetPendingVersion(); p != 0 {
-		v = append(v, p)
-	}
-	return v
-}
-
 // update changes the recorded app with f under compare-and-swap, retrying lost races.
 func (c *Core) update(ctx context.Context, guid string, f func(rec *nsyncv1.AppRecord) error) (*nsyncv1.AppRecord, error) {
 	for attempt := 0; ; attempt++ {
@@ -287,11 +275,11 @@ func (c *Core) UpdateApp(ctx context.Context, req *nsyncv1.UpdateAppRequest) (*n
 	if err != nil {
 		return nil, err
 	}
-	u, err := lrpUpdate(rec.GetApp())
+	u, err := build.LRPUpdate(rec.GetApp())
 	if err != nil {
 		return nil, err
 	}
-	for _, v := range liveVersions(rec) {
+	for _, v := range build.LiveVersions(rec) {
 		pg := build.ProcessGuid(rec.GetApp().GetGuid(), v)
 		if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u}); err != nil {
 			c.log.Warn("update at the BBS failed; the bulk loop corrects it", "process_guid", pg, "error", err)
@@ -308,16 +296,6 @@ func (c *Core) limits() models.Limits {
 	return l
 }
 
-// lrpUpdate is the in-place update that brings an LRP to the app's instances and routes.
-func lrpUpdate(app *nsyncv1.App) (*modelsv1.DesiredLRPUpdate, error) {
-	routes, err := build.RoutesJSON(app.GetRoutes())
-	if err != nil {
-		return nil, err
-	}
-	n := app.GetInstances()
-	return &modelsv1.DesiredLRPUpdate{Instances: &n, Routes: &modelsv1.RoutesUpdate{Routes: routes}}, nil
-}
-
 // StopApp marks the app stopped (or forgets it) and removes its LRPs from the BBS.
 func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 	if err := models.ValidateGuid("guid", guid); err != nil {
@@ -327,7 +305,7 @@ func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 	if err != nil {
 		return err
 	}
-	live := liveVersions(cur.Record)
+	live := build.LiveVersions(cur.Record)
 	if d := cur.Record.GetDrainingVersion(); d != 0 {
 		live = append(live, d)
 	}
@@ -454,7 +432,7 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 			info.ProcessGuid = build.ProcessGuid(app.GetGuid(), app.GetVersion())
 			info.Desired = app.GetInstances()
 		}
-		for _, v := range liveVersions(rec) {
+		for _, v := range build.LiveVersions(rec) {
 			for _, a := range byGuid[build.ProcessGuid(app.GetGuid(), v)] {
 				if pe := a.GetPlacementError(); pe.GetCode() != modelsv1.PlacementError_CODE_UNSPECIFIED && v == app.GetVersion() {
 					info.PlacementError = pe

@@ -12,7 +12,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // TestMain runs the etcd members StartCluster asks for.
@@ -37,7 +37,7 @@ func TestEtcdOutageKeepsThePresence(t *testing.T) {
 
 	p := New(cli, ttl, func() *modelsv1.CellPresence {
 		return &modelsv1.CellPresence{CellId: "cell-1", RepAddress: "127.0.0.1:1"}
-	}, logging.NewTest(t))
+	}, logtest.New(t))
 	testkit.Start(t, "presence", p)
 	key := CellKey("cell-1")
 	get := func() (createRev int64, lease clientv3.LeaseID, err error) {

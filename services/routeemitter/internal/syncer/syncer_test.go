@@ -11,7 +11,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
 )
@@ -197,7 +197,7 @@ func TestListsAtDifferentRevisions(t *testing.T) {
 		since:   make(chan int64, 10),
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
-	s, err := New(Config{BBS: f, Table: table.New(logging.NewTest(t)), Publisher: rec, Logger: logging.NewTest(t),
+	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
 		SyncInterval: time.Hour, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestPeriodicListingBesideTheStream(t *testing.T) {
 		gate: make(chan struct{}), listing: make(chan struct{}),
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
-	s, err := New(Config{BBS: f, Table: table.New(logging.NewTest(t)), Publisher: rec, Logger: logging.NewTest(t),
+	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
 		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

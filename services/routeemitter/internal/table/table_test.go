@@ -9,7 +9,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
-	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/routing/cfrouter"
 )
 
@@ -87,7 +87,7 @@ const (
 )
 
 func TestTableRules(t *testing.T) {
-	tb := New(logging.NewTest(t))
+	tb := New(logtest.New(t))
 	tb.SetDesired("web", routes(`[{"port": 4000, "routes": ["foo.com", "bar.com"]}, {"port": 5000, "routes": ["admin.foo.com"], "route_to_instances": true, "ssl": true},
 		{"port": 4000, "protocol": "tcp", "incoming_port": 62312}, {"port": 4000, "protocol": "udp", "incoming_port": 43218}]`))
 	if d := tb.Commit(); !d.Empty() {
@@ -154,7 +154,7 @@ udp:43218 web/0/i0@10.0.0.1:34000 web/1/i1s@10.0.0.2:34001
 }
 
 func TestTableSharedHostnamesAndBadDocuments(t *testing.T) {
-	tb := New(logging.NewTest(t))
+	tb := New(logtest.New(t))
 	tb.SetDesired("a", routes(`[{"port": 8080, "routes": ["shared.com", "a.com"]}]`))
 	tb.SetDesired("b", routes(`[{"port": 8080, "routes": ["SHARED.com"], "ssl": true}, {"port": 8080, "protocol": "tcp", "incoming_port": 1234}]`))
 	tb.SetDesired("c", routes(`[{"port": 8080, "protocol": "tcp", "incoming_port": 1234}]`))
@@ -191,7 +191,7 @@ tcp:1234 b/0/b0@10.0.0.1:38080 c/0/c0@10.0.0.1:38080
 }
 
 func TestTableReplaceDiffs(t *testing.T) {
-	tb := New(logging.NewTest(t))
+	tb := New(logtest.New(t))
 	tb.SetDesired("a", routes(`[{"port": 8080, "routes": ["a.com"]}]`))
 	tb.SetDesired("b", routes(`[{"port": 8080, "routes": ["b.com"]}]`))
 	tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
@@ -222,7 +222,7 @@ func TestTableReplaceDiffs(t *testing.T) {
 }
 
 func TestTableMissingPortMapping(t *testing.T) {
-	tb := New(logging.NewTest(t))
+	tb := New(logtest.New(t))
 	tb.SetDesired("a", routes(`[{"port": 9999, "routes": ["a.com"]}, {"port": 8080, "routes": ["ok.com"]}]`))
 	tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
 	tb.Commit()
