@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet layers test test-fast test-cluster image compose-certs bench bench-scale run clean
+.PHONY: all generate build check lint fmt vet layers test test-fast test-race test-cluster image compose-certs bench bench-scale run clean
 
 all: check build test
 
@@ -61,6 +61,15 @@ test:
 ## test-fast: the edit loop: unit and in-process integration tests (-short skips e2e over built binaries and long runs)
 test-fast:
 	$(GO) test -short -count=1 -timeout 5m $(PKGS)
+
+## test-race: the race detector over the packages with concurrency: the BBS (its service tests
+## drive internal/core, which has no tests of its own), its store, callbacks and peers; the rep
+## and its cell; the auctioneer; the route-emitter; nsync; the router; grpcx, lifecycle, etcdx
+RACE_PKGS ?= ./services/bbs/ ./services/bbs/internal/... ./services/rep/ ./services/rep/internal/cell/ \
+	./services/auctioneer/... ./services/routeemitter/... ./services/nsync/... ./services/router/... \
+	./pkg/grpcx/ ./pkg/lifecycle/ ./pkg/etcdx/...
+test-race:
+	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
 
 ## test-cluster: the multi-host test bed over Docker containers (test/cluster; needs a docker engine)
 test-cluster:

@@ -2,6 +2,11 @@
 // cell sets) that says which instance answered. Container ports listed in TCP_ECHO_PORTS or
 // UDP_ECHO_PORTS (comma-separated) echo TCP or UDP instead. It is built static so it runs on a
 // cell's host, in a preloaded rootfs, or from a FROM-scratch image.
+//
+// It binds only the address it is given, $CF_INSTANCE_IP (the cell address the rep's process
+// backend sets, where the instance is routed to and checked), or 127.0.0.1 without it: with
+// no network namespace, listening on every interface would expose the instance on addresses
+// the cell never advertised. It binds every port before it logs "serving".
 package main
 
 import (
@@ -34,18 +39,34 @@ func main() {
 	if len(ports) == 0 {
 		ports["8080"] = "8080"
 	}
+	ip := os.Getenv("CF_INSTANCE_IP")
+	if ip == "" {
+		ip = "127.0.0.1"
+	}
 	for host, container := range ports {
-		addr := ":" + host
+		addr := net.JoinHostPort(ip, host)
 		switch {
 		case tcpEcho[container]:
-			go serveTCPEcho(addr)
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				log.Fatal(err)
+			}
+			go serveTCPEcho(l)
 		case udpEcho[container]:
-			go serveUDPEcho(addr)
+			pc, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				log.Fatal(err)
+			}
+			go serveUDPEcho(pc)
 		default:
-			go serveHTTP(addr, container, index, guid)
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				log.Fatal(err)
+			}
+			go serveHTTP(l, container, index, guid)
 		}
 	}
-	log.Printf("hello: instance %s (%s) serving %v", index, guid, ports)
+	log.Printf("hello: instance %s (%s) serving on %s: %v", index, guid, ip, ports)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
@@ -62,20 +83,16 @@ func set(csv string) map[string]bool {
 	return out
 }
 
-func serveHTTP(addr, containerPort, index, guid string) {
+func serveHTTP(l net.Listener, containerPort, index, guid string) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from instance %s (guid %s, pid %d) on container port %s, host %s, path %s\n", index, guid, os.Getpid(), containerPort, r.Host, r.URL.Path)
 	})
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	log.Fatal(http.ListenAndServe(addr, mux))
+	log.Fatal(http.Serve(l, mux))
 }
 
-func serveTCPEcho(addr string) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		log.Fatal(err)
-	}
+func serveTCPEcho(l net.Listener) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -88,11 +105,7 @@ func serveTCPEcho(addr string) {
 	}
 }
 
-func serveUDPEcho(addr string) {
-	pc, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		log.Fatal(err)
-	}
+func serveUDPEcho(pc net.PacketConn) {
 	buf := make([]byte, 64*1024)
 	for {
 		n, from, err := pc.ReadFrom(buf)

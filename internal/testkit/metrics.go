@@ -4,6 +4,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -21,4 +23,22 @@ func Scrape(t testing.TB, addr net.Addr) string {
 		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
 	}
 	return string(b)
+}
+
+// Promtool checks a /metrics page with Prometheus's linter, `promtool check metrics` (names,
+// units, help texts, counter suffixes), and fails the test with its complaints. Without
+// promtool on PATH (Debian package prometheus; .ci/run installs it) the test is skipped with one
+// loud line. Call it in a subtest so a skip does not skip the test that scraped body.
+func Promtool(t testing.TB, body string) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("SKIP: promtool is not on PATH (apt-get install prometheus): /metrics is not linted")
+	}
+	cmd := exec.Command(path, "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
 }

@@ -19,7 +19,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
@@ -188,7 +191,7 @@ func (a *Authorizer) authorize(ctx context.Context, method string, req any) (*ca
 		a.audit.Warn("refused", "identity", "", "call", method, "reason", "no verified certificate identity")
 		return nil, status.Errorf(codes.Unauthenticated, "call %s: the client certificate carries no spiffe:// identity", method)
 	}
-	if strings.HasPrefix(method, "/grpc.") {
+	if Infrastructure(method) {
 		return &caller{identity: id}, nil
 	}
 	role, ok := a.cfg.RoleOf(id)
@@ -205,9 +208,31 @@ func (a *Authorizer) authorize(ctx context.Context, method string, req any) (*ca
 	return &caller{identity: id, role: role}, nil
 }
 
-// record audits a finished mutating call.
+// infrastructure are the services of gRPC itself that every gRPC server registers (see
+// pkg/grpcx): health checks and server reflection. They only read, so they are open to any
+// verified caller and never audited.
+var infrastructure = []string{
+	"/" + healthpb.Health_ServiceDesc.ServiceName + "/",
+	"/" + reflectionv1.ServerReflection_ServiceDesc.ServiceName + "/",
+	"/" + reflectionv1alpha.ServerReflection_ServiceDesc.ServiceName + "/",
+}
+
+// Infrastructure reports whether method (a full gRPC method name) belongs to gRPC's own health
+// or reflection service rather than to a Gavel API: such calls need a verified identity but no
+// role, and are not audited.
+func Infrastructure(method string) bool {
+	for _, prefix := range infrastructure {
+		if strings.HasPrefix(method, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// record audits a finished mutating call; gRPC's health and reflection calls are reads
+// whatever the policy says, so they are never audited.
 func (a *Authorizer) record(c *caller, method string, err error) {
-	if c == nil || !a.policy.Mutating(method) {
+	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) {
 		return
 	}
 	a.audit.Info("audit", "identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String())

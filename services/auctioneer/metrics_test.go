@@ -41,4 +41,5 @@ func TestMetrics(t *testing.T) {
 	if t.Failed() {
 		t.Log(body)
 	}
+	t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, body) })
 }

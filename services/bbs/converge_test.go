@@ -563,6 +563,7 @@ func TestConvergenceLeaderTriggerAndMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s:\n%s", name, body)
 		}
 	}
+	t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, body) })
 }
 
 func TestConvergeRemovesEvacuatingCopyOfVanishedCell(t *testing.T) {

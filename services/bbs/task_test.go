@@ -19,6 +19,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
@@ -584,7 +585,10 @@ func taskRunAndComplete(t *testing.T, env *bbstest.Env, guid string) {
 }
 
 func TestTaskCompletionCallback(t *testing.T) {
-	env := bbstest.Start(t)
+	// One callback worker delivers in queue order, each delivery's retries included, so a
+	// callback that arrives proves every task completed before it is done with (see "400 is
+	// not retried").
+	env := bbstest.Start(t, func(c *bbs.Config) { c.CallbackWorkers = 1 })
 
 	t.Run("delivered then deleted", func(t *testing.T) {
 		srv := taskNewCallbackServer(t, http.StatusOK)
@@ -626,8 +630,12 @@ func TestTaskCompletionCallback(t *testing.T) {
 		taskWithCallback(t, env, "cb-bad", srv.URL)
 		taskRunAndComplete(t, env, "cb-bad")
 		srv.waitRequests(t, 1, 10*time.Second)
-		// Longer than the first retry's backoff would be.
-		time.Sleep(1500 * time.Millisecond)
+		// A task completed after cb-bad's callback was answered is queued behind cb-bad; the
+		// one worker reaches it only once cb-bad's delivery, with any retry, is over.
+		fence := taskNewCallbackServer(t, http.StatusOK)
+		taskWithCallback(t, env, "cb-fence", fence.URL)
+		taskRunAndComplete(t, env, "cb-fence")
+		fence.waitRequests(t, 1, 10*time.Second)
 		if n := len(srv.got()); n != 1 {
 			t.Fatalf("%d callbacks after a 400, want 1", n)
 		}

@@ -40,7 +40,9 @@ func TestMetrics(t *testing.T) {
 			return strings.Contains(s, want), "not in the scrape"
 		})
 	}
-	if s := scrape(); !strings.Contains(s, `gavel_nsync_bulk_passes_total{result="complete"}`) {
+	s := scrape()
+	if !strings.Contains(s, `gavel_nsync_bulk_passes_total{result="complete"}`) {
 		t.Errorf("no complete passes in:\n%s", s)
 	}
+	t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, s) })
 }

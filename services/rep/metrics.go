@@ -108,11 +108,15 @@ func (m *serviceMetrics) ReconcileFixed(fix string) { m.fixes.WithLabelValues(fi
 // Descriptions of the cell's gauges.
 var (
 	containersDesc = prometheus.NewDesc("gavel_rep_containers", "Containers the cell holds, by state (reserved, starting, running, completing).", []string{"state"}, nil)
-	memoryDesc     = prometheus.NewDesc("gavel_rep_capacity_memory_mb", "Memory in MiB, by kind: total (the cell's capacity) or available (not held by a container).", []string{"kind"}, nil)
-	diskDesc       = prometheus.NewDesc("gavel_rep_capacity_disk_mb", "Disk in MiB, by kind: total or available.", []string{"kind"}, nil)
+	memoryDesc     = prometheus.NewDesc("gavel_rep_capacity_memory_bytes", "Memory in bytes, by kind: total (the cell's capacity) or available (not held by a container).", []string{"kind"}, nil)
+	diskDesc       = prometheus.NewDesc("gavel_rep_capacity_disk_bytes", "Disk in bytes, by kind: total or available.", []string{"kind"}, nil)
 	slotsDesc      = prometheus.NewDesc("gavel_rep_capacity_containers", "Container slots, by kind: total or available.", []string{"kind"}, nil)
 	evacuatingDesc = prometheus.NewDesc("gavel_rep_evacuating", "1 while the cell evacuates, else 0.", nil, nil)
 )
+
+// mib is n MiB (the unit of the cell's capacity, memory_mb and disk_mb) in bytes, the base unit
+// Prometheus names want.
+func mib(n int32) float64 { return float64(n) * (1 << 20) }
 
 // cellCollector reads the cell's gauges at scrape time.
 type cellCollector struct{ stats func() cell.Stats }
@@ -134,10 +138,10 @@ func (c cellCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(containersDesc, float64(s.Starting), "starting")
 	gauge(containersDesc, float64(s.Running), "running")
 	gauge(containersDesc, float64(s.Completing), "completing")
-	gauge(memoryDesc, float64(s.Total.GetMemoryMb()), "total")
-	gauge(memoryDesc, float64(s.Available.GetMemoryMb()), "available")
-	gauge(diskDesc, float64(s.Total.GetDiskMb()), "total")
-	gauge(diskDesc, float64(s.Available.GetDiskMb()), "available")
+	gauge(memoryDesc, mib(s.Total.GetMemoryMb()), "total")
+	gauge(memoryDesc, mib(s.Available.GetMemoryMb()), "available")
+	gauge(diskDesc, mib(s.Total.GetDiskMb()), "total")
+	gauge(diskDesc, mib(s.Available.GetDiskMb()), "available")
 	gauge(slotsDesc, float64(s.Total.GetContainers()), "total")
 	gauge(slotsDesc, float64(s.Available.GetContainers()), "available")
 	evac := 0.0

@@ -65,10 +65,10 @@ func TestMetrics(t *testing.T) {
 		`gavel_rep_containers{state="reserved"} 0`,
 		`gavel_rep_containers{state="starting"} 0`,
 		`gavel_rep_containers{state="completing"} 0`,
-		`gavel_rep_capacity_memory_mb{kind="total"} 1024`,
-		`gavel_rep_capacity_memory_mb{kind="available"} 896`,
-		`gavel_rep_capacity_disk_mb{kind="total"} 4096`,
-		`gavel_rep_capacity_disk_mb{kind="available"} 3840`,
+		`gavel_rep_capacity_memory_bytes{kind="total"} 1.073741824e+09`,
+		`gavel_rep_capacity_memory_bytes{kind="available"} 9.39524096e+08`,
+		`gavel_rep_capacity_disk_bytes{kind="total"} 4.294967296e+09`,
+		`gavel_rep_capacity_disk_bytes{kind="available"} 4.02653184e+09`,
 		`gavel_rep_capacity_containers{kind="total"} 10`,
 		`gavel_rep_capacity_containers{kind="available"} 9`,
 		`gavel_rep_container_starts_total{kind="lrp"} 2`,
@@ -85,8 +85,9 @@ func TestMetrics(t *testing.T) {
 		`gavel_rep_evacuating 0`,
 		`go_goroutines`,
 	}
+	var body string
 	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
-		body := scrape(t, r)
+		body = scrape(t, r)
 		for _, w := range want {
 			if !strings.Contains(body, w) {
 				return false, "missing " + w + " in:\n" + body
@@ -94,4 +95,5 @@ func TestMetrics(t *testing.T) {
 		}
 		return true, ""
 	}, "the metrics")
+	t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, body) })
 }

@@ -65,6 +65,7 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 		if missing == "" && version > 1 {
+			t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, body) })
 			return
 		}
 		if time.Now().After(deadline) {

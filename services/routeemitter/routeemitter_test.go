@@ -223,13 +223,16 @@ func TestWatchResume(t *testing.T) {
 	if m.snaps != 1 || fmt.Sprint(render(m.list())) != fmt.Sprint(render(now.GetRoutes())) {
 		t.Fatalf("resumed copy %v (snapshots %d), table %v", render(m.list()), m.snaps, render(now.GetRoutes()))
 	}
-	// Resuming at the current version sends nothing until the next change.
+	// Resuming at the current version sends nothing until the next change: the first message
+	// is the delta of a change made after the watch began (the stream is ordered, so anything
+	// sent at the resume would come first).
 	w.cancel()
 	w = watch(t, e, m.tableID, m.version)
-	select {
-	case msg := <-w.msgs:
-		t.Fatalf("a current watcher was sent %v", msg)
-	case <-time.After(200 * time.Millisecond):
+	desire(t, c, lrp("other", 1, []uint32{8080}, cfRouter(`[{"port": 8080, "routes": ["other.com"]}]`)))
+	run(t, c, "other", 0, "o0", true, netInfo(8080, 61009))
+	if msg := w.next(t); msg.GetSnapshot() || msg.GetVersion() != m.version+1 {
+		t.Fatalf("a watcher resumed at the current v%d was first sent snapshot=%v v%d, want the next change's delta v%d",
+			m.version, msg.GetSnapshot(), msg.GetVersion(), m.version+1)
 	}
 	w.cancel()
 
@@ -344,14 +347,13 @@ func TestNotSyncedYet(t *testing.T) {
 		t.Fatalf("RoutingTable before sync = %v, want Unavailable", err)
 	}
 	w := watch(t, e, "", 0)
-	select {
-	case m := <-w.msgs:
-		t.Fatalf("WatchRoutes sent %v before the first sync", m)
-	case <-time.After(300 * time.Millisecond):
-	}
+	// A route the route-emitter can learn only once it reaches the BBS: the watcher's first
+	// message must be a snapshot holding it, so nothing (an empty table) was sent before.
+	desire(t, env.Client, lrp("app", 1, []uint32{8080}, cfRouter(`[{"port": 8080, "routes": ["app.com"]}]`)))
+	run(t, env.Client, "app", 0, "a0", true, netInfo(8080, 61000))
 	p.up(t, env.Addr)
-	if m := w.next(t); !m.GetSnapshot() {
-		t.Fatalf("first message after sync %v, want a snapshot", m)
+	if m := w.next(t); !m.GetSnapshot() || render(m.GetUpserts())["http:app.com"] != "app/0/a0@127.0.0.1:61000" {
+		t.Fatalf("first message %v, want the snapshot of the first sync, with app.com", m)
 	}
 	table(t, e)
 }

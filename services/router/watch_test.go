@@ -122,4 +122,5 @@ func TestHealthz(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+	t.Run("promtool", func(t *testing.T) { testkit.Promtool(t, body) })
 }

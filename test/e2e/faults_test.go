@@ -497,7 +497,13 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 		}
 	}()
 
-	time.Sleep(2 * time.Second)
+	// Kill once the stream is well under way (a sixth of the calls acknowledged), so that
+	// desires, auctions and starts are in flight at the kill.
+	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) >= lrps/6, fmt.Sprintf("%d acknowledged", len(acked))
+	}, "the DesireLRP stream under way")
 	leader := c.leader()
 	if leader < 0 {
 		t.Fatal("no auctioneer leads")

@@ -277,14 +277,16 @@ func TestQueueFull(t *testing.T) {
 		q.Enqueue(completed(guid, srv.URL))
 	}
 	run(t, w)
-	calls := res.waitCalls(t, 4)
-	time.Sleep(100 * time.Millisecond)
-	if calls = res.got(); !equal(calls, []string{"resolving t1", "delete t1", "resolving t2", "delete t2"}) {
-		t.Fatalf("resolver calls %v, want t1 and t2 only", calls)
+	// One worker takes the queue in order: once a task queued after the others is delivered,
+	// t3 and t4 would have been delivered before it, had they been queued.
+	res.waitCalls(t, 4)
+	q.Enqueue(completed("fence", srv.URL))
+	if calls := res.waitCalls(t, 6); !equal(calls, []string{"resolving t1", "delete t1", "resolving t2", "delete t2", "resolving fence", "delete fence"}) {
+		t.Fatalf("resolver calls %v, want t1, t2 and the fence only", calls)
 	}
 	// A dropped task is not stuck as in flight: it can be queued again.
 	q.Enqueue(completed("t3", srv.URL))
-	if calls := res.waitCalls(t, 6); !equal(calls[4:], []string{"resolving t3", "delete t3"}) {
+	if calls := res.waitCalls(t, 8); !equal(calls[6:], []string{"resolving t3", "delete t3"}) {
 		t.Fatalf("resolver calls %v", calls)
 	}
 }

@@ -131,13 +131,15 @@ func checkInterval(def *modelsv1.CheckDefinition) time.Duration {
 	return shortest
 }
 
-// hostAddr is 127.0.0.1:<host port of the container port> (the port itself when unmapped).
+// hostAddr is <cell address>:<host port of the container port> (the port itself when
+// unmapped): where the instance is reached (net_info) and the address the process is given in
+// CF_INSTANCE_IP, so a process that binds only that address passes its checks.
 func (c *container) hostAddr(containerPort uint32) string {
 	port := int(containerPort)
 	if hp, ok := c.mapping[containerPort]; ok {
 		port = hp
 	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return net.JoinHostPort(c.b.opts.CellAddress, strconv.Itoa(port))
 }
 
 // checkProbe builds the probe of a tcp or http check.

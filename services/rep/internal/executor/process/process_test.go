@@ -157,6 +157,33 @@ func TestTCPHealthCheckFailsLater(t *testing.T) {
 	}
 }
 
+// TestChecksProbeTheCellAddress runs a process that binds only the address it is given
+// (CF_INSTANCE_IP, the cell address, here 127.0.0.2): its HTTP and TCP checks reach it there,
+// so it becomes healthy and routable, and it answers on the cell address and not on 127.0.0.1.
+func TestChecksProbeTheCellAddress(t *testing.T) {
+	t.Parallel()
+	b := newTestBackend(t, func(o *executor.Options) { o.CellAddress = "127.0.0.2" })
+	c := start(t, b, lrp("bound", &modelsv1.CheckDefinition{
+		Checks:          []*modelsv1.Check{tcpCheck(8080)},
+		ReadinessChecks: []*modelsv1.Check{httpCheck(8080, "/ready")},
+	}, "BIND_INSTANCE_IP", "1"))
+	waitHealthy(t, c, 10*time.Second)
+	expectRoutable(t, c, true, 5*time.Second)
+	hostPort := c.NetInfo().GetPorts()[0].GetHostPort()
+	if got := c.NetInfo().GetAddress(); got != "127.0.0.2" {
+		t.Errorf("net_info address %q, want the cell address 127.0.0.2", got)
+	}
+	conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.2", strconv.Itoa(int(hostPort))))
+	if err != nil {
+		t.Fatalf("dial the cell address: %v", err)
+	}
+	conn.Close()
+	if conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(hostPort)))); err == nil {
+		conn.Close()
+		t.Errorf("the process answers on 127.0.0.1:%d though it binds only CF_INSTANCE_IP", hostPort)
+	}
+}
+
 func TestReadinessDrivesRoutable(t *testing.T) {
 	t.Parallel()
 	b := newTestBackend(t, nil)

@@ -1,4 +1,5 @@
-// Command httpserver is the test app: it serves HTTP on $PORT and on every $PORT_<n>.
+// Command httpserver is the test app: it serves HTTP on $PORT and on every $PORT_<n>, on every
+// interface, or only on $CF_INSTANCE_IP when $BIND_INSTANCE_IP is set.
 //
 //	GET /        JSON: the environment, "uid", "cwd" and "resolv" (whether /etc/resolv.conf exists)
 //	GET /health  200, or 500 while the file $HEALTH_FAIL_FILE exists
@@ -58,9 +59,13 @@ func main() {
 	mux.HandleFunc("/health", failWhile("HEALTH_FAIL_FILE"))
 	mux.HandleFunc("/ready", failWhile("READY_FAIL_FILE"))
 
+	host := "0.0.0.0"
+	if os.Getenv("BIND_INSTANCE_IP") != "" {
+		host = os.Getenv("CF_INSTANCE_IP")
+	}
 	var listeners []net.Listener
 	for p := range ports {
-		l, err := net.Listen("tcp", "0.0.0.0:"+p)
+		l, err := net.Listen("tcp", net.JoinHostPort(host, p))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "listen:", err)
 			os.Exit(1)

@@ -1,0 +1,167 @@
+package authz_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/gavel-sched/gavel/pkg/authz"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+)
+
+// TestInfrastructureCallsAreNotAudited serves a rep API (every call unimplemented) behind the
+// authorizer over mutual TLS on loopback: a health check, a health watch and a reflection
+// listing by an identity without a role pass and write nothing to the audit log, while admin's
+// mutating call and read-only's refused one are written, each with its role.
+func TestInfrastructureCallsAreNotAudited(t *testing.T) {
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "rep", "admin", "read-only", "stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	audit := &lockedBuffer{}
+	policy := authz.Methods{
+		Service: repv1.RepService_ServiceDesc.ServiceName,
+		Reads:   []string{"State"},
+		Grants:  map[string][]string{authz.Auctioneer: {"Perform"}},
+	}
+	a := authz.New(authz.Default(), policy, hclog.New(&hclog.LoggerOptions{Name: "audit", Level: hclog.Info, Output: audit}))
+	srv, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: "127.0.0.1:0", TLS: pki["rep"]}, hclog.NewNullLogger(),
+		grpcx.WithUnaryInterceptors(a.Unary()), grpcx.WithStreamInterceptors(a.Stream()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	repv1.RegisterRepServiceServer(srv.GRPC, repv1.UnimplementedRepServiceServer{})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- srv.Run(ctx, func() { close(ready) }) }()
+	stop := sync.OnceValue(func() error { cancel(); return <-done })
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("server: %v", err)
+	}
+	dial := func(name string) *grpc.ClientConn {
+		conn, err := grpcx.Dial(srv.Addr().String(), grpcx.ClientConfig{TLS: pki[name]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	callCtx, callCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer callCancel()
+
+	// gRPC's own services, by an identity with no role: allowed, not audited.
+	stranger := dial("stranger")
+	if resp, err := healthpb.NewHealthClient(stranger).Check(callCtx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health check: %v %v", resp, err)
+	}
+	watch, err := healthpb.NewHealthClient(stranger).Watch(callCtx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatalf("health watch: %v", err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatalf("health watch: %v", err)
+	}
+	refl, err := reflectionv1.NewServerReflectionClient(stranger).ServerReflectionInfo(callCtx)
+	if err != nil {
+		t.Fatalf("reflection: %v", err)
+	}
+	if err := refl.Send(&reflectionv1.ServerReflectionRequest{MessageRequest: &reflectionv1.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatalf("reflection send: %v", err)
+	}
+	if resp, err := refl.Recv(); err != nil || len(resp.GetListServicesResponse().GetService()) == 0 {
+		t.Fatalf("reflection list: %v %v", resp, err)
+	}
+	if err := refl.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := refl.Recv(); err == nil {
+		t.Fatal("reflection: the stream did not end")
+	}
+
+	// The rep's API: admin's mutating call is audited, read-only's is refused and logged as
+	// such, and a read is not audited.
+	if _, err := repv1.NewRepServiceClient(dial("admin")).Evacuate(callCtx, &repv1.EvacuateRequest{}); err == nil {
+		t.Fatal("Evacuate on an unimplemented server succeeded")
+	}
+	readOnly := repv1.NewRepServiceClient(dial("read-only"))
+	if _, err := readOnly.Perform(callCtx, &repv1.PerformRequest{}); err == nil {
+		t.Fatal("read-only may not Perform")
+	}
+	if _, err := readOnly.State(callCtx, &repv1.StateRequest{}); err == nil {
+		t.Fatal("State on an unimplemented server succeeded")
+	}
+	// The watch's handler ends (and would be recorded) only once the stream is cancelled and
+	// the server has stopped; stop it here, before reading the log.
+	callCancel()
+	if err := stop(); err != nil {
+		t.Errorf("server: %v", err)
+	}
+
+	log := audit.String()
+	for _, want := range []string{
+		"audit: identity=spiffe://gavel/admin role=admin call=/gavel.rep.v1.RepService/Evacuate code=Unimplemented",
+		"refused: identity=spiffe://gavel/read-only role=read-only call=/gavel.rep.v1.RepService/Perform",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the audit log lacks %q:\n%s", want, log)
+		}
+	}
+	for _, line := range strings.Split(strings.TrimSpace(log), "\n") {
+		if strings.Contains(line, "call=/grpc.") || strings.Contains(line, `role=""`) || strings.Contains(line, "/State") {
+			t.Errorf("audited a health, reflection or read call: %s", line)
+		}
+	}
+	if got := strings.Count(log, "audit: identity="); got != 1 {
+		t.Errorf("%d audit entries, want 1 (admin's Evacuate):\n%s", got, log)
+	}
+}
+
+func TestInfrastructure(t *testing.T) {
+	for method, want := range map[string]bool{
+		"/grpc.health.v1.Health/Check":                                   true,
+		"/grpc.health.v1.Health/Watch":                                   true,
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
+		"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
+		"/grpc.testing.TestService/EmptyCall":                            false,
+		"/gavel.rep.v1.RepService/Evacuate":                              false,
+	} {
+		if got := authz.Infrastructure(method); got != want {
+			t.Errorf("Infrastructure(%s) = %v, want %v", method, got, want)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
