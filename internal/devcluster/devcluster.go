@@ -391,7 +391,7 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string,
 		if err != nil {
 			return err
 		}
-		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, bbsClient, nil)
+		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, bbsClient)
 		if err != nil {
 			return err
 		}
