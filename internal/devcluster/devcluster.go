@@ -348,14 +348,6 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if cell.WorkDir == "" || cell.WorkDir == rep.Default().WorkDir {
 				cell.WorkDir = filepath.Join(c.cfg.Dir, "cells", cell.CellID)
 			}
-			backend, err := rep.NewBackend(cell)
-			if err != nil {
-				return err
-			}
-			resolver, err := rep.NewResolver(cell)
-			if err != nil {
-				return err
-			}
 			bbsClient, err := bbsAs(id, c.cfg.RepBBSInterceptor)
 			if err != nil {
 				return err
@@ -364,7 +356,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			if err != nil {
 				return err
 			}
-			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), presenceEtcd, bbsClient, backend, resolver)
+			svc, err := rep.New(cell, log.Named("rep").With("cell_id", cell.CellID), presenceEtcd, bbsClient)
 			if err != nil {
 				return err
 			}
@@ -412,7 +404,7 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string,
 		if err != nil {
 			return err
 		}
-		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, bbsClient, nil)
+		svc, err := nsync.New(cfg, log.Named("nsync"), c.Etcd, bbsClient)
 		if err != nil {
 			return err
 		}

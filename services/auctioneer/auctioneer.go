@@ -8,31 +8,29 @@ package auctioneer
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/gavel-sched/gavel/pkg/authz"
-	"github.com/gavel-sched/gavel/pkg/bbsclient"
-	"github.com/gavel-sched/gavel/pkg/config"
-	"github.com/gavel-sched/gavel/pkg/reppool"
-	"github.com/gavel-sched/gavel/pkg/retry"
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/authz"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
+	"github.com/gavel-sched/gavel/pkg/config"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
-	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
+	"github.com/gavel-sched/gavel/pkg/reppool"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/api"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/auction"
@@ -59,19 +57,18 @@ const (
 
 // Config is the auctioneer's configuration. Fields are set from a JSON config file and flags.
 type Config struct {
-	// ListenAddress is where the gRPC API (AuctioneerService, health, reflection) listens.
-	ListenAddress string `json:"listen_address"`
-	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
-	TLS tlsx.Config `json:"tls"`
+	// Base is where the gRPC API (AuctioneerService, health, reflection) listens and its
+	// TLS, log, metrics_address and authz.
+	serviceconfig.Base
+	// Etcd is the etcd client used for leader election: etcd_endpoints and etcd_tls.
+	serviceconfig.Etcd
+	// Election is the lease of the leadership: lock_ttl.
+	serviceconfig.Election
 	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
 	bbsclient.Config
 	// RepTLS is the client certificate, key and CA for calling reps (State, Perform); or
 	// insecure for plaintext.
 	RepTLS tlsx.Config `json:"rep_tls"`
-	// EtcdEndpoints are the etcd client URLs used for leader election.
-	EtcdEndpoints []string `json:"etcd_endpoints"`
-	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
-	EtcdTLS tlsx.Config `json:"etcd_tls"`
 	// BatchInterval is the batch window: requests arriving while a round runs wait until this
 	// long after the round started, so they are placed together. A request arriving while the
 	// auctioneer is idle is placed at once.
@@ -91,17 +88,6 @@ type Config struct {
 	// the auctioneer's queue for a later round (at least inflightRetryDelay later), so a burst
 	// reaches the cells and the BBS at the pace they start work. Zero means unlimited.
 	MaxInflightStarts int `json:"max_inflight_starts"`
-	// LockTTL is the TTL of the election lease: a leader that cannot refresh it for this long
-	// loses leadership and a standby takes over.
-	LockTTL Duration `json:"lock_ttl"`
-	// Log sets the log level and format.
-	Log logging.Config `json:"log"`
-	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
-	// "127.0.0.1:9090"); empty serves none.
-	MetricsAddress string `json:"metrics_address,omitempty"`
-	// Authz maps client certificate identities to roles (least privilege); enforced whenever
-	// tls is on.
-	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -110,9 +96,10 @@ type Duration = config.Duration
 // Default is the configuration of an auctioneer next to a local BBS and etcd.
 func Default() Config {
 	return Config{
-		ListenAddress: "127.0.0.1:8890",
+		Base:          serviceconfig.DefaultBase("127.0.0.1:8890"),
+		Etcd:          serviceconfig.DefaultEtcd(),
+		Election:      serviceconfig.DefaultElection(),
 		Config:        bbsclient.Default(),
-		EtcdEndpoints: []string{"http://127.0.0.1:2379"},
 		BatchInterval: Duration(50 * time.Millisecond),
 		// About a second of starts at what one BBS over one etcd absorbs (claim and start are
 		// two writes each). Measured at 1,000 cells on two cores: 2,000 capped a burst at about
@@ -125,40 +112,35 @@ func Default() Config {
 		// not asked again (see docs/performance.md).
 		CellStateMaxAge: Duration(time.Second),
 		PerformTimeout:  Duration(10 * time.Second),
-		LockTTL:         Duration(etcdx.DefaultElectionTTL),
-		Log:             logging.Config{Level: "info", Format: "text"},
-		Authz:           authz.Default(),
 	}
 }
 
 // LoadFile overlays the JSON config file at path on c.
 func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
+// Flags binds the auctioneer's command-line flags to c: the shared ones (serviceconfig: -listen,
+// the server TLS flags, -metrics-address, -log-level, -log-format; -etcd-endpoints and the etcd
+// TLS flags; -lock-ttl), the BBS client's (bbsclient.Flags), the rep client TLS flags and the
+// auctioneer's own.
+func (c *Config) Flags(fs *flag.FlagSet) {
+	serviceconfig.BaseFlags(fs, &c.Base, "server")
+	serviceconfig.EtcdFlags(fs, &c.Etcd)
+	serviceconfig.ElectionFlags(fs, &c.Election)
+	bbsclient.Flags(fs, &c.Config)
+	config.TLSFlags(fs, &c.RepTLS, "rep", "rep-insecure", "rep client")
+	fs.Var(&c.BatchInterval, "batch-interval", "batch window between auction rounds")
+	fs.Var(&c.CellStateTimeout, "cell-state-timeout", "timeout of each cell's State call")
+	fs.Var(&c.CellStateMaxAge, "cell-state-max-age", "how long a cell's last known state (from its last Perform or State) stands in for a State call (0: ask every round)")
+	fs.Var(&c.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
+	fs.IntVar(&c.MaxInflightStarts, "max-inflight-starts", c.MaxInflightStarts, "most containers starting at once (0: unlimited)")
+}
+
 // Validate reports every problem that would stop the auctioneer from starting.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ListenAddress == "" {
-		errs = append(errs, errors.New("listen_address is required"))
-	}
-	if err := c.Config.Validate(); err != nil { // the BBS client's fields
-		errs = append(errs, err)
-	}
-	if len(c.EtcdEndpoints) == 0 {
-		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
-	}
-	for _, t := range []struct {
-		name string
-		cfg  tlsx.Config
-	}{{"tls", c.TLS}, {"rep_tls", c.RepTLS}, {"etcd_tls", c.EtcdTLS}} {
-		if err := t.cfg.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", t.name, err))
-		}
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("log: %w", err))
-	}
-	if err := c.Authz.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("authz: %w", err))
+	errs := []error{c.Base.Validate(), c.Etcd.Validate(), c.Election.Validate(),
+		c.Config.Validate()} // the last: the BBS client's fields
+	if err := c.RepTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("rep_tls: %w", err))
 	}
 	if c.BatchInterval <= 0 {
 		errs = append(errs, fmt.Errorf("batch_interval must be positive, got %s", c.BatchInterval))
@@ -174,9 +156,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInflightStarts < 0 {
 		errs = append(errs, fmt.Errorf("max_inflight_starts must not be negative, got %d", c.MaxInflightStarts))
-	}
-	if c.LockTTL < Duration(time.Second) {
-		errs = append(errs, fmt.Errorf("lock_ttl must be at least 1s, got %s", c.LockTTL))
 	}
 	return errors.Join(errs...)
 }
@@ -275,12 +254,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 			})
 		})},
 		lifecycle.Member{Name: "election", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
-			host, err := os.Hostname()
-			if err != nil || host == "" {
-				host = "auctioneer"
-			}
-			id := fmt.Sprintf("%s@%s", host, s.Addr())
-			el, err := etcdx.NewElection(s.etcd, ElectionName, id, time.Duration(s.cfg.LockTTL), s.log.Named("election"))
+			el, err := s.cfg.NewElection(s.etcd, ElectionName, s.Addr().String(), s.log.Named("election"))
 			if err != nil {
 				return fmt.Errorf("auctioneer election: %w", err)
 			}
@@ -301,8 +275,25 @@ func (s *Service) Addr() net.Addr { return s.server.Addr() }
 // IsLeader reports whether this auctioneer is the elected leader running auctions.
 func (s *Service) IsLeader() bool { return s.leading.Load() }
 
+// Timings is the cumulative wall time of the phases of auction rounds.
+type Timings struct {
+	// ListCells is the time spent listing the cells from the BBS.
+	ListCells time.Duration
+	// FetchStates is the time spent asking the cells for their State.
+	FetchStates time.Duration
+	// Place is the time spent filtering and scoring.
+	Place time.Duration
+	// Perform is the time spent handing work to the cells.
+	Perform time.Duration
+	// Report is the time spent reporting what could not be placed to the BBS.
+	Report time.Duration
+}
+
 // Stats is the cumulative wall time of every round's phases, for benchmarks and operators.
-func (s *Service) Stats() auction.Timings { return s.stats.get() }
+func (s *Service) Stats() Timings {
+	t := s.stats.get()
+	return Timings{ListCells: t.ListCells, FetchStates: t.FetchStates, Place: t.Place, Perform: t.Perform, Report: t.Report}
+}
 
 // stats accumulates round timings.
 type stats struct {

@@ -6,13 +6,12 @@ package bbs
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
-	"os"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,14 +20,14 @@ import (
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
-	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/bbs/internal/api"
 	"github.com/gavel-sched/gavel/services/bbs/internal/callback"
@@ -41,20 +40,17 @@ import (
 
 // Config is the BBS's configuration. Fields are set from a JSON config file and flags.
 type Config struct {
-	// ListenAddress is where the gRPC API listens.
-	ListenAddress string `json:"listen_address"`
-	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
-	TLS tlsx.Config `json:"tls"`
-	// EtcdEndpoints are the etcd client URLs.
-	EtcdEndpoints []string `json:"etcd_endpoints"`
-	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
-	EtcdTLS tlsx.Config `json:"etcd_tls"`
+	// Base is the API's listen address and TLS (tls, also presented to the auctioneer and
+	// reps), log, metrics_address and authz.
+	serviceconfig.Base
+	// Etcd is the etcd client: etcd_endpoints and etcd_tls.
+	serviceconfig.Etcd
+	// Election is the lease of the convergence leadership: lock_ttl.
+	serviceconfig.Election
 	// AuctioneerAddress is the auctioneer's gRPC address; new instances and tasks are sent there
 	// for placement. Empty leaves them UNCLAIMED/PENDING. Calls to the auctioneer and to reps
 	// present the BBS's own certificate (tls).
 	AuctioneerAddress string `json:"auctioneer_address"`
-	// Log sets the log level and format.
-	Log logging.Config `json:"log"`
 	// MaxInstances bounds a desired LRP's instance count; the desired record and all its
 	// instances are written in one etcd transaction, so etcd's --max-txn-ops must exceed it.
 	MaxInstances int32 `json:"max_instances"`
@@ -84,16 +80,11 @@ type Config struct {
 	// CompletedTaskTimeout deletes a completed task that was not resolved this long after it
 	// completed (after its callback retries).
 	CompletedTaskTimeout Duration `json:"completed_task_timeout"`
-	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
-	MetricsAddress string `json:"metrics_address"`
 	// Transformers is the transformer plugin chain every desired LRP and task passes through,
 	// in order, before it is stored (on desire, and on update over the merged result). Each
 	// plugin is described at start-up: one that cannot be, under failure_policy "fail",
 	// stops the BBS (see docs/plugins.md).
 	Transformers []transform.PluginConfig `json:"transformers,omitempty"`
-	// Authz maps client certificate identities to roles (least privilege); enforced whenever
-	// tls is on.
-	Authz authz.Config `json:"authz"`
 	// MaxInflightWrites bounds the write calls served at once (new work may hold half of
 	// them); a write over the bound is refused at once with ResourceExhausted and a
 	// retry-after of OverloadRetryAfter rather than queued until its deadline. Zero is
@@ -119,9 +110,9 @@ type Duration = config.Duration
 // Default is the configuration of a BBS next to a local etcd.
 func Default() Config {
 	return Config{
-		ListenAddress:     "127.0.0.1:8889",
-		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
-		Log:               logging.Config{Level: "info", Format: "text"},
+		Base:              serviceconfig.DefaultBase("127.0.0.1:8889"),
+		Etcd:              serviceconfig.DefaultEtcd(),
+		Election:          serviceconfig.DefaultElection(),
 		MaxInstances:      models.DefaultLimits().MaxInstances,
 		MaxTaskRejections: 3,
 		IncomingPortRange: DefaultIncomingPortRange,
@@ -140,34 +131,33 @@ func Default() Config {
 		ClaimedTimeout:       Duration(converge.DefaultClaimedTimeout),
 		PendingTaskTimeout:   Duration(converge.DefaultPendingTaskTimeout),
 		CompletedTaskTimeout: Duration(converge.DefaultCompletedTaskTimeout),
-		Authz:                authz.Default(),
 	}
 }
 
 // LoadFile overlays the JSON config file at path on c.
 func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
-// Validate reports the first problem that would stop the BBS from starting.
+// Flags binds the BBS's command-line flags to c: the shared ones (serviceconfig: -listen, the
+// server TLS flags, -metrics-address, -log-level, -log-format; -etcd-endpoints and the etcd
+// TLS flags; -lock-ttl) and the BBS's own.
+func (c *Config) Flags(fs *flag.FlagSet) {
+	serviceconfig.BaseFlags(fs, &c.Base, "server (also presented to the auctioneer and reps)")
+	serviceconfig.EtcdFlags(fs, &c.Etcd)
+	serviceconfig.ElectionFlags(fs, &c.Election)
+	fs.StringVar(&c.AuctioneerAddress, "auctioneer-address", c.AuctioneerAddress, "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
+	fs.Var(&c.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
+	fs.Var(&c.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
+	fs.Var(&c.ClaimedTimeout, "claimed-timeout", "unclaim and re-auction instances CLAIMED this long on a present cell without being reported running")
+	fs.Var(&c.EtcdUnreachableTimeout, "etcd-unreachable-timeout", "answer a write Unavailable (never made) when etcd cannot be reached for this long")
+	fs.Var(&c.WriteTimeout, "write-timeout", "answer a write sent to etcd but not confirmed this long DeadlineExceeded (may have been made)")
+	fs.Var(&c.PendingTaskTimeout, "pending-task-timeout", "fail tasks not started within this long")
+	fs.Var(&c.CompletedTaskTimeout, "completed-task-timeout", "delete completed tasks not resolved within this long")
+	fs.Var(transform.Flag{Plugins: &c.Transformers}, "transformer", "transformer plugin NAME=SOCKET[,kinds=desired_lrp+task][,timeout=2s][,failure_policy=fail|ignore][,check_determinism=true][,max_concurrency=32]; repeat for a chain, in order (see docs/plugins.md)")
+}
+
+// Validate reports every problem that would stop the BBS from starting.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ListenAddress == "" {
-		errs = append(errs, errors.New("listen_address is required"))
-	}
-	if len(c.EtcdEndpoints) == 0 {
-		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
-	}
-	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("tls: %w", err))
-	}
-	if err := c.EtcdTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("log: %w", err))
-	}
-	if err := c.Authz.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("authz: %w", err))
-	}
+	errs := []error{c.Base.Validate(), c.Etcd.Validate(), c.Election.Validate()}
 	if _, _, err := config.ParsePortRange(c.IncomingPortRange); err != nil {
 		errs = append(errs, fmt.Errorf("incoming_port_range: %w", err))
 	}
@@ -243,7 +233,16 @@ type options struct {
 	now      func() time.Time
 	manual   bool
 	listener net.Listener
-	cells    core.CellClient
+	cells    CellClient
+}
+
+// CellClient is how the BBS asks a cell's rep to stop an instance or cancel a task (see
+// WithCellClient).
+type CellClient interface {
+	// StopLRPInstance asks the rep of cell to stop the instance key/instance.
+	StopLRPInstance(ctx context.Context, cell *modelsv1.CellPresence, key *modelsv1.ActualLRPKey, instance *modelsv1.ActualLRPInstanceKey) error
+	// CancelTask asks the rep of cell to cancel the task taskGuid.
+	CancelTask(ctx context.Context, cell *modelsv1.CellPresence, taskGuid string) error
 }
 
 // WithClock makes the BBS read time from now (lifecycle timestamps, crash backoff and
@@ -251,7 +250,7 @@ type options struct {
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
 // WithManualConvergence runs no convergence loop and campaigns for no leadership: the caller
-// drives convergence through Converger().Converge (tests).
+// drives convergence itself (the package's tests, through export_test.go).
 func WithManualConvergence() Option { return func(o *options) { o.manual = true } }
 
 // WithListener makes the BBS serve its API on l, bound by the caller, instead of listening on
@@ -261,7 +260,7 @@ func WithListener(l net.Listener) Option { return func(o *options) { o.listener 
 
 // WithCellClient makes the BBS reach reps through cells instead of its gRPC rep clients (tests
 // that need a rep that hangs or fails).
-func WithCellClient(cells core.CellClient) Option { return func(o *options) { o.cells = cells } }
+func WithCellClient(cells CellClient) Option { return func(o *options) { o.cells = cells } }
 
 // New builds a BBS over an etcd client; Run starts it.
 func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option) (*Service, error) {
@@ -369,9 +368,40 @@ func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
 		func(s store.CommitStats) int64 { return s.RetriedAlone })
 }
 
-// CommitStats counts the store's group commits since the BBS started: transactions sent and the
-// change requests they carried (the scale harness reports requests per transaction).
-func (s *Service) CommitStats() store.CommitStats { return s.store.CommitStats() }
+// CommitStats counts the store's group commits since the BBS started: how many etcd
+// transactions it sent and how many change requests they carried (the scale harness reports
+// requests per transaction).
+type CommitStats struct {
+	// Transactions is the number of etcd transactions sent, including requests retried alone.
+	Transactions int64
+	// Batched is the number of those transactions that carried more than one request.
+	Batched int64
+	// Requests is the number of change requests committed (each answered once).
+	Requests int64
+	// RetriedAlone counts requests of batches whose compare failed, each then sent again in a
+	// transaction of its own so that it gets its own answer.
+	RetriedAlone int64
+}
+
+// RequestsPerTransaction is Requests / Transactions, zero before any transaction.
+func (c CommitStats) RequestsPerTransaction() float64 {
+	if c.Transactions == 0 {
+		return 0
+	}
+	return float64(c.Requests) / float64(c.Transactions)
+}
+
+// Sub is c minus earlier, the counts of an interval.
+func (c CommitStats) Sub(earlier CommitStats) CommitStats {
+	return CommitStats{Transactions: c.Transactions - earlier.Transactions, Batched: c.Batched - earlier.Batched,
+		Requests: c.Requests - earlier.Requests, RetriedAlone: c.RetriedAlone - earlier.RetriedAlone}
+}
+
+// CommitStats counts the store's group commits since the BBS started.
+func (s *Service) CommitStats() CommitStats {
+	st := s.store.CommitStats()
+	return CommitStats{Transactions: st.Transactions, Batched: st.Batched, Requests: st.Requests, RetriedAlone: st.RetriedAlone}
+}
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
 // API is serving.
@@ -405,9 +435,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 // converges on the timer and whenever a cell disappears. Every instance serves the API either
 // way.
 func (s *Service) runConvergence(ctx context.Context, ready func()) error {
-	host, _ := os.Hostname()
-	id := fmt.Sprintf("%s/%s/%s", host, s.cfg.ListenAddress, uuid.NewString())
-	e, err := etcdx.NewElection(s.etcd, LeaderService, id, 0, s.log.Named("election"))
+	e, err := s.cfg.NewElection(s.etcd, LeaderService, s.cfg.ListenAddress, s.log.Named("election"))
 	if err != nil {
 		return err
 	}
@@ -427,10 +455,6 @@ func (s *Service) IsLeader() bool {
 	e := s.election.Load()
 	return e != nil && e.IsLeader()
 }
-
-// Converger is the BBS's convergence, for tests and tools inside services/bbs to run a pass
-// directly (see WithManualConvergence).
-func (s *Service) Converger() *converge.Converger { return s.converger }
 
 // MetricsAddr is the metrics listener's bound address once Run has called ready (nil when
 // metrics are off).

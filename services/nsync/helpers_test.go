@@ -128,7 +128,7 @@ func (e *env) startNsync(t *testing.T) {
 	if logger == nil {
 		logger = logtest.New(t).Named("nsync")
 	}
-	svc, err := nsync.New(e.cfg, logger, e.cluster.Etcd, bbsv1.NewBBSServiceClient(conn), e.tr)
+	svc, err := nsync.New(e.cfg, logger, e.cluster.Etcd, bbsv1.NewBBSServiceClient(conn), nsync.WithTransformer(e.tr))
 	if err != nil {
 		t.Fatal(err)
 	}

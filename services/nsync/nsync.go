@@ -8,14 +8,13 @@ package nsync
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -24,14 +23,14 @@ import (
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
-	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync/internal/api"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
@@ -41,16 +40,18 @@ import (
 
 // Config is nsync's configuration. Fields are set from a JSON config file and flags.
 type Config struct {
-	// ListenAddress is where the gRPC API (NsyncService) listens.
-	ListenAddress string `json:"listen_address"`
-	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
-	TLS tlsx.Config `json:"tls"`
+	// Base is where the gRPC API (NsyncService) listens and its TLS, log, metrics_address and
+	// authz (admin may make every call, read-only may list apps and pools, every other
+	// identity is refused).
+	serviceconfig.Base
+	// Etcd is the etcd client of nsync's own records (and its election): etcd_endpoints and
+	// etcd_tls.
+	serviceconfig.Etcd
+	// Election is the lease of the bulk loop's leadership (lock_ttl): a vanished leader is
+	// replaced this long afterwards.
+	serviceconfig.Election
 	// Config is how nsync reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
 	bbsclient.Config
-	// EtcdEndpoints are the etcd client URLs of nsync's own records (and its election).
-	EtcdEndpoints []string `json:"etcd_endpoints"`
-	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
-	EtcdTLS tlsx.Config `json:"etcd_tls"`
 	// Stacks maps each stack a platform may name to its rootfs URI, e.g.
 	// {"cflinuxfs4": "preloaded:cflinuxfs4"}. Stack names are lower case.
 	Stacks map[string]string `json:"stacks"`
@@ -65,23 +66,12 @@ type Config struct {
 	// RouteDrain is how long a restart's old version keeps running without routes before it
 	// is removed: long enough for routers to drop it and for its requests in flight to finish.
 	RouteDrain Duration `json:"route_drain"`
-	// LockTTL is the lease of the bulk loop's leadership: a vanished leader is replaced this
-	// long afterwards.
-	LockTTL Duration `json:"lock_ttl"`
 	// Plugins is the transformer chain every LRP and task nsync builds passes through, in
 	// order, before it is validated and sent to the BBS (CF apps only; the BBS has its own
 	// chain for everything). See pkg/transform and docs/plugins.md.
 	Plugins []transform.PluginConfig `json:"plugins,omitempty"`
 	// MaxInstances is the largest instance count of an app (the BBS's max_instances).
 	MaxInstances int32 `json:"max_instances"`
-	// Log sets the log level and format.
-	Log logging.Config `json:"log"`
-	// MetricsAddress serves Prometheus metrics at /metrics over plain HTTP; empty is off.
-	MetricsAddress string `json:"metrics_address,omitempty"`
-	// Authz maps client certificate identities to roles (least privilege): admin may make
-	// every call, read-only may list apps and pools, every other identity is refused;
-	// enforced whenever tls is on.
-	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -90,18 +80,16 @@ type Duration = config.Duration
 // Default is the configuration of an nsync next to a local BBS and etcd.
 func Default() Config {
 	return Config{
-		ListenAddress:  "127.0.0.1:8895",
+		Base:           serviceconfig.DefaultBase("127.0.0.1:8895"),
+		Etcd:           serviceconfig.DefaultEtcd(),
+		Election:       serviceconfig.DefaultElection(),
 		Config:         bbsclient.Default(),
-		EtcdEndpoints:  []string{"http://127.0.0.1:2379"},
 		Stacks:         map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4"},
 		BulkInterval:   Duration(30 * time.Second),
 		DomainTTL:      Duration(2 * time.Minute),
 		RestartTimeout: Duration(2 * time.Minute),
 		RouteDrain:     Duration(5 * time.Second),
-		LockTTL:        Duration(etcdx.DefaultElectionTTL),
 		MaxInstances:   models.DefaultMaxInstances,
-		Log:            logging.Config{Level: "info", Format: "text"},
-		Authz:          authz.Default(),
 	}
 }
 
@@ -120,24 +108,26 @@ func (c *Config) LoadFile(path string) error {
 	return nil
 }
 
+// Flags binds nsync's command-line flags to c: the shared ones (serviceconfig: -listen, the
+// server TLS flags, -metrics-address, -log-level, -log-format; -etcd-endpoints and the etcd TLS
+// flags; -lock-ttl), the BBS client's (bbsclient.Flags) and nsync's own.
+func (c *Config) Flags(fs *flag.FlagSet) {
+	serviceconfig.BaseFlags(fs, &c.Base, "server")
+	serviceconfig.EtcdFlags(fs, &c.Etcd)
+	serviceconfig.ElectionFlags(fs, &c.Election)
+	bbsclient.Flags(fs, &c.Config)
+	fs.Var(config.JSONMap{Values: &c.Stacks}, "stacks", `stacks as JSON name→rootfs URI, e.g. '{"cflinuxfs4":"preloaded:cflinuxfs4"}'`)
+	fs.Var(transform.Flag{Plugins: &c.Plugins}, "plugin", "transformer plugin NAME=SOCKET[,kinds=desired_lrp+task][,timeout=2s][,failure_policy=fail|ignore][,check_determinism=true][,max_concurrency=32] run on what nsync builds; repeat for a chain, in order (see docs/plugins.md)")
+	fs.Var(&c.BulkInterval, "bulk-interval", "time between bulk passes of the leader")
+	fs.Var(&c.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
+	fs.Var(&c.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
+	fs.Var(&c.RouteDrain, "route-drain", "how long a restarted app's old version runs unrouted before it is removed")
+}
+
 // Validate reports every problem that would stop nsync from starting.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ListenAddress == "" {
-		errs = append(errs, errors.New("listen_address is required"))
-	}
-	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("tls: %w", err))
-	}
-	if err := c.Config.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(c.EtcdEndpoints) == 0 {
-		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
-	}
-	if err := c.EtcdTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
-	}
+	errs := []error{c.Base.Validate(), c.Etcd.Validate(), c.Election.Validate(),
+		c.Config.Validate()} // the last: the BBS client's fields
 	if len(c.Stacks) == 0 {
 		errs = append(errs, errors.New("stacks: at least one stack is required"))
 	}
@@ -152,7 +142,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"lock_ttl", c.LockTTL}, {"route_drain", c.RouteDrain}} {
+	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"route_drain", c.RouteDrain}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
 		}
@@ -166,18 +156,28 @@ func (c Config) Validate() error {
 	if err := transform.ValidateChain(c.Plugins); err != nil {
 		errs = append(errs, fmt.Errorf("plugins: %w", err))
 	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("log: %w", err))
-	}
-	if err := c.Authz.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("authz: %w", err))
-	}
 	return errors.Join(errs...)
 }
 
 // Transformer augments the LRPs and tasks nsync builds before they reach the BBS; the chain
 // loaded from Config.Plugins is one.
-type Transformer = core.Transformer
+type Transformer interface {
+	// DesiredLRP returns the transformed LRP.
+	DesiredLRP(ctx context.Context, d *modelsv1.DesiredLRP) (*modelsv1.DesiredLRP, error)
+	// Task returns the transformed task.
+	Task(ctx context.Context, t *modelsv1.Task) (*modelsv1.Task, error)
+}
+
+// Option adjusts nsync beyond its Config (tests and embedding).
+type Option func(*options)
+
+type options struct {
+	transformer Transformer
+}
+
+// WithTransformer makes nsync pass what it builds through tr instead of the chain of
+// Config.Plugins (tests and embedding); a nil tr keeps the chain.
+func WithTransformer(tr Transformer) Option { return func(o *options) { o.transformer = tr } }
 
 // LeaderService is the election nsync instances campaign in (key /gavel/v1/lock/nsync); the
 // leader runs the bulk loop. Every instance serves the API.
@@ -198,8 +198,12 @@ type Service struct {
 
 // New builds nsync over an etcd client (its records and election) and a BBS client. It loads
 // the transformer chain of cfg.Plugins (describing every plugin, so a bad one stops nsync
-// here); tr, when not nil, is used instead (tests and embedding). Run starts it.
-func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, tr Transformer) (*Service, error) {
+// here), unless WithTransformer gives another. Run starts it.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, opts ...Option) (*Service, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("nsync config: %w", err)
 	}
@@ -217,7 +221,11 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	if err != nil {
 		return nil, fmt.Errorf("nsync plugins: %w", err)
 	}
-	if tr == nil && chain.Len() > 0 {
+	var tr core.Transformer
+	switch {
+	case o.transformer != nil:
+		tr = o.transformer
+	case chain.Len() > 0:
 		tr = chain
 	}
 	c := core.New(st, bbs, core.Config{
@@ -264,9 +272,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 // runBulk campaigns for the leadership and, while leading, runs a bulk pass at once and then
 // every bulk_interval.
 func (s *Service) runBulk(ctx context.Context, ready func()) error {
-	host, _ := os.Hostname()
-	id := fmt.Sprintf("%s/%s/%s", host, s.cfg.ListenAddress, uuid.NewString())
-	e, err := etcdx.NewElection(s.etcd, LeaderService, id, time.Duration(s.cfg.LockTTL), s.log.Named("election"))
+	e, err := s.cfg.NewElection(s.etcd, LeaderService, s.cfg.ListenAddress, s.log.Named("election"))
 	if err != nil {
 		return err
 	}

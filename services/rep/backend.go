@@ -6,8 +6,8 @@ import (
 	_ "github.com/gavel-sched/gavel/services/rep/internal/executor/sim"     // registers "sim"
 )
 
-// NewBackend builds the executor backend the configuration names ("process" or "sim"), with
+// newBackend builds the executor backend the configuration names ("process" or "sim"), with
 // the options derived from it. Every backend is registered here, in one place.
-func NewBackend(c Config) (executor.Backend, error) {
-	return executor.New(c.Backend, BackendOptions(c))
+func newBackend(c Config) (executor.Backend, error) {
+	return executor.New(c.Backend, backendOptions(c))
 }

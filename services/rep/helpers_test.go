@@ -53,6 +53,14 @@ func startRepWith(t *testing.T, env *bbstest.Env, client bbsv1.BBSServiceClient,
 // startRepEtcd is startRepWith with the rep keeping its presence through presenceEtcd.
 func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
 	t.Helper()
+	svc, cfg := newRep(t, env, presenceEtcd, client, configure...)
+	return attach(t, svc, cfg, testkit.Start(t, "rep", svc))
+}
+
+// newRep builds, without starting it, a sim-backend rep against env's BBS (through client)
+// and etcd (presenceEtcd).
+func newRep(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) (*rep.Service, rep.Config) {
+	t.Helper()
 	cfg := rep.Default()
 	cfg.CellID = fmt.Sprintf("cell-%d", cellSeq.Add(1))
 	cfg.Zone = "z1"
@@ -74,19 +82,16 @@ func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client,
 	for _, f := range configure {
 		f(&cfg)
 	}
-	backend, err := rep.NewBackend(cfg)
-	if err != nil {
-		t.Fatalf("backend: %v", err)
-	}
-	resolver, err := rep.NewResolver(cfg)
-	if err != nil {
-		t.Fatalf("resolver: %v", err)
-	}
-	svc, err := rep.New(cfg, logtest.New(t), presenceEtcd, client, backend, resolver)
+	svc, err := rep.New(cfg, logtest.New(t), presenceEtcd, client)
 	if err != nil {
 		t.Fatalf("new rep: %v", err)
 	}
-	run := testkit.Start(t, "rep", svc)
+	return svc, cfg
+}
+
+// attach is the repEnv of svc, started as run, with a gRPC client to it.
+func attach(t *testing.T, svc *rep.Service, cfg rep.Config, run *testkit.Running) *repEnv {
+	t.Helper()
 	conn := testkit.Dial(t, svc.Addr().String())
 	t.Cleanup(func() { conn.Close() })
 	stop := func() {

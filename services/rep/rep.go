@@ -26,11 +26,10 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
-	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/services/rep/internal/api"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -67,8 +66,11 @@ type Config struct {
 	Capacity Capacity `json:"capacity"`
 	// Backend runs containers: "process" (real processes) or "sim" (simulated).
 	Backend string `json:"backend"`
-	// ListenAddress is where the rep's gRPC API listens.
-	ListenAddress string `json:"listen_address"`
+	// Base is where the rep's gRPC API listens and its TLS, log, metrics_address and authz.
+	serviceconfig.Base
+	// Etcd is the etcd client the presence is written with: etcd_endpoints and etcd_tls. The
+	// rep elects no leader.
+	serviceconfig.Etcd
 	// AdvertiseAddress is the host:port registered as the cell's rep_address; empty means the
 	// bound listen address (with cell_address as host when listening on all interfaces).
 	AdvertiseAddress string `json:"advertise_address"`
@@ -76,12 +78,6 @@ type Config struct {
 	CellAddress string `json:"cell_address"`
 	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
 	bbsclient.Config
-	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
-	TLS tlsx.Config `json:"tls"`
-	// EtcdEndpoints are the etcd client URLs (the presence is written there).
-	EtcdEndpoints []string `json:"etcd_endpoints"`
-	// EtcdTLS is the client certificate, key and CA for etcd; or insecure for plaintext.
-	EtcdTLS tlsx.Config `json:"etcd_tls"`
 	// LeaseTTL is the TTL of the presence's lease: the cell disappears this long after the rep
 	// stops refreshing it (at least 1s; etcd may raise very small values).
 	LeaseTTL Duration `json:"lease_ttl"`
@@ -104,14 +100,6 @@ type Config struct {
 	BulkInterval Duration `json:"bulk_interval"`
 	// EvacuationTimeout bounds an evacuation; instances still held then are stopped.
 	EvacuationTimeout Duration `json:"evacuation_timeout"`
-	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
-	// "127.0.0.1:9101"); empty is off.
-	MetricsAddress string `json:"metrics_address,omitempty"`
-	// Authz maps client certificate identities to roles (least privilege); enforced whenever
-	// tls is on.
-	Authz authz.Config `json:"authz"`
-	// Log sets the log level and format.
-	Log logging.Config `json:"log"`
 }
 
 // Capacity is the cell's total capacity.
@@ -152,10 +140,10 @@ func Default() Config {
 	return Config{
 		Capacity:          Capacity{MemoryMB: 8192, DiskMB: 65536, Containers: 250},
 		Backend:           BackendProcess,
-		ListenAddress:     "127.0.0.1:1800",
+		Base:              serviceconfig.DefaultBase("127.0.0.1:1800"),
+		Etcd:              serviceconfig.DefaultEtcd(),
 		CellAddress:       "127.0.0.1",
 		Config:            bbsclient.Default(),
-		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
 		LeaseTTL:          Duration(10 * time.Second),
 		PortRange:         "61000-61999",
 		WorkDir:           filepath.Join(os.TempDir(), "gavel-rep"),
@@ -163,8 +151,6 @@ func Default() Config {
 		Sim:               SimConfig{StartLatency: Duration(500 * time.Millisecond)},
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
-		Log:               logging.Config{Level: "info", Format: "text"},
-		Authz:             authz.Default(),
 	}
 }
 
@@ -204,7 +190,7 @@ func (c Config) presence(repAddress string) *modelsv1.CellPresence {
 
 // Validate reports every problem that would stop the rep from starting.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.Base.Validate(), c.Etcd.Validate()}
 	// The presence check covers the cell id, tags (lower-cased), preloaded rootfses and
 	// providers; the rep address is checked below.
 	if err := models.ValidateCellPresence("cell", c.presence("127.0.0.1:1")); err != nil {
@@ -216,9 +202,6 @@ func (c Config) Validate() error {
 	if c.Backend != BackendProcess && c.Backend != BackendSim {
 		errs = append(errs, fmt.Errorf("backend must be %q or %q, got %q", BackendProcess, BackendSim, c.Backend))
 	}
-	if c.ListenAddress == "" {
-		errs = append(errs, errors.New("listen_address is required"))
-	}
 	if c.AdvertiseAddress != "" {
 		if host, port, err := net.SplitHostPort(c.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" {
 			errs = append(errs, fmt.Errorf("advertise_address must be host:port, got %q", c.AdvertiseAddress))
@@ -229,15 +212,6 @@ func (c Config) Validate() error {
 	}
 	if err := c.Config.Validate(); err != nil { // the BBS client's fields
 		errs = append(errs, err)
-	}
-	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("tls: %w", err))
-	}
-	if len(c.EtcdEndpoints) == 0 {
-		errs = append(errs, errors.New("etcd_endpoints: at least one endpoint is required"))
-	}
-	if err := c.EtcdTLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("etcd_tls: %w", err))
 	}
 	if time.Duration(c.LeaseTTL) < time.Second {
 		errs = append(errs, fmt.Errorf("lease_ttl must be at least 1s, got %s", time.Duration(c.LeaseTTL)))
@@ -273,12 +247,6 @@ func (c Config) Validate() error {
 	if c.EvacuationTimeout <= 0 {
 		errs = append(errs, errors.New("evacuation_timeout must be positive"))
 	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("log: %w", err))
-	}
-	if err := c.Authz.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("authz: %w", err))
-	}
 	return errors.Join(errs...)
 }
 
@@ -297,8 +265,8 @@ func checkExecutable(path string) error {
 	return nil
 }
 
-// BackendOptions are the executor options this configuration gives the backend.
-func BackendOptions(c Config) executor.Options {
+// backendOptions are the executor options this configuration gives the backend.
+func backendOptions(c Config) executor.Options {
 	start, end, _ := ParsePortRange(c.PortRange)
 	return executor.Options{
 		CellAddress:     c.CellAddress,
@@ -311,16 +279,10 @@ func BackendOptions(c Config) executor.Options {
 	}
 }
 
-// Resolver turns a work's rootfs URI into a directory for one container.
-type Resolver = cell.Resolver
-
-// Rootfs is a resolved root filesystem.
-type Rootfs = cell.Rootfs
-
-// NewResolver builds the rootfs resolver for c: for the sim backend one that only checks names
+// newResolver builds the rootfs resolver for c: for the sim backend one that only checks names
 // and schemes (nothing is fetched), otherwise the real one (preloaded directories, docker
 // images fetched into work_dir/rootfs).
-func NewResolver(c Config) (Resolver, error) {
+func newResolver(c Config) (cell.Resolver, error) {
 	if c.Backend == BackendSim {
 		return cell.NewStaticResolver(c.PreloadedRootfses, c.SupportedRootfsProviders), nil
 	}
@@ -337,19 +299,19 @@ func NewResolver(c Config) (Resolver, error) {
 	return rootfsAdapter{r}, nil
 }
 
-// rootfsAdapter makes a *rootfs.Resolver a Resolver.
+// rootfsAdapter makes a *rootfs.Resolver a cell.Resolver.
 type rootfsAdapter struct{ r *rootfs.Resolver }
 
 // Supports reports whether the resolver can provide uri.
 func (a rootfsAdapter) Supports(uri string) bool { return a.r.Supports(uri) }
 
 // Resolve resolves uri for one container.
-func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string) (Rootfs, error) {
+func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string) (cell.Rootfs, error) {
 	rfs, err := a.r.Resolve(ctx, uri, containerGuid)
 	if err != nil {
-		return Rootfs{}, err
+		return cell.Rootfs{}, err
 	}
-	return Rootfs{Path: rfs.Path, Chroot: rfs.Chroot, Release: rfs.Release}, nil
+	return cell.Rootfs{Path: rfs.Path, Chroot: rfs.Chroot, Release: rfs.Release}, nil
 }
 
 // Service is a running rep.
@@ -362,17 +324,29 @@ type Service struct {
 	metricsServer *metrics.Server // nil without metrics_address
 }
 
-// New builds a rep: its cell over the BBS client, the executor backend and the rootfs
-// resolver, its gRPC API, and its presence in etcd. Run starts it.
-func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient, backend executor.Backend, resolver Resolver) (*Service, error) {
+// New builds a rep from cfg: the work directory, the executor backend cfg.Backend names, the
+// rootfs resolver, its cell over the BBS client, its gRPC API, and its presence in etcd. Run
+// starts it.
+func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSServiceClient) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rep config: %w", err)
 	}
-	if etcd == nil || bbs == nil || backend == nil || resolver == nil {
-		return nil, errors.New("rep: etcd, bbs, backend and resolver are required")
+	if etcd == nil || bbs == nil {
+		return nil, errors.New("rep: etcd and bbs clients are required")
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("work dir: %w", err)
+	}
+	backend, err := newBackend(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("executor backend: %w", err)
+	}
+	resolver, err := newResolver(cfg)
+	if err != nil {
+		return nil, err
 	}
 	cfg.Tags = normalizedTags(cfg.Tags)
 	var c *cell.Cell

@@ -7,6 +7,7 @@ package routeemitter
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"time"
@@ -20,10 +21,9 @@ import (
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
-	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/api"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/syncer"
 	"github.com/gavel-sched/gavel/services/routeemitter/internal/table"
@@ -31,29 +31,20 @@ import (
 
 // Config is the route-emitter's configuration. Fields are set from a JSON config file and flags.
 type Config struct {
-	// ListenAddress is where the gRPC API (RouteEmitterService) listens.
-	ListenAddress string `json:"listen_address"`
-	// TLS is the API's server certificate, key and client CA; or insecure for plaintext.
-	TLS tlsx.Config `json:"tls"`
+	// Base is where the gRPC API (RouteEmitterService) listens and its TLS, log,
+	// metrics_address and authz. The route-emitter has no etcd and elects no leader.
+	serviceconfig.Base
 	// Config is how the service reaches the BBS: bbs_address (or bbs_addresses) and bbs_tls.
 	bbsclient.Config
 	// SyncInterval is how often the whole BBS is listed again and diffed against the table, to
 	// repair anything the event stream missed.
 	SyncInterval Duration `json:"sync_interval"`
-	// Log sets the log level and format.
-	Log logging.Config `json:"log"`
 	// WatchHistory is how many versions of deltas are kept so a router that reconnects with
 	// its table_id and version gets only what it missed (older: a snapshot).
 	WatchHistory int `json:"watch_history"`
 	// WatchQueue is how many deltas may wait for one slow router; one that falls further
 	// behind is sent a fresh snapshot instead.
 	WatchQueue int `json:"watch_queue"`
-	// MetricsAddress is where Prometheus metrics are served over HTTP at /metrics (e.g.
-	// "127.0.0.1:9102"); empty is off.
-	MetricsAddress string `json:"metrics_address,omitempty"`
-	// Authz maps client certificate identities to roles (least privilege); enforced whenever
-	// tls is on.
-	Authz authz.Config `json:"authz"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -62,39 +53,31 @@ type Duration = config.Duration
 // Default is the configuration of a route-emitter next to a local BBS.
 func Default() Config {
 	return Config{
-		ListenAddress: "127.0.0.1:8893",
-		Config:        bbsclient.Default(),
-		SyncInterval:  Duration(60 * time.Second),
-		Log:           logging.Config{Level: "info", Format: "text"},
-		WatchHistory:  api.DefaultHistory,
-		WatchQueue:    api.DefaultQueue,
-		Authz:         authz.Default(),
+		Base:         serviceconfig.DefaultBase("127.0.0.1:8893"),
+		Config:       bbsclient.Default(),
+		SyncInterval: Duration(60 * time.Second),
+		WatchHistory: api.DefaultHistory,
+		WatchQueue:   api.DefaultQueue,
 	}
 }
 
 // LoadFile overlays the JSON config file at path on c.
 func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
 
+// Flags binds the route-emitter's command-line flags to c: the shared ones (serviceconfig:
+// -listen, the server TLS flags, -metrics-address, -log-level, -log-format), the BBS client's
+// (bbsclient.Flags) and -sync-interval.
+func (c *Config) Flags(fs *flag.FlagSet) {
+	serviceconfig.BaseFlags(fs, &c.Base, "server")
+	bbsclient.Flags(fs, &c.Config)
+	fs.Var(&c.SyncInterval, "sync-interval", "how often the whole BBS is listed again")
+}
+
 // Validate reports every problem that would stop the route-emitter from starting.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ListenAddress == "" {
-		errs = append(errs, errors.New("listen_address is required"))
-	}
-	if err := c.TLS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("tls: %w", err))
-	}
-	if err := c.Config.Validate(); err != nil { // the BBS client's fields
-		errs = append(errs, err)
-	}
+	errs := []error{c.Base.Validate(), c.Config.Validate()} // the latter: the BBS client's fields
 	if c.SyncInterval <= 0 {
 		errs = append(errs, errors.New("sync_interval must be positive"))
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("log: %w", err))
-	}
-	if err := c.Authz.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("authz: %w", err))
 	}
 	if c.WatchHistory <= 0 {
 		errs = append(errs, fmt.Errorf("watch_history must be positive, got %d", c.WatchHistory))
@@ -209,10 +192,24 @@ func (s *Service) TableID() string { return s.hub.TableID() }
 
 // Stats counts the syncer's listings, subscriptions, compaction re-lists and failures, and
 // the BBS revision the table reflects.
-type Stats = syncer.Stats
+type Stats struct {
+	// Lists is how many full listings were applied.
+	Lists uint64
+	// Subscriptions is how many event streams were opened.
+	Subscriptions uint64
+	// OutOfRange is how many resumes the BBS refused because the revision was compacted.
+	OutOfRange uint64
+	// Failures is how many listings or streams failed.
+	Failures uint64
+	// Revision is the BBS revision the table reflects.
+	Revision int64
+}
 
 // Stats reports the syncer's counters.
-func (s *Service) Stats() Stats { return s.syncer.Stats() }
+func (s *Service) Stats() Stats {
+	st := s.syncer.Stats()
+	return Stats{Lists: st.Lists, Subscriptions: st.Subscriptions, OutOfRange: st.OutOfRange, Failures: st.Failures, Revision: st.Revision}
+}
 
 // Policy is the least-privilege rule of this service's gRPC API (see pkg/authz); admin may
 // make every call.

@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"time"
@@ -104,6 +105,25 @@ func Default() Config {
 
 // LoadFile overlays the JSON config file at path on c.
 func (c *Config) LoadFile(path string) error { return config.LoadJSON(path, c) }
+
+// Flags binds the router's command-line flags to c. The router serves no gRPC API, so it
+// embeds none of serviceconfig's parts: its listeners, admin address (/healthz and /metrics)
+// and route-emitter client are its own.
+func (c *Config) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.HTTPAddress, "http", c.HTTPAddress, "plain HTTP listen address")
+	fs.StringVar(&c.HTTPSAddress, "https", c.HTTPSAddress, "TLS listen address (empty: none; tls_only routes unreachable)")
+	fs.StringVar(&c.HTTPSCertFile, "https-cert", c.HTTPSCertFile, "TLS listener certificate (PEM)")
+	fs.StringVar(&c.HTTPSKeyFile, "https-key", c.HTTPSKeyFile, "TLS listener key (PEM)")
+	fs.IntVar(&c.HTTPSRedirectPort, "https-redirect-port", c.HTTPSRedirectPort, "port in https redirects (0: the TLS listener's)")
+	fs.StringVar(&c.AdminAddress, "admin", c.AdminAddress, "admin listen address for /healthz and /metrics (empty: none)")
+	fs.StringVar(&c.RouteEmitterAddress, "routeemitter-address", c.RouteEmitterAddress, "route-emitter gRPC address")
+	config.TLSFlags(fs, &c.RouteEmitterTLS, "routeemitter", "routeemitter-insecure", "route-emitter client")
+	fs.StringVar(&c.TCPBindAddress, "tcp-bind", c.TCPBindAddress, "IP that TCP/UDP incoming ports are opened on")
+	fs.Var(&c.BackendDialTimeout, "backend-dial-timeout", "backend connect timeout (e.g. 5s)")
+	fs.Var(&c.BackendResponseTimeout, "backend-response-timeout", "wait for backend response headers (e.g. 60s; 0: none)")
+	fs.Var(&c.UDPSessionIdleTimeout, "udp-session-idle-timeout", "idle time that ends a UDP session (e.g. 30s)")
+	config.LogFlags(fs, &c.Log)
+}
 
 // Validate reports every problem that would stop the router from starting.
 func (c Config) Validate() error {

@@ -11,8 +11,6 @@ package main
 
 import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
-	"github.com/gavel-sched/gavel/pkg/config"
-	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/servicemain"
@@ -24,26 +22,13 @@ func main() { servicemain.Main("auctioneer", run) }
 func run(args []string) error {
 	cfg := auctioneer.Default()
 	fs := servicemain.NewFlagSet("auctioneer")
-	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	bbsclient.Flags(fs, &cfg.Config)
-	config.TLSFlags(fs, &cfg.RepTLS, "rep", "rep-insecure", "rep client")
-	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs")
-	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
-	fs.Var(&cfg.BatchInterval, "batch-interval", "batch window between auction rounds")
-	fs.Var(&cfg.CellStateTimeout, "cell-state-timeout", "timeout of each cell's State call")
-	fs.Var(&cfg.CellStateMaxAge, "cell-state-max-age", "how long a cell's last known state (from its last Perform or State) stands in for a State call (0: ask every round)")
-	fs.Var(&cfg.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
-	fs.IntVar(&cfg.MaxInflightStarts, "max-inflight-starts", cfg.MaxInflightStarts, "most containers starting at once (0: unlimited)")
-	fs.Var(&cfg.LockTTL, "lock-ttl", "leader election lease TTL")
-	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
-	config.LogFlags(fs, &cfg.Log)
+	cfg.Flags(fs)
 	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
 	}
 
 	logger := logging.New("auctioneer", cfg.Log)
-	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
+	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err
 	}

@@ -10,12 +10,9 @@ package main
 
 import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
-	"github.com/gavel-sched/gavel/pkg/config"
-	"github.com/gavel-sched/gavel/pkg/etcdx"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/servicemain"
-	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync"
 )
 
@@ -24,26 +21,13 @@ func main() { servicemain.Main("nsync", run) }
 func run(args []string) error {
 	cfg := nsync.Default()
 	fs := servicemain.NewFlagSet("nsync")
-	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	bbsclient.Flags(fs, &cfg.Config)
-	fs.Var(config.List{Values: &cfg.EtcdEndpoints}, "etcd-endpoints", "comma-separated etcd client URLs (nsync's records)")
-	config.TLSFlags(fs, &cfg.EtcdTLS, "etcd", "etcd-insecure", "etcd client")
-	fs.Var(config.JSONMap{Values: &cfg.Stacks}, "stacks", `stacks as JSON name→rootfs URI, e.g. '{"cflinuxfs4":"preloaded:cflinuxfs4"}'`)
-	fs.Var(transform.Flag{Plugins: &cfg.Plugins}, "plugin", "transformer plugin NAME=SOCKET[,kinds=desired_lrp+task][,timeout=2s][,failure_policy=fail|ignore][,check_determinism=true][,max_concurrency=32] run on what nsync builds; repeat for a chain, in order (see docs/plugins.md)")
-	fs.Var(&cfg.BulkInterval, "bulk-interval", "time between bulk passes of the leader")
-	fs.Var(&cfg.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
-	fs.Var(&cfg.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
-	fs.Var(&cfg.RouteDrain, "route-drain", "how long a restarted app's old version runs unrouted before it is removed")
-	fs.Var(&cfg.LockTTL, "lock-ttl", "lease of the bulk loop's leadership")
-	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus /metrics on this address (empty: off)")
-	config.LogFlags(fs, &cfg.Log)
+	cfg.Flags(fs)
 	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
 	}
 
 	logger := logging.New("nsync", cfg.Log)
-	etcd, err := etcdx.Connect(cfg.EtcdEndpoints, cfg.EtcdTLS, logger.Named("etcd"))
+	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err
 	}
@@ -53,7 +37,7 @@ func run(args []string) error {
 		return err
 	}
 	defer conn.Close()
-	svc, err := nsync.New(cfg, logger, etcd, bbsv1.NewBBSServiceClient(conn), nil)
+	svc, err := nsync.New(cfg, logger, etcd, bbsv1.NewBBSServiceClient(conn))
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,6 @@ package main
 
 import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
-	"github.com/gavel-sched/gavel/pkg/config"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/servicemain"
@@ -20,12 +19,7 @@ func main() { servicemain.Main("routeemitter", run) }
 func run(args []string) error {
 	cfg := routeemitter.Default()
 	fs := servicemain.NewFlagSet("routeemitter")
-	fs.StringVar(&cfg.ListenAddress, "listen", cfg.ListenAddress, "gRPC listen address")
-	config.TLSFlags(fs, &cfg.TLS, "tls", "insecure", "server")
-	bbsclient.Flags(fs, &cfg.Config)
-	fs.Var(&cfg.SyncInterval, "sync-interval", "how often the whole BBS is listed again")
-	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
-	config.LogFlags(fs, &cfg.Log)
+	cfg.Flags(fs)
 	if err := servicemain.Parse(fs, args, &cfg); err != nil {
 		return err
 	}
