@@ -99,11 +99,14 @@ func TestRetryOverloadedEndsWithTheContext(t *testing.T) {
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	waiting := Refusals("Check", OutcomeRetried)
 	go func() {
 		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		done <- err
 	}()
-	for calls.Load() == 0 {
+	// Cancel once the interceptor has the refusal and waits out its hour, not before (the
+	// call would then end Canceled, never having been refused).
+	for Refusals("Check", OutcomeRetried) == waiting {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
