@@ -37,8 +37,17 @@ func TestMain(m *testing.M) {
 //   - the running instances are untouched: same instance guids, on the same cells, RUNNING;
 //   - no cell's presence key is written anew or moved to another lease, no cell disappears,
 //     and no SUSPECT instance record ever appears.
+//
+// GAVEL_OUTAGE_TTL=10s runs it at the default TTL, with the literal outages.
 func TestEtcdOutage(t *testing.T) {
-	const ttl = 3 * time.Second
+	ttl := 3 * time.Second
+	if v := os.Getenv("GAVEL_OUTAGE_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("GAVEL_OUTAGE_TTL: %v", err)
+		}
+		ttl = d
+	}
 	outages := []time.Duration{ttl / 2, ttl * 9 / 10, ttl, ttl * 6 / 5, 2 * ttl}
 	if testing.Short() {
 		outages = []time.Duration{ttl * 6 / 5}
