@@ -286,7 +286,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	clientCfg := grpcx.ClientConfig{TLS: cfg.TLS}
 	// Connections to reps are closed when their cell's presence disappears.
 	repPool := reppool.New(clientCfg)
+	txnDuration := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gavel_bbs_store_transaction_duration_seconds",
+		Help:    "How long each etcd transaction of the store's group committer took (the BBS's etcd write latency).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
+	registry.MustRegister(txnDuration)
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain,
+		ObserveTransaction: func(d time.Duration) { txnDuration.Observe(d.Seconds()) },
 		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout)})
 	callbackQueue := callback.NewQueue(0, logger.Named("callback"))
 	reps := peers.NewReps(repPool)
@@ -366,6 +371,12 @@ func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
 		func(s store.CommitStats) int64 { return s.Requests })
 	counter("gavel_bbs_store_commit_retried_alone_total", "requests of a batch whose compare failed, sent again alone.",
 		func(s store.CommitStats) int64 { return s.RetriedAlone })
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gavel_bbs_cell_presences_lost_total",
+		Help: "Cell presences this BBS saw disappear from etcd (a lease expired or was revoked: a cell was lost or stopped)."},
+		func() float64 { return float64(st.CellsLost()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_present_cells",
+		Help: "Cells whose presence is registered in etcd."},
+		func() float64 { cells, _ := st.Cells(); return float64(len(cells)) }))
 }
 
 // CommitStats counts the store's group commits since the BBS started: how many etcd

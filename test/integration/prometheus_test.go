@@ -21,6 +21,7 @@ import (
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/nsync"
+	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/routeemitter"
 )
 
@@ -60,7 +61,8 @@ func TestPrometheusRules(t *testing.T) {
 // TestPrometheusLoadsGavelRules runs a real Prometheus against a running cluster whose every
 // service serves /metrics, with the shipped rules: every target is up, every rule group loads
 // and evaluates without error, every Gavel metric the rules and the dashboard name is one the
-// services export, and every dashboard query is valid PromQL that Prometheus answers.
+// services export, every dashboard query is valid PromQL that Prometheus answers, and when a
+// cell is cut off, GavelCellPresenceLost fires.
 func TestPrometheusLoadsGavelRules(t *testing.T) {
 	prometheus := lookPath(t, "prometheus")
 	jobs := map[string]string{}
@@ -69,7 +71,9 @@ func TestPrometheusLoadsGavelRules(t *testing.T) {
 	}
 	cell := simCell("cell-0", "z1", nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
 	cell.Config.MetricsAddress = jobs["gavel-rep"]
-	c := startClusterWith(t, devcluster.Config{Cells: []devcluster.Cell{cell}, Routing: true, Nsync: true,
+	doomed := simCell("cell-1", "z2", nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
+	doomed.Config.LeaseTTL = rep.Duration(2 * time.Second)
+	c := startClusterWith(t, devcluster.Config{Cells: []devcluster.Cell{cell, doomed}, CellsPerHost: 1, Routing: true, Nsync: true,
 		RouteEmitterAddress: "127.0.0.1:0", NsyncAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0",
 		RouterAdminAddress:    jobs["gavel-router"],
 		ConfigureBBS:          func(c *bbs.Config) { c.MetricsAddress = jobs["gavel-bbs"] },
@@ -225,8 +229,33 @@ func TestPrometheusLoadsGavelRules(t *testing.T) {
 				}
 			}
 		}
-		return len(rules.Groups) == 2 && n == 32 && len(bad) == 0, fmt.Sprintf("%d groups, %d rules, unhealthy %v", len(rules.Groups), n, bad)
+		want := len(regexp.MustCompile(`(?m)^\s+- (record|alert): `).FindAll(rulesText, -1))
+		return len(rules.Groups) == 2 && n == want && len(bad) == 0, fmt.Sprintf("%d groups, %d rules of %d, unhealthy %v", len(rules.Groups), n, want, bad)
 	}, "every rule loaded and evaluated")
+
+	// A cell cut off from etcd: its lease expires, and the alert fires.
+	if err := c.DisconnectHost(1); err != nil {
+		t.Fatal(err)
+	}
+	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
+		var alerts struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		}
+		if err := api("alerts", nil, &alerts); err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, a := range alerts.Alerts {
+			if a.Labels["alertname"] == "GavelCellPresenceLost" && a.State == "firing" {
+				return true, ""
+			}
+			seen = append(seen, a.Labels["alertname"]+"="+a.State)
+		}
+		return false, "alerts: " + strings.Join(seen, ", ")
+	}, "GavelCellPresenceLost firing once a cell is cut off")
 
 	// Every dashboard query parses and is answered.
 	var dash struct {

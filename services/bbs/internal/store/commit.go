@@ -80,8 +80,10 @@ type committer struct {
 	// unreachable bounds how long a request waits for etcd to become reachable before its
 	// caller is answered that etcd is unavailable (the request is then withdrawn, unsent).
 	unreachable time.Duration
-	reqs        chan *commitReq
-	slots       chan struct{}
+	// observe is told how long each transaction took.
+	observe func(time.Duration)
+	reqs    chan *commitReq
+	slots   chan struct{}
 	// stopped is closed once run has returned and every transaction it started has answered;
 	// commits after that fail at once instead of waiting for their context.
 	stopped chan struct{}
@@ -130,8 +132,11 @@ func (c *committer) snapshot() CommitStats {
 // errStopped answers a commit made after the store stopped.
 var errStopped = rpcerr.Unavailable("store stopped")
 
-func newCommitter(client *clientv3.Client, unreachable time.Duration) *committer {
-	c := &committer{client: client, unreachable: unreachable, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns),
+func newCommitter(client *clientv3.Client, unreachable time.Duration, observe func(time.Duration)) *committer {
+	if observe == nil {
+		observe = func(time.Duration) {}
+	}
+	c := &committer{client: client, unreachable: unreachable, observe: observe, reqs: make(chan *commitReq, 4096), slots: make(chan struct{}, maxInFlightTxns),
 		stopped: make(chan struct{})}
 	c.batchOps.Store(maxBatchOps)
 	return c
@@ -317,7 +322,9 @@ func send(reqs []*commitReq) []*commitReq {
 // unknown.
 func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
 	c.stats.txns.Add(1)
+	start := time.Now()
 	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	c.observe(time.Since(start))
 	if err != nil {
 		return commitRes{err: err, unsent: etcdx.RefusedBeforeProposal(err)}
 	}

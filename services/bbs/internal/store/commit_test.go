@@ -52,7 +52,7 @@ func TestPickHonoursTheOpLimit(t *testing.T) {
 // that later batches fit.
 func TestBatchRefusedAsTooManyOpsLowersTheLimit(t *testing.T) {
 	_, cli := etcdtest.Start(t, func(c *etcdembed.Config) { c.MaxTxnOps = minBatchOps })
-	c := newCommitter(cli, time.Second)
+	c := newCommitter(cli, time.Second, nil)
 	batch := twoKeyRequests("refused", 150) // 300 operations
 	c.commitBatch(batch)
 	for i, r := range batch {

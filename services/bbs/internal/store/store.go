@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -39,6 +40,9 @@ type Options struct {
 	WriteTimeout time.Duration
 	// ReadYourWritesTimeout bounds how long a write waits for the cache to reflect it (default 5s).
 	ReadYourWritesTimeout time.Duration
+	// ObserveTransaction, when set, is told how long each etcd transaction of the group
+	// committer took (the BBS's etcd write latency histogram). It must not block.
+	ObserveTransaction func(time.Duration)
 	// CellsLeft, when set, is called with the cells still registered whenever the watch sees a
 	// cell's presence disappear and after every full listing (which may have missed a
 	// departure); the BBS closes its connections to the reps of departed cells. It is called
@@ -90,6 +94,8 @@ type Store struct {
 	once   sync.Once
 	// cellGone holds one pending signal that some cell's presence disappeared.
 	cellGone chan struct{}
+	// cellsLost counts the cell presences the watch saw disappear.
+	cellsLost atomic.Int64
 
 	committer *committer
 	// links tracks link resolutions for LinksChanged events; guarded by cache.mu.
@@ -107,7 +113,7 @@ func New(client *clientv3.Client, opts Options) *Store {
 		hub:       newHub(opts.EventRing),
 		synced:    make(chan struct{}),
 		cellGone:  make(chan struct{}, 1),
-		committer: newCommitter(client, opts.UnreachableTimeout),
+		committer: newCommitter(client, opts.UnreachableTimeout, opts.ObserveTransaction),
 		links:     newLinkTracker(),
 	}
 }
@@ -124,6 +130,10 @@ func (s *Store) Cache() *Cache { return s.cache }
 // CellGone receives a signal (coalesced: at most one pending) whenever the watch sees a cell's
 // presence disappear. Convergence listens to it to react to cell loss at once.
 func (s *Store) CellGone() <-chan struct{} { return s.cellGone }
+
+// CellsLost counts the cell presences the store's watch saw disappear since it started
+// (expired or revoked leases: lost or stopped cells).
+func (s *Store) CellsLost() int64 { return s.cellsLost.Load() }
 
 // Synced is closed once the cache holds a full copy of the store.
 func (s *Store) Synced() <-chan struct{} { return s.synced }
@@ -270,6 +280,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 			st.del(k)
 			if k.kind == kindCell {
 				cellGone = true
+				s.cellsLost.Add(1)
 			}
 		}
 		changes = append(changes, c)
