@@ -131,9 +131,16 @@ type testNetns struct{ name, path string }
 func newNetns(t *testing.T) testNetns {
 	t.Helper()
 	name := "gavel-cni-" + randHex(t, 4)
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return testNetns{name: name, path: "/run/netns/" + name}
+	path, err := NewNetns(NetnsDir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := RemoveNetns(path); err != nil {
+			t.Error(err)
+		}
+	})
+	return testNetns{name: name, path: path}
 }
 
 // testEnv is a Config on a bridge and subnet of the test's own, with a bin dir holding the

@@ -229,3 +229,30 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestNetns checks a pinned namespace is a namespace of its own (ip sees it, with only lo)
+// and is gone after RemoveNetns, twice.
+func TestNetns(t *testing.T) {
+	needNetworking(t)
+	name := "gavel-cni-" + randHex(t, 4)
+	path, err := NewNetns(NetnsDir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer RemoveNetns(path)
+	links := run(t, "ip", "-n", name, "-o", "link", "show")
+	if strings.Count(strings.TrimSpace(links), "\n") != 0 || !strings.Contains(links, " lo:") {
+		t.Errorf("new namespace's links: %s, want only lo", links)
+	}
+	if _, err := NewNetns(NetnsDir, name); err == nil {
+		t.Error("NewNetns with a name in use succeeded")
+	}
+	for range 2 {
+		if err := RemoveNetns(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s still there: %v", path, err)
+	}
+}
