@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -130,9 +131,9 @@ func (n *Network) Attach(ctx context.Context, req AttachRequest) (Attachment, er
 		n.owned[req.ContainerID] = hostPorts
 		n.mu.Unlock()
 	}
-	att := Attachment{Ports: make([]PortMapping, len(req.Ports))}
+	var att Attachment
 	for i, p := range req.Ports {
-		att.Ports[i] = PortMapping{ContainerPort: p, HostPort: hostPorts[i]}
+		att.Ports = append(att.Ports, PortMapping{ContainerPort: p, HostPort: hostPorts[i]})
 	}
 	rt := n.runtimeConf(req.ContainerID, req.NetnsPath, att.Ports)
 	rt.Args, att.SkippedArgs = CNIArgs(req.Properties)
@@ -188,6 +189,65 @@ func (n *Network) Detach(ctx context.Context, containerID, netnsPath string, por
 		return fmt.Errorf("cni: detach %q from network %q: %w", containerID, n.list.Name, err)
 	}
 	return nil
+}
+
+// Attached returns the attachment libcni cached for containerID when it was attached (what a
+// restarted rep needs to adopt a running container: its address and host ports); ok is false
+// when the container is not attached. Host ports of an adopted container are the caller's:
+// reserve them in the allocator and pass them to Detach.
+func (n *Network) Attached(containerID, netnsPath string) (att Attachment, ok bool, err error) {
+	rt := n.runtimeConf(containerID, netnsPath, nil)
+	_, cached, err := n.cni.GetNetworkListCachedConfig(n.list, rt)
+	if err != nil {
+		return Attachment{}, false, fmt.Errorf("cni: attachment of %q: %w", containerID, err)
+	}
+	if cached == nil {
+		return Attachment{}, false, nil
+	}
+	res, err := n.cni.GetNetworkListCachedResult(n.list, rt)
+	if err == nil && res == nil {
+		err = errors.New("no cached result")
+	}
+	var r *types100.Result
+	if err == nil {
+		r, err = types100.NewResultFromResult(res)
+	}
+	if err != nil {
+		return Attachment{}, false, fmt.Errorf("cni: attachment of %q: %w", containerID, err)
+	}
+	for _, ip := range r.IPs {
+		if v4 := ip.Address.IP.To4(); v4 != nil {
+			att.IP = v4.String()
+			break
+		}
+	}
+	att.HostInterface = hostInterface(r)
+	// The capability arguments come back from the cache's JSON as plain maps and slices.
+	var pm []portMapEntry
+	var props map[string]string
+	if err := remarshal(cached.CapabilityArgs["portMappings"], &pm); err != nil {
+		return Attachment{}, false, fmt.Errorf("cni: attachment of %q: cached portMappings: %w", containerID, err)
+	}
+	if err := remarshal(cached.CapabilityArgs[PropertiesCapability], &props); err != nil {
+		return Attachment{}, false, fmt.Errorf("cni: attachment of %q: cached properties: %w", containerID, err)
+	}
+	for _, p := range pm {
+		att.Ports = append(att.Ports, PortMapping{ContainerPort: p.ContainerPort, HostPort: p.HostPort})
+	}
+	_, att.SkippedArgs = CNIArgs(props)
+	return att, true, nil
+}
+
+// remarshal decodes v, a value decoded from JSON into any, into out.
+func remarshal(v, out any) error {
+	if v == nil {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
 }
 
 // del runs DEL for the chain and loopback, preferring what libcni cached at ADD time.

@@ -72,8 +72,20 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("host-local allocations for %s: %v, want [%s]", id, got, att.IP)
 	}
 
+	// A restarted rep finds the attachment again.
+	restarted, err := New(ctx, env.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := restarted.Attached(id, ns.path); err != nil || !ok || !reflect.DeepEqual(got, att) {
+		t.Errorf("after a restart, Attached = %+v, %v, %v; want %+v", got, ok, err, att)
+	}
+
 	if err := n.Detach(ctx, id, ns.path, nil); err != nil {
 		t.Fatal(err)
+	}
+	if got, ok, err := restarted.Attached(id, ns.path); err != nil || ok {
+		t.Errorf("after Detach, Attached = %+v, %v, %v; want nothing", got, ok, err)
 	}
 	if _, err := net.InterfaceByName(att.HostInterface); err == nil {
 		t.Errorf("host veth %s still exists after Detach", att.HostInterface)
