@@ -6,14 +6,20 @@
 //     [Config.NetworkName], or, when there is none, the generated default chain (bridge with
 //     host-local IPAM on a private subnet, then portmap; see [DefaultConfList]). It refuses,
 //     naming what is missing, when a plugin of the chain is not in [Config.BinDirs].
-//  2. The oci backend creates the container's network namespace (containerd does) and calls
+//  2. The oci backend pins a network namespace for the container with [NewNetns] (so it
+//     outlives the container's processes), names it in the OCI spec and calls
 //     [Network.Attach] with it, the container ports and the work's properties. Attach brings
 //     up "lo" with the loopback plugin, then runs the chain's ADD with
 //     runtimeConfig.portMappings (one host port per container port, from the caller or from
 //     its [PortAllocator]) and the properties, and returns the container's address and its
 //     host port mappings: what the rep reports as instance_address and ports.
 //  3. [Network.Detach] runs the chain's DEL with the configuration and arguments libcni
-//     cached at ADD time, which removes the veth, the IPAM allocation and portmap's rules.
+//     cached at ADD time, which removes the veth, the IPAM allocation and the iptables rules;
+//     then the backend removes the namespace with [RemoveNetns]. Detach before the namespace
+//     goes: bridge removes its masquerade rules only when it can read the address there.
+//
+// A restarted rep gets a running container's address and host ports back from libcni's cache
+// with [Network.Attached].
 //
 // Properties reach every plugin two ways, so a plugin written against CNI needs no Gavel
 // code:
