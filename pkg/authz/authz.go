@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
 // Role kinds. A role is a kind, and for rep/<cell> a parameter.
@@ -231,11 +232,16 @@ func Infrastructure(method string) bool {
 
 // record audits a finished mutating call; gRPC's health and reflection calls are reads
 // whatever the policy says, so they are never audited.
-func (a *Authorizer) record(c *caller, method string, err error) {
+// The line carries the call's trace id when it has one (pkg/tracing).
+func (a *Authorizer) record(ctx context.Context, c *caller, method string, err error) {
 	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) {
 		return
 	}
-	a.audit.Info("audit", "identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String())
+	fields := []any{"identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String()}
+	if id := tracing.TraceID(ctx); id != "" {
+		fields = append(fields, "trace_id", id)
+	}
+	a.audit.Info("audit", fields...)
 }
 
 // Unary is the unary server interceptor.
@@ -246,7 +252,7 @@ func (a *Authorizer) Unary() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		resp, err := handler(ctx, req)
-		a.record(c, info.FullMethod, err)
+		a.record(ctx, c, info.FullMethod, err)
 		return resp, err
 	}
 }
@@ -259,7 +265,7 @@ func (a *Authorizer) Stream() grpc.StreamServerInterceptor {
 			return err
 		}
 		err = handler(srv, ss)
-		a.record(c, info.FullMethod, err)
+		a.record(ss.Context(), c, info.FullMethod, err)
 		return err
 	}
 }

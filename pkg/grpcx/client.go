@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -46,7 +47,8 @@ func (c ClientConfig) Validate() error {
 
 // Dial validates cfg and creates a client connection to target with
 // grpc.NewClient, using cfg's transport credentials, keepalive and message
-// size limits, and records per-RPC client metrics (see RegisterClientMetrics); opts are
+// size limits, records per-RPC client metrics (see RegisterClientMetrics) and carries trace
+// context (otelgrpc; see pkg/tracing); opts are
 // applied after those. As with grpc.NewClient, no
 // connection is made until the first call.
 func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
@@ -69,6 +71,8 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send)),
 		grpc.WithChainUnaryInterceptor(clientMetrics.UnaryClientInterceptor()),
 		grpc.WithChainStreamInterceptor(clientMetrics.StreamClientInterceptor()),
+		// W3C trace context out on every call, and a client span when tracing is on (pkg/tracing).
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 	}
 	if cfg.KeepaliveTime > 0 {
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
 // callLevel logs successful calls at debug and failed ones at warn, except calls refused
@@ -51,6 +52,9 @@ func logFinished(ctx context.Context, l hclog.Logger, fullMethod, methodType str
 	}
 	if id, ok := tlsx.PeerIdentity(ctx); ok {
 		fields = append(fields, "peer.identity", id)
+	}
+	if id := tracing.TraceID(ctx); id != "" {
+		fields = append(fields, "trace_id", id)
 	}
 	fields = append(fields, "grpc.start_time", start.Format(time.RFC3339))
 	if d, ok := ctx.Deadline(); ok {

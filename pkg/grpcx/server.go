@@ -18,6 +18,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -211,6 +212,9 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+		// A server span for every call when tracing is on, parented by the caller's W3C trace
+		// context (pkg/tracing); the context reaches the handler either way.
+		grpc.StatsHandler(otelgrpc.NewServerHandler()),
 	}
 	s := &Server{
 		GRPC:     grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),

@@ -24,6 +24,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/logging"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
 // DefaultEtcdEndpoint is where a development etcd listens.
@@ -43,6 +44,8 @@ type Base struct {
 	// Authz maps client certificate identities to roles (least privilege); enforced whenever
 	// tls is on.
 	Authz authz.Config `json:"authz"`
+	// Tracing sends OpenTelemetry spans to an OTLP collector; off without an endpoint.
+	Tracing tracing.Config `json:"tracing"`
 }
 
 // DefaultBase is the Base of a service listening on listen, logging text at info, with the
@@ -52,6 +55,7 @@ func DefaultBase(listen string) Base {
 		ListenAddress: listen,
 		Log:           logging.Config{Level: "info", Format: "text"},
 		Authz:         authz.Default(),
+		Tracing:       tracing.Default(),
 	}
 }
 
@@ -70,11 +74,15 @@ func (b Base) Validate() error {
 	if err := b.Authz.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("authz: %w", err))
 	}
+	if err := b.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
 // BaseFlags binds -listen, the server TLS flags (-tls-cert, -tls-key, -tls-ca, -insecure),
-// -metrics-address, -log-level and -log-format to b. tlsWho names the server in the TLS
+// -metrics-address, -log-level, -log-format and the tracing flags (-otlp-endpoint,
+// -otlp-insecure, -trace-sampling-ratio) to b. tlsWho names the server in the TLS
 // flags' help ("server" when empty). The roles (authz) come from the config file only.
 func BaseFlags(fs *flag.FlagSet, b *Base, tlsWho string) {
 	if tlsWho == "" {
@@ -84,6 +92,7 @@ func BaseFlags(fs *flag.FlagSet, b *Base, tlsWho string) {
 	config.TLSFlags(fs, &b.TLS, "tls", "insecure", tlsWho)
 	fs.StringVar(&b.MetricsAddress, "metrics-address", b.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
 	config.LogFlags(fs, &b.Log)
+	tracing.Flags(fs, &b.Tracing)
 }
 
 // Etcd is how a service reaches etcd.

@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
 // Main runs run on the process arguments; when it fails, Main prints "name: error" on stderr and
@@ -78,4 +80,24 @@ func ServeUntilSignal(logger hclog.Logger, name string, svc Service, fields ...a
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
 	return Serve(ctx, logger, name, svc, fields...)
+}
+
+// StartTracing installs the tracer provider of service name (tracing.Start) and returns the
+// function that flushes its spans at exit: a main calls it once its logger exists, and defers
+// the stop.
+func StartTracing(logger hclog.Logger, name string, c tracing.Config) (stop func(), err error) {
+	shutdown, err := tracing.Start(context.Background(), name, c)
+	if err != nil {
+		return nil, err
+	}
+	if c.OTLPEndpoint != "" {
+		logger.Info("tracing on", "otlp_endpoint", c.OTLPEndpoint, "sampling_ratio", c.SamplingRatio)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdown(ctx); err != nil {
+			logger.Warn("could not flush the last spans", "error", err)
+		}
+	}, nil
 }

@@ -28,6 +28,11 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("auctioneer", cfg.Log)
+	stopTracing, err := servicemain.StartTracing(logger, "auctioneer", cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err

@@ -5,6 +5,10 @@
 package auction
 
 import (
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +27,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
 )
 
@@ -472,13 +477,46 @@ func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*plac
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PerformTimeout)
 	defer cancel()
-	req := performRequest(works)
+	spans, traces := placeSpans(ctx, c, works)
+	req := performRequest(works, traces)
 	req.IncludeState = askState
 	resp, err := client.Perform(pctx, req)
 	if err != nil {
+		endPlaceSpans(spans, works, nil, err)
 		return nil, nil, fmt.Errorf("perform on cell %s at %s: %w", c.ID, c.Address, err)
 	}
-	return failedKeys(resp), resp.GetState(), nil
+	refused := failedKeys(resp)
+	endPlaceSpans(spans, works, refused, nil)
+	return refused, resp.GetState(), nil
+}
+
+// placeSpans starts, for each piece of work handed to cell c, an "auctioneer.place" span in
+// the trace of the request that asked for it, and returns the spans and the trace contexts
+// the cell's spans for each work are to join.
+func placeSpans(ctx context.Context, c *placement.Cell, works []*placement.Work) ([]trace.Span, []map[string]string) {
+	tracer := tracing.Tracer("auctioneer")
+	spans := make([]trace.Span, len(works))
+	traces := make([]map[string]string, len(works))
+	for i, w := range works {
+		sctx, span := tracer.Start(tracing.Extract(ctx, w.TraceContext), "auctioneer.place",
+			trace.WithAttributes(attribute.String("gavel.work", w.Key()), attribute.String("gavel.cell_id", c.ID)))
+		spans[i], traces[i] = span, tracing.Inject(sctx)
+	}
+	return spans, traces
+}
+
+// endPlaceSpans ends the spans of placeSpans, marking the works the cell refused, or every
+// work when the call failed.
+func endPlaceSpans(spans []trace.Span, works []*placement.Work, refused map[string]bool, err error) {
+	for i, span := range spans {
+		switch {
+		case err != nil:
+			span.SetStatus(otelcodes.Error, err.Error())
+		case refused[works[i].Key()]:
+			span.SetStatus(otelcodes.Error, "refused by the cell")
+		}
+		span.End()
+	}
 }
 
 // report sends each failure to the BBS in parallel: FailActualLRP for instances, RejectTask for

@@ -25,6 +25,8 @@ func LRPWork(starts []*auctioneerv1.LRPStartRequest) []*placement.Work {
 				Rootfs:      s.GetRootfs(),
 				Require:     s.GetPlacementConstraint().GetRequire(),
 				Disallow:    s.GetPlacementConstraint().GetDisallow(),
+
+				TraceContext: s.GetTraceContext(),
 			})
 		}
 	}
@@ -45,15 +47,22 @@ func TaskWork(tasks []*auctioneerv1.TaskStartRequest) []*placement.Work {
 			Rootfs:   t.GetRootfs(),
 			Require:  t.GetPlacementConstraint().GetRequire(),
 			Disallow: t.GetPlacementConstraint().GetDisallow(),
+
+			TraceContext: t.GetTraceContext(),
 		})
 	}
 	return out
 }
 
-// performRequest is the Perform request handing works to a cell.
-func performRequest(works []*placement.Work) *repv1.PerformRequest {
+// performRequest is the Perform request handing works to a cell; traces[i], when set, is the
+// trace context works[i] carries to the cell.
+func performRequest(works []*placement.Work, traces []map[string]string) *repv1.PerformRequest {
 	req := &repv1.PerformRequest{}
-	for _, w := range works {
+	for i, w := range works {
+		var tc map[string]string
+		if i < len(traces) {
+			tc = traces[i]
+		}
 		res := &modelsv1.Resources{MemoryMb: int32(w.MemoryMB), DiskMb: int32(w.DiskMB), MaxPids: w.MaxPids}
 		var pc *modelsv1.PlacementConstraint
 		if len(w.Require) > 0 || len(w.Disallow) > 0 {
@@ -62,12 +71,13 @@ func performRequest(works []*placement.Work) *repv1.PerformRequest {
 		if w.Kind == placement.KindTask {
 			req.Tasks = append(req.Tasks, &repv1.TaskWork{
 				TaskGuid: w.TaskGuid, Domain: w.Domain, Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc,
+				TraceContext: tc,
 			})
 			continue
 		}
 		req.Lrps = append(req.Lrps, &repv1.LRPInstance{
 			Key:       &modelsv1.ActualLRPKey{ProcessGuid: w.ProcessGuid, Index: w.Index, Domain: w.Domain},
-			Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc,
+			Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc, TraceContext: tc,
 		})
 	}
 	return req

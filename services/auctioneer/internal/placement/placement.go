@@ -139,6 +139,9 @@ type Work struct {
 	Require []string
 	// Disallow lists tags no eligible cell may carry.
 	Disallow []string
+	// TraceContext is the W3C trace context of the request that asked for the work
+	// (pkg/tracing), carried to the cell so that placing and starting it join that trace.
+	TraceContext map[string]string
 }
 
 // Key identifies the work for deduplication: "lrp/<process_guid>/<index>" or "task/<task_guid>".

@@ -22,6 +22,11 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("bbs", cfg.Log)
+	stopTracing, err := servicemain.StartTracing(logger, "bbs", cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err

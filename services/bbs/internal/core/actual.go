@@ -183,17 +183,17 @@ func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int3
 	if err != nil {
 		return nil, fmt.Errorf("crash %s: %w", describe(guid, index), err)
 	}
-	c.restartIfUnclaimed(out)
+	c.restartIfUnclaimed(ctx, out)
 	return out, nil
 }
 
-// restartIfUnclaimed asks for an UNCLAIMED instance to be placed.
-func (c *ActualLRPs) restartIfUnclaimed(a *modelsv1.ActualLRP) {
+// restartIfUnclaimed asks for an UNCLAIMED instance to be placed, in ctx's trace.
+func (c *ActualLRPs) restartIfUnclaimed(ctx context.Context, a *modelsv1.ActualLRP) {
 	if a.GetState() != unclaimed {
 		return
 	}
 	if sched := c.st.SchedulingInfo(a.GetKey().GetProcessGuid()); sched != nil {
-		c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: []int32{a.GetKey().GetIndex()}}})
+		c.auctionLRPs(ctx, []LRPStart{{SchedulingInfo: sched, Indices: []int32{a.GetKey().GetIndex()}}})
 	}
 }
 

@@ -42,7 +42,7 @@ func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]in
 	if err != nil {
 		return nil, fmt.Errorf("converge missing instances of %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{start})
+	c.auctionLRPs(ctx, []LRPStart{start})
 	return start.Indices, nil
 }
 
@@ -109,7 +109,7 @@ func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index 
 	if next == nil {
 		return false, nil
 	}
-	c.restartIfUnclaimed(next)
+	c.restartIfUnclaimed(ctx, next)
 	return true, nil
 }
 
@@ -147,7 +147,7 @@ func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index 
 	if next == nil {
 		return false, nil
 	}
-	c.restartIfUnclaimed(next)
+	c.restartIfUnclaimed(ctx, next)
 	return true, nil
 }
 
@@ -175,7 +175,7 @@ func (c *ActualLRPs) ConvergeStaleClaimedLRP(ctx context.Context, guid string, i
 	if next == nil {
 		return false, nil
 	}
-	c.restartIfUnclaimed(next)
+	c.restartIfUnclaimed(ctx, next)
 	return true, nil
 }
 

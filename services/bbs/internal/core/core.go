@@ -18,6 +18,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
@@ -189,7 +190,9 @@ func (c *deps) detach(what string, fn func(ctx context.Context) error) bool {
 	return true
 }
 
-func (c *deps) auctionLRPs(starts []LRPStart) {
+// auctionLRPs asks the auctioneer, in the background, to place starts; the request carries
+// ctx's trace context, so that placing and starting them joins the caller's trace.
+func (c *deps) auctionLRPs(ctx context.Context, starts []LRPStart) {
 	n := 0
 	kept := starts[:0:0]
 	for _, s := range starts {
@@ -202,20 +205,24 @@ func (c *deps) auctionLRPs(starts []LRPStart) {
 		return
 	}
 	c.observeAuction("lrp", n)
+	tc := tracing.Inject(ctx)
 	if !c.detach("lrp auction", func(ctx context.Context) error {
-		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(ctx, kept))
+		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(tracing.Extract(ctx, tc), kept))
 	}) {
 		c.auctionResult("lrp", n, errNotQueued)
 	}
 }
 
-func (c *deps) auctionTasks(tasks []*modelsv1.Task) {
+// auctionTasks asks the auctioneer, in the background, to place tasks, carrying ctx's trace
+// context.
+func (c *deps) auctionTasks(ctx context.Context, tasks []*modelsv1.Task) {
 	if c.cfg.Auctioneer == nil || len(tasks) == 0 {
 		return
 	}
 	c.observeAuction("task", len(tasks))
+	tc := tracing.Inject(ctx)
 	if !c.detach("task auction", func(ctx context.Context) error {
-		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(ctx, tasks))
+		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(tracing.Extract(ctx, tc), tasks))
 	}) {
 		c.auctionResult("task", len(tasks), errNotQueued)
 	}
@@ -239,8 +246,12 @@ func (c *deps) auctionResult(kind string, n int, err error) error {
 
 // RequestLRPAuctions asks the auctioneer (when configured) to place the given instances, in the
 // background; a failure leaves them for the next convergence.
-func (c *ActualLRPs) RequestLRPAuctions(starts []LRPStart) { c.auctionLRPs(starts) }
+func (c *ActualLRPs) RequestLRPAuctions(starts []LRPStart) {
+	c.auctionLRPs(context.Background(), starts)
+}
 
 // RequestTaskAuctions asks the auctioneer (when configured) to place the given PENDING tasks, in
 // the background; a failure leaves them for the next convergence.
-func (c *Tasks) RequestTaskAuctions(tasks []*modelsv1.Task) { c.auctionTasks(tasks) }
+func (c *Tasks) RequestTaskAuctions(tasks []*modelsv1.Task) {
+	c.auctionTasks(context.Background(), tasks)
+}

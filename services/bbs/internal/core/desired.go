@@ -97,7 +97,7 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	if err != nil {
 		return 0, fmt.Errorf("desire lrp %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{{SchedulingInfo: sched, Indices: created}})
+	c.auctionLRPs(ctx, []LRPStart{{SchedulingInfo: sched, Indices: created}})
 	return rev, nil
 }
 
@@ -209,7 +209,7 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 	if err != nil {
 		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
 	}
-	c.auctionLRPs([]LRPStart{{SchedulingInfo: out.sched, Indices: out.created}})
+	c.auctionLRPs(ctx, []LRPStart{{SchedulingInfo: out.sched, Indices: out.created}})
 	c.stopInstances(out.stops)
 	return models.JoinDesiredLRP(out.sched, out.run), rev, nil
 }

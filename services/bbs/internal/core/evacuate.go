@@ -178,7 +178,7 @@ func (c *ActualLRPs) evacuateStep(ctx context.Context, op, guid string, index in
 		return false, fmt.Errorf("%s %s: %w", op, describe(guid, index), err)
 	}
 	if out.restart != nil {
-		c.restartIfUnclaimed(out.restart)
+		c.restartIfUnclaimed(ctx, out.restart)
 	}
 	return out.keep, nil
 }

@@ -91,7 +91,7 @@ func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *models
 	if err != nil {
 		return 0, fmt.Errorf("desire task %s: %w", guid, err)
 	}
-	c.auctionTasks([]*modelsv1.Task{task})
+	c.auctionTasks(ctx, []*modelsv1.Task{task})
 	return rev, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/reppool"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 )
 
@@ -121,8 +122,10 @@ func (a *Auctioneer) Close() error {
 	return errors.Join(errs...)
 }
 
-// RequestLRPAuctions queues instances for placement; they are sent within one window.
-func (a *Auctioneer) RequestLRPAuctions(_ context.Context, starts []core.LRPStart) error {
+// RequestLRPAuctions queues instances for placement; they are sent within one window, each
+// carrying ctx's trace context.
+func (a *Auctioneer) RequestLRPAuctions(ctx context.Context, starts []core.LRPStart) error {
+	tc := tracing.Inject(ctx)
 	a.mu.Lock()
 	for _, s := range starts {
 		if len(s.Indices) == 0 {
@@ -136,6 +139,7 @@ func (a *Auctioneer) RequestLRPAuctions(_ context.Context, starts []core.LRPStar
 			Resources:           si.GetResources(),
 			Rootfs:              si.GetRootfs(),
 			PlacementConstraint: si.GetPlacementConstraint(),
+			TraceContext:        tc,
 		})
 	}
 	a.mu.Unlock()
@@ -143,8 +147,10 @@ func (a *Auctioneer) RequestLRPAuctions(_ context.Context, starts []core.LRPStar
 	return nil
 }
 
-// RequestTaskAuctions queues tasks for placement; they are sent within one window.
-func (a *Auctioneer) RequestTaskAuctions(_ context.Context, tasks []*modelsv1.Task) error {
+// RequestTaskAuctions queues tasks for placement; they are sent within one window, each
+// carrying ctx's trace context.
+func (a *Auctioneer) RequestTaskAuctions(ctx context.Context, tasks []*modelsv1.Task) error {
+	tc := tracing.Inject(ctx)
 	a.mu.Lock()
 	for _, t := range tasks {
 		def := t.GetDefinition()
@@ -154,6 +160,7 @@ func (a *Auctioneer) RequestTaskAuctions(_ context.Context, tasks []*modelsv1.Ta
 			Resources:           &modelsv1.Resources{MemoryMb: def.GetMemoryMb(), DiskMb: def.GetDiskMb(), MaxPids: def.GetMaxPids()},
 			Rootfs:              def.GetRootfs(),
 			PlacementConstraint: def.GetPlacementConstraint(),
+			TraceContext:        tc,
 		})
 	}
 	a.mu.Unlock()

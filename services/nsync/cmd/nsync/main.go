@@ -27,6 +27,11 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("nsync", cfg.Log)
+	stopTracing, err := servicemain.StartTracing(logger, "nsync", cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err

@@ -30,6 +30,11 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("rep", cfg.Log).With("cell_id", cfg.CellID)
+	stopTracing, err := servicemain.StartTracing(logger, "rep", cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err

@@ -174,6 +174,7 @@ type container struct {
 	guid       string
 	kind       executor.Kind
 	key        *modelsv1.ActualLRPKey // LRP only
+	trace      map[string]string      // the W3C trace context the work came with (pkg/tracing)
 	domain     string                 // task only (LRPs carry it in key)
 	resources  *modelsv1.Resources
 	rootfs     string
@@ -430,6 +431,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 		}
 		ctr := c.reserveLocked(uuid.NewString(), executor.KindLRP, l.GetResources(), l.GetRootfs(), l.GetPlacementConstraint())
 		ctr.key = proto.Clone(l.GetKey()).(*modelsv1.ActualLRPKey)
+		ctr.trace = l.GetTraceContext()
 		started = append(started, ctr)
 	}
 	for _, t := range tasks {
@@ -443,6 +445,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 		}
 		ctr := c.reserveLocked(t.GetTaskGuid(), executor.KindTask, t.GetResources(), t.GetRootfs(), t.GetPlacementConstraint())
 		ctr.domain = t.GetDomain()
+		ctr.trace = t.GetTraceContext()
 		started = append(started, ctr)
 	}
 	c.wg.Add(len(started))

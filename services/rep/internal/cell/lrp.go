@@ -3,12 +3,18 @@ package cell
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/hashicorp/go-hclog"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -20,11 +26,27 @@ func (c *Cell) runLRP(ctr *container) {
 	guid, index := ctr.key.GetProcessGuid(), ctr.key.GetIndex()
 	log := c.log.With("process_guid", guid, "index", index, "instance_guid", ctr.guid)
 	ik := ctr.instanceKey(c.cfg.CellID)
+	// The start — claim, create, the first RUNNING report — is one span in the trace of the
+	// desire that asked for the instance.
+	tracer := tracing.Tracer("rep")
+	sctx, span := tracer.Start(tracing.Extract(ctr.ctx, ctr.trace), "rep.start_lrp", trace.WithAttributes(
+		attribute.String("gavel.process_guid", guid), attribute.Int("gavel.index", int(index)),
+		attribute.String("gavel.instance_guid", ctr.guid), attribute.String("gavel.cell_id", c.cfg.CellID)))
+	var endStart sync.Once
+	started := func(why string) {
+		endStart.Do(func() {
+			if why != "" {
+				span.SetStatus(otelcodes.Error, why)
+			}
+			span.End()
+		})
+	}
+	defer started("ended before it ran")
 
 	// The claim brings the desired LRP back with it (include_desired_lrp): one BBS round trip
 	// before the container starts instead of two.
 	var desired *modelsv1.DesiredLRP
-	err := c.call(ctr.ctx, "claim", func(ctx context.Context) error {
+	err := c.call(sctx, "claim", func(ctx context.Context) error {
 		resp, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, IncludeDesiredLrp: true})
 		desired = resp.GetDesiredLrp()
 		return err
@@ -41,6 +63,7 @@ func (c *Cell) runLRP(ctr *container) {
 		return
 	}
 
+	_, createSpan := tracer.Start(sctx, "rep.create_container")
 	exec, cleanup, err := c.create(ctr, func(ctx context.Context) (executor.Spec, error) {
 		if desired == nil { // a BBS that does not send it, or the LRP went away meanwhile
 			if err := c.call(ctx, "fetch desired lrp", func(ctx context.Context) error {
@@ -62,10 +85,13 @@ func (c *Cell) runLRP(ctr *container) {
 		return spec, nil
 	})
 	if err != nil {
+		createSpan.SetStatus(otelcodes.Error, err.Error())
+		createSpan.End()
 		c.setPhase(ctr, phaseCompleted)
 		c.lrpEnded(ctr, log, fmt.Sprintf("failed to start: %v", err))
 		return
 	}
+	createSpan.End()
 	defer cleanup()
 	log.Debug("container started")
 	c.linksRegistered(ctr.ctx, ctr)
@@ -89,7 +115,8 @@ func (c *Cell) runLRP(ctr *container) {
 		case <-healthy:
 			healthy = nil
 			routable = latest(routableCh, routable)
-			c.reportRunning(reportCtx, ctr, log, net, routable, true)
+			c.reportRunning(trace.ContextWithSpan(reportCtx, span), ctr, log, net, routable, true)
+			started("")
 		case r, ok := <-routableCh:
 			if !ok {
 				routableCh = nil

@@ -25,6 +25,11 @@ func run(args []string) error {
 	}
 
 	logger := logging.New("routeemitter", cfg.Log)
+	stopTracing, err := servicemain.StartTracing(logger, "routeemitter", cfg.Tracing)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	conn, err := bbsclient.Dial(cfg.Config)
 	if err != nil {
 		return err

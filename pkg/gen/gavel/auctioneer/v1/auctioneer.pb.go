@@ -40,8 +40,11 @@ type LRPStartRequest struct {
 	Rootfs string `protobuf:"bytes,5,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint restricts the eligible cells.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,6,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
+	// for this work, so that the spans placing and starting it join that request's trace.
+	TraceContext  map[string]string `protobuf:"bytes,7,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LRPStartRequest) Reset() {
@@ -116,6 +119,13 @@ func (x *LRPStartRequest) GetPlacementConstraint() *v1.PlacementConstraint {
 	return nil
 }
 
+func (x *LRPStartRequest) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
 // TaskStartRequest asks for a task to be placed.
 type TaskStartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -129,8 +139,11 @@ type TaskStartRequest struct {
 	Rootfs string `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint restricts the eligible cells.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,5,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
+	// for this work, so that the spans placing and starting it join that request's trace.
+	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskStartRequest) Reset() {
@@ -194,6 +207,13 @@ func (x *TaskStartRequest) GetRootfs() string {
 func (x *TaskStartRequest) GetPlacementConstraint() *v1.PlacementConstraint {
 	if x != nil {
 		return x.PlacementConstraint
+	}
+	return nil
+}
+
+func (x *TaskStartRequest) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
 	}
 	return nil
 }
@@ -368,20 +388,28 @@ var File_gavel_auctioneer_v1_auctioneer_proto protoreflect.FileDescriptor
 
 const file_gavel_auctioneer_v1_auctioneer_proto_rawDesc = "" +
 	"\n" +
-	"$gavel/auctioneer/v1/auctioneer.proto\x12\x13gavel.auctioneer.v1\x1a\x1cgavel/models/v1/common.proto\"\x91\x02\n" +
+	"$gavel/auctioneer/v1/auctioneer.proto\x12\x13gavel.auctioneer.v1\x1a\x1cgavel/models/v1/common.proto\"\xaf\x03\n" +
 	"\x0fLRPStartRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x18\n" +
 	"\aindices\x18\x03 \x03(\x05R\aindices\x128\n" +
 	"\tresources\x18\x04 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x05 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x06 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"\xf2\x01\n" +
+	"\x14placement_constraint\x18\x06 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12[\n" +
+	"\rtrace_context\x18\a \x03(\v26.gavel.auctioneer.v1.LRPStartRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x03\n" +
 	"\x10TaskStartRequest\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"Y\n" +
+	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12\\\n" +
+	"\rtrace_context\x18\x06 \x03(\v27.gavel.auctioneer.v1.TaskStartRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
 	"\x19RequestLRPAuctionsRequest\x12<\n" +
 	"\x06starts\x18\x01 \x03(\v2$.gavel.auctioneer.v1.LRPStartRequestR\x06starts\"\x1c\n" +
 	"\x1aRequestLRPAuctionsResponse\"Y\n" +
@@ -405,7 +433,7 @@ func file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP() []byte {
 	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescData
 }
 
-var file_gavel_auctioneer_v1_auctioneer_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_gavel_auctioneer_v1_auctioneer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_gavel_auctioneer_v1_auctioneer_proto_goTypes = []any{
 	(*LRPStartRequest)(nil),             // 0: gavel.auctioneer.v1.LRPStartRequest
 	(*TaskStartRequest)(nil),            // 1: gavel.auctioneer.v1.TaskStartRequest
@@ -413,25 +441,29 @@ var file_gavel_auctioneer_v1_auctioneer_proto_goTypes = []any{
 	(*RequestLRPAuctionsResponse)(nil),  // 3: gavel.auctioneer.v1.RequestLRPAuctionsResponse
 	(*RequestTaskAuctionsRequest)(nil),  // 4: gavel.auctioneer.v1.RequestTaskAuctionsRequest
 	(*RequestTaskAuctionsResponse)(nil), // 5: gavel.auctioneer.v1.RequestTaskAuctionsResponse
-	(*v1.Resources)(nil),                // 6: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),      // 7: gavel.models.v1.PlacementConstraint
+	nil,                                 // 6: gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
+	nil,                                 // 7: gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
+	(*v1.Resources)(nil),                // 8: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),      // 9: gavel.models.v1.PlacementConstraint
 }
 var file_gavel_auctioneer_v1_auctioneer_proto_depIdxs = []int32{
-	6, // 0: gavel.auctioneer.v1.LRPStartRequest.resources:type_name -> gavel.models.v1.Resources
-	7, // 1: gavel.auctioneer.v1.LRPStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	6, // 2: gavel.auctioneer.v1.TaskStartRequest.resources:type_name -> gavel.models.v1.Resources
-	7, // 3: gavel.auctioneer.v1.TaskStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	0, // 4: gavel.auctioneer.v1.RequestLRPAuctionsRequest.starts:type_name -> gavel.auctioneer.v1.LRPStartRequest
-	1, // 5: gavel.auctioneer.v1.RequestTaskAuctionsRequest.tasks:type_name -> gavel.auctioneer.v1.TaskStartRequest
-	2, // 6: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:input_type -> gavel.auctioneer.v1.RequestLRPAuctionsRequest
-	4, // 7: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:input_type -> gavel.auctioneer.v1.RequestTaskAuctionsRequest
-	3, // 8: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:output_type -> gavel.auctioneer.v1.RequestLRPAuctionsResponse
-	5, // 9: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:output_type -> gavel.auctioneer.v1.RequestTaskAuctionsResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	8,  // 0: gavel.auctioneer.v1.LRPStartRequest.resources:type_name -> gavel.models.v1.Resources
+	9,  // 1: gavel.auctioneer.v1.LRPStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	6,  // 2: gavel.auctioneer.v1.LRPStartRequest.trace_context:type_name -> gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
+	8,  // 3: gavel.auctioneer.v1.TaskStartRequest.resources:type_name -> gavel.models.v1.Resources
+	9,  // 4: gavel.auctioneer.v1.TaskStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	7,  // 5: gavel.auctioneer.v1.TaskStartRequest.trace_context:type_name -> gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
+	0,  // 6: gavel.auctioneer.v1.RequestLRPAuctionsRequest.starts:type_name -> gavel.auctioneer.v1.LRPStartRequest
+	1,  // 7: gavel.auctioneer.v1.RequestTaskAuctionsRequest.tasks:type_name -> gavel.auctioneer.v1.TaskStartRequest
+	2,  // 8: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:input_type -> gavel.auctioneer.v1.RequestLRPAuctionsRequest
+	4,  // 9: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:input_type -> gavel.auctioneer.v1.RequestTaskAuctionsRequest
+	3,  // 10: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:output_type -> gavel.auctioneer.v1.RequestLRPAuctionsResponse
+	5,  // 11: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:output_type -> gavel.auctioneer.v1.RequestTaskAuctionsResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_gavel_auctioneer_v1_auctioneer_proto_init() }
@@ -445,7 +477,7 @@ func file_gavel_auctioneer_v1_auctioneer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_auctioneer_v1_auctioneer_proto_rawDesc), len(file_gavel_auctioneer_v1_auctioneer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

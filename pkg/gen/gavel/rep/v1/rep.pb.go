@@ -37,7 +37,10 @@ type LRPInstance struct {
 	// PlacementConstraint is the desired LRP's constraint.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,4,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
 	// InstanceGuid names the container, once the cell holds one.
-	InstanceGuid  string `protobuf:"bytes,5,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	InstanceGuid string `protobuf:"bytes,5,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
+	// for this work, so that the spans placing and starting it join that request's trace.
+	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -107,6 +110,13 @@ func (x *LRPInstance) GetInstanceGuid() string {
 	return ""
 }
 
+func (x *LRPInstance) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
 // TaskWork is one task handed to, or held by, a cell.
 type TaskWork struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -120,8 +130,11 @@ type TaskWork struct {
 	Rootfs string `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint is the task's constraint.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,5,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
+	// for this work, so that the spans placing and starting it join that request's trace.
+	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskWork) Reset() {
@@ -185,6 +198,13 @@ func (x *TaskWork) GetRootfs() string {
 func (x *TaskWork) GetPlacementConstraint() *v1.PlacementConstraint {
 	if x != nil {
 		return x.PlacementConstraint
+	}
+	return nil
+}
+
+func (x *TaskWork) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
 	}
 	return nil
 }
@@ -785,19 +805,27 @@ var File_gavel_rep_v1_rep_proto protoreflect.FileDescriptor
 
 const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\n" +
-	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\"\x8e\x02\n" +
+	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\"\xa1\x03\n" +
 	"\vLRPInstance\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x128\n" +
 	"\tresources\x18\x02 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12W\n" +
 	"\x14placement_constraint\x18\x04 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12#\n" +
-	"\rinstance_guid\x18\x05 \x01(\tR\finstanceGuid\"\xea\x01\n" +
+	"\rinstance_guid\x18\x05 \x01(\tR\finstanceGuid\x12P\n" +
+	"\rtrace_context\x18\x06 \x03(\v2+.gavel.rep.v1.LRPInstance.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x02\n" +
 	"\bTaskWork\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\"(\n" +
+	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12M\n" +
+	"\rtrace_context\x18\x06 \x03(\v2(.gavel.rep.v1.TaskWork.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"(\n" +
 	"\fStateRequest\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\bR\asummary\"\xe0\x05\n" +
 	"\rStateResponse\x12\x17\n" +
@@ -861,7 +889,7 @@ func file_gavel_rep_v1_rep_proto_rawDescGZIP() []byte {
 	return file_gavel_rep_v1_rep_proto_rawDescData
 }
 
-var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*LRPInstance)(nil),             // 0: gavel.rep.v1.LRPInstance
 	(*TaskWork)(nil),                // 1: gavel.rep.v1.TaskWork
@@ -875,46 +903,50 @@ var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*CancelTaskResponse)(nil),      // 9: gavel.rep.v1.CancelTaskResponse
 	(*EvacuateRequest)(nil),         // 10: gavel.rep.v1.EvacuateRequest
 	(*EvacuateResponse)(nil),        // 11: gavel.rep.v1.EvacuateResponse
-	nil,                             // 12: gavel.rep.v1.StateResponse.LrpInstancesEntry
-	(*v1.ActualLRPKey)(nil),         // 13: gavel.models.v1.ActualLRPKey
-	(*v1.Resources)(nil),            // 14: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),  // 15: gavel.models.v1.PlacementConstraint
-	(*v1.CellCapacity)(nil),         // 16: gavel.models.v1.CellCapacity
-	(*v1.ActualLRPInstanceKey)(nil), // 17: gavel.models.v1.ActualLRPInstanceKey
+	nil,                             // 12: gavel.rep.v1.LRPInstance.TraceContextEntry
+	nil,                             // 13: gavel.rep.v1.TaskWork.TraceContextEntry
+	nil,                             // 14: gavel.rep.v1.StateResponse.LrpInstancesEntry
+	(*v1.ActualLRPKey)(nil),         // 15: gavel.models.v1.ActualLRPKey
+	(*v1.Resources)(nil),            // 16: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),  // 17: gavel.models.v1.PlacementConstraint
+	(*v1.CellCapacity)(nil),         // 18: gavel.models.v1.CellCapacity
+	(*v1.ActualLRPInstanceKey)(nil), // 19: gavel.models.v1.ActualLRPInstanceKey
 }
 var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
-	13, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
-	14, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
-	15, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	14, // 3: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
-	15, // 4: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	16, // 5: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
-	16, // 6: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
-	0,  // 7: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 8: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
-	12, // 9: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
-	0,  // 10: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 11: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
-	0,  // 12: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 13: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
-	3,  // 14: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
-	13, // 15: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	17, // 16: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	2,  // 17: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	4,  // 18: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	6,  // 19: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	8,  // 20: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	10, // 21: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	3,  // 22: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	5,  // 23: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	7,  // 24: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	9,  // 25: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	11, // 26: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
+	16, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
+	17, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	12, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
+	16, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
+	17, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	13, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
+	18, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
+	18, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
+	0,  // 9: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
+	1,  // 10: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
+	14, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
+	0,  // 12: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
+	1,  // 13: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
+	0,  // 14: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
+	1,  // 15: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
+	3,  // 16: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
+	15, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	19, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	2,  // 19: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	4,  // 20: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	6,  // 21: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	8,  // 22: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	10, // 23: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	3,  // 24: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	5,  // 25: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	7,  // 26: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	9,  // 27: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	11, // 28: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }
@@ -928,7 +960,7 @@ func file_gavel_rep_v1_rep_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_rep_v1_rep_proto_rawDesc), len(file_gavel_rep_v1_rep_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,122 @@
+// Package tracing is Gavel's OpenTelemetry setup, in one place: the tracer provider each
+// service installs (off unless an OTLP endpoint is configured), W3C trace context across gRPC
+// hops (pkg/grpcx installs otelgrpc's stats handlers on every server and client), and the
+// carrier that takes a trace across the places no gRPC call spans: the BBS's batched auction
+// requests and the auctioneer's rounds carry each piece of work's trace context in the work
+// itself (a map of W3C headers), so that one desire is one trace from the BBS through the
+// auctioneer to the rep's claim and start.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Config says where a service sends its traces.
+type Config struct {
+	// OTLPEndpoint is the host:port of an OTLP/gRPC collector; empty turns tracing off (the
+	// default): spans are then not recorded, though trace context still crosses the hops.
+	OTLPEndpoint string `json:"otlp_endpoint,omitempty"`
+	// OTLPInsecure sends to the collector in plaintext (a collector on the same host).
+	OTLPInsecure bool `json:"otlp_insecure,omitempty"`
+	// SamplingRatio is the share of new traces recorded, from 0 to 1 (default 1); a span whose
+	// caller sampled it is always recorded (parent-based).
+	SamplingRatio float64 `json:"sampling_ratio"`
+}
+
+// Default is tracing off, recording every trace once an endpoint is set.
+func Default() Config { return Config{SamplingRatio: 1} }
+
+// Validate reports a sampling ratio outside [0, 1].
+func (c Config) Validate() error {
+	if c.SamplingRatio < 0 || c.SamplingRatio > 1 {
+		return fmt.Errorf("tracing.sampling_ratio must be between 0 and 1, got %g", c.SamplingRatio)
+	}
+	return nil
+}
+
+// Flags binds the configuration to -otlp-endpoint, -otlp-insecure and -trace-sampling-ratio.
+func Flags(fs *flag.FlagSet, c *Config) {
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", c.OTLPEndpoint, "send traces to this OTLP/gRPC collector (host:port); empty: tracing off")
+	fs.BoolVar(&c.OTLPInsecure, "otlp-insecure", c.OTLPInsecure, "send traces to the collector in plaintext")
+	fs.Float64Var(&c.SamplingRatio, "trace-sampling-ratio", c.SamplingRatio, "share of new traces recorded (0-1)")
+}
+
+func init() {
+	// W3C trace context crosses every hop, whether or not this process records spans.
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+}
+
+// Start installs, when c names an endpoint, a tracer provider exporting service's spans over
+// OTLP/gRPC, and returns the function that flushes and stops it. Without an endpoint it does
+// nothing (tracing off) and returns a no-op.
+func Start(ctx context.Context, service string, c Config) (func(context.Context) error, error) {
+	if c.OTLPEndpoint == "" {
+		return func(context.Context) error { return nil }, nil
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(c.OTLPEndpoint)}
+	if c.OTLPInsecure {
+		opts = append(opts, otlptracegrpc.WithInsecure())
+	}
+	exp, err := otlptracegrpc.New(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: OTLP exporter to %s: %w", c.OTLPEndpoint, err)
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(service)))
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, fmt.Errorf("tracing: resource: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SamplingRatio))),
+	)
+	otel.SetTracerProvider(tp)
+	return tp.Shutdown, nil
+}
+
+// Tracer is the tracer of a Gavel component ("bbs", "auctioneer", "rep"...).
+func Tracer(component string) trace.Tracer {
+	return otel.Tracer("github.com/gavel-sched/gavel/" + component)
+}
+
+// Inject is ctx's trace context as W3C headers (traceparent, tracestate), to carry in a piece
+// of work; nil when ctx carries none.
+func Inject(ctx context.Context) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	carrier := propagation.MapCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, carrier)
+	return carrier
+}
+
+// Extract is ctx carrying the trace context of headers (from Inject) as its remote parent.
+func Extract(ctx context.Context, headers map[string]string) context.Context {
+	if len(headers) == 0 {
+		return ctx
+	}
+	return otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(headers))
+}
+
+// TraceID is the id of ctx's trace, or "" when it has none: for log and audit lines.
+func TraceID(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.HasTraceID() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
