@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -419,4 +420,101 @@ func readTrim(t *testing.T, path string) string {
 		t.Errorf("read %s: %v", path, err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// fakeNetwork records the calls of the backend; Attach fails when fail is set.
+type fakeNetwork struct {
+	fail     error
+	attached []string // "id netnsPath ports props"
+	detached []string
+	nsExists bool // the namespace file existed at Attach
+}
+
+func (n *fakeNetwork) Attach(_ context.Context, id, netnsPath string, ports []uint32, props map[string]string) (Attachment, error) {
+	_, err := os.Stat(netnsPath)
+	n.nsExists = err == nil
+	n.attached = append(n.attached, fmt.Sprintf("%s %v %v", id, ports, props))
+	if n.fail != nil {
+		return Attachment{}, n.fail
+	}
+	return Attachment{Address: "10.255.0.7", Ports: map[uint32]uint32{8080: 40001}}, nil
+}
+
+func (n *fakeNetwork) Detach(_ context.Context, id, _ string, ports []uint32, props map[string]string) error {
+	n.detached = append(n.detached, fmt.Sprintf("%s %v %v", id, ports, props))
+	return nil
+}
+
+// TestNetworkSeam: a configured Network attaches the container's network namespace before the
+// process starts, with its ports and properties, its address and host ports are the net info,
+// and it is detached at clean-up; a failed attach fails Start and leaves nothing.
+func TestNetworkSeam(t *testing.T) {
+	b := newTestBackend(t)
+	net := &fakeNetwork{}
+	b.cfg.Network = net
+	spec := probeLRP(t, "sleep")
+	spec.Ports = []uint32{8080, 8080}
+	spec.Properties = map[string]string{"app_guid": "a1", "network_id": "ünï"}
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	want := fmt.Sprintf("%s [8080] map[app_guid:a1 network_id:ünï]", spec.Guid)
+	if len(net.attached) != 1 || net.attached[0] != want || !net.nsExists {
+		t.Errorf("attached %q (namespace there: %v), want %q", net.attached, net.nsExists, want)
+	}
+	ni := c.NetInfo()
+	if ni.GetInstanceAddress() != "10.255.0.7" || len(ni.GetPorts()) != 1 || ni.GetPorts()[0].GetHostPort() != 40001 {
+		t.Errorf("net info %v", ni)
+	}
+	c.Stop(time.Second)
+	if len(net.detached) != 1 || net.detached[0] != want {
+		t.Errorf("detached %q, want %q", net.detached, want)
+	}
+	assertGone(t, b, spec.Guid)
+
+	net.fail = errors.New("no address left")
+	spec = probeLRP(t, "sleep")
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "attach network: no address left") {
+		t.Fatalf("Start with a failing network: %v", err)
+	}
+	assertGone(t, b, spec.Guid)
+}
+
+// TestSignalAndFailureReason: Signal reaches the process (SIGKILL: "signal: killed"), and a
+// failing process's stderr tail is in its reason.
+func TestSignalAndFailureReason(t *testing.T) {
+	b := newTestBackend(t)
+	c, err := b.Start(context.Background(), probeTask(t, "sleep"))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if err := c.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("Signal: %v", err)
+	}
+	<-c.Done()
+	if res := c.Result(); !res.Failed || res.Reason != "signal: killed" {
+		t.Errorf("Result = %+v, want signal: killed", res)
+	}
+	res := run(t, b, probeTask(t, "no-such-command"))
+	if !res.Failed || res.Reason != "exit status 1: unknown command no-such-command" {
+		t.Errorf("Result = %+v, want exit status 1 with the stderr tail", res)
+	}
+}
+
+// TestPrivilegedRunsAsRoot: privileged work runs as root; unprivileged work asking for root
+// is refused at Start.
+func TestPrivilegedRunsAsRoot(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t, "id")
+	spec.Privileged = true
+	if res := run(t, b, spec); res.Failed || res.Output != "0 0" {
+		t.Errorf("privileged Result = %+v, want 0 0", res)
+	}
+	spec = probeTask(t, "id")
+	spec.Action.GetRun().User = "root"
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "only privileged work may run as root") {
+		t.Errorf("Start as root: %v", err)
+	}
+	assertGone(t, b, spec.Guid)
 }
