@@ -112,7 +112,7 @@ func newTestBackend(t *testing.T) *Backend {
 var guidSeq atomic.Int64
 
 // guid is a fresh container guid for t.
-func guid(t *testing.T) string {
+func guid(t testing.TB) string {
 	name := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
 			return r
@@ -126,7 +126,7 @@ func guid(t *testing.T) string {
 }
 
 // probeTask is a task running probe with args, writing its result to /tmp/result.
-func probeTask(t *testing.T, args ...string) executor.Spec {
+func probeTask(t testing.TB, args ...string) executor.Spec {
 	return executor.Spec{
 		Guid:       guid(t),
 		Kind:       executor.KindTask,
@@ -139,7 +139,7 @@ func probeTask(t *testing.T, args ...string) executor.Spec {
 }
 
 // probeLRP is an LRP running probe with args.
-func probeLRP(t *testing.T, args ...string) executor.Spec {
+func probeLRP(t testing.TB, args ...string) executor.Spec {
 	s := probeTask(t, args...)
 	s.Kind, s.ResultFile, s.ProcessGuid = executor.KindLRP, "", "probe"
 	return s
