@@ -518,3 +518,18 @@ func TestPrivilegedRunsAsRoot(t *testing.T) {
 	}
 	assertGone(t, b, spec.Guid)
 }
+
+// mounted reports whether path is a mount point (per /proc/self/mountinfo).
+func mounted(path string) (bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
