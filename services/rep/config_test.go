@@ -1,6 +1,7 @@
 package rep_test
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +26,8 @@ func TestConfigFile(t *testing.T) {
 	  "preloaded_rootfses": {"cflinuxfs4": "/var/gavel/cflinuxfs4"}, "supported_rootfs_providers": ["docker"],
 	  "capacity": {"memory_mb": 2048, "disk_mb": 8192, "containers": 20}, "backend": "sim",
 	  "lease_ttl": "3s", "bulk_interval": "5s", "sim": {"start_latency": "2s", "crash_rate": 0.01},
-	  "hooks": {"timeout": "5s"}, "port_range": "62000-62099"}`
+	  "hooks": {"timeout": "5s"}, "port_range": "62000-62099",
+	  "oci": {"containerd_socket": "/run/k3s/containerd.sock", "namespace": "cells"}}`
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +43,8 @@ func TestConfigFile(t *testing.T) {
 		t.Fatalf("loaded %+v", c)
 	}
 	o := rep.BackendOptions(c)
-	if o.PortRangeStart != 62000 || o.PortRangeEnd != 62099 || o.SimStartLatency != 2*time.Second || o.CellAddress != "127.0.0.1" {
+	if o.PortRangeStart != 62000 || o.PortRangeEnd != 62099 || o.SimStartLatency != 2*time.Second || o.CellAddress != "127.0.0.1" ||
+		o.OCI.ContainerdSocket != "/run/k3s/containerd.sock" || o.OCI.Namespace != "cells" || o.OCI.Runtime != "io.containerd.runc.v2" {
 		t.Fatalf("backend options %+v", o)
 	}
 	if err := c.LoadFile(filepath.Join(t.TempDir(), "missing.json")); err == nil {
@@ -82,6 +85,58 @@ func TestConfigValidate(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := validConfig()
+			tc.mod(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestConfigValidateOCI: a rep with -backend oci refuses to start when containerd's socket or
+// runc is missing, naming what is missing.
+func TestConfigValidateOCI(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "containerd.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	notSocket := filepath.Join(dir, "file")
+	if err := os.WriteFile(notSocket, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fakeRunc := filepath.Join(dir, "bin", "runc")
+	if err := os.MkdirAll(filepath.Dir(fakeRunc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fakeRunc, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		path string // PATH, where runc is looked up
+		mod  func(*rep.Config)
+		want string // substring of the error; "" means valid
+	}{
+		{"socket and runc", filepath.Dir(fakeRunc), func(*rep.Config) {}, ""},
+		{"no containerd", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.ContainerdSocket = filepath.Join(dir, "none.sock") }, "containerd socket"},
+		{"not a socket", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.ContainerdSocket = notSocket }, "is not a socket"},
+		{"no runc", t.TempDir(), func(*rep.Config) {}, "runc"},
+		{"cni not wired yet", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.CNIConfDir = "/etc/cni/net.d" }, "cni_conf_dir"},
+		{"no namespace", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.Namespace = "" }, "oci.namespace"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PATH", tc.path)
+			c := validConfig()
+			c.Backend = rep.BackendOCI
+			c.OCI.ContainerdSocket = socket
 			tc.mod(&c)
 			err := c.Validate()
 			switch {

@@ -33,6 +33,7 @@ import (
 	"github.com/gavel-sched/gavel/services/rep/internal/api"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci"
 	"github.com/gavel-sched/gavel/services/rep/internal/presence"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs"
 )
@@ -43,6 +44,8 @@ const (
 	BackendProcess = "process"
 	// BackendSim simulates containers, for scale tests.
 	BackendSim = "sim"
+	// BackendOCI runs every container as an OCI container through containerd and runc.
+	BackendOCI = "oci"
 )
 
 // StopGrace is how long a stopped container's processes get before they are killed.
@@ -64,7 +67,8 @@ type Config struct {
 	SupportedRootfsProviders []string `json:"supported_rootfs_providers"`
 	// Capacity is what the cell offers to work.
 	Capacity Capacity `json:"capacity"`
-	// Backend runs containers: "process" (real processes) or "sim" (simulated).
+	// Backend runs containers: "process" (real processes), "oci" (containers through
+	// containerd and runc) or "sim" (simulated).
 	Backend string `json:"backend"`
 	// Base is where the rep's gRPC API listens and its TLS, log, metrics_address and authz.
 	serviceconfig.Base
@@ -96,6 +100,8 @@ type Config struct {
 	Hooks HooksConfig `json:"hooks"`
 	// Sim tunes the sim backend.
 	Sim SimConfig `json:"sim"`
+	// OCI configures the oci backend.
+	OCI OCIConfig `json:"oci"`
 	// BulkInterval is how often the rep reconciles its containers with the BBS.
 	BulkInterval Duration `json:"bulk_interval"`
 	// EvacuationTimeout bounds an evacuation; instances still held then are stopped.
@@ -132,23 +138,44 @@ type SimConfig struct {
 	CrashRate float64 `json:"crash_rate"`
 }
 
+// OCIConfig configures the oci backend (containerd + runc; see services/rep/README.md).
+type OCIConfig struct {
+	// ContainerdSocket is containerd's gRPC socket.
+	ContainerdSocket string `json:"containerd_socket"`
+	// Namespace is the containerd namespace the cell's containers live in.
+	Namespace string `json:"namespace"`
+	// Runtime is the containerd runtime (shim) containers run with.
+	Runtime string `json:"runtime"`
+	// CNIConfDir holds the CNI network configuration that networks every container. Empty
+	// (the only value accepted until CNI networking is wired) gives containers a network
+	// namespace with loopback only.
+	CNIConfDir string `json:"cni_conf_dir"`
+	// CNIBinDir holds the CNI plugins.
+	CNIBinDir string `json:"cni_bin_dir"`
+}
+
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
 // Default is the configuration of a process-backend rep next to a local BBS and etcd.
 func Default() Config {
 	return Config{
-		Capacity:          Capacity{MemoryMB: 8192, DiskMB: 65536, Containers: 250},
-		Backend:           BackendProcess,
-		Base:              serviceconfig.DefaultBase("127.0.0.1:1800"),
-		Etcd:              serviceconfig.DefaultEtcd(),
-		CellAddress:       "127.0.0.1",
-		Config:            bbsclient.Default(),
-		LeaseTTL:          Duration(10 * time.Second),
-		PortRange:         "61000-61999",
-		WorkDir:           filepath.Join(os.TempDir(), "gavel-rep"),
-		Hooks:             HooksConfig{Timeout: Duration(30 * time.Second)},
-		Sim:               SimConfig{StartLatency: Duration(500 * time.Millisecond)},
+		Capacity:    Capacity{MemoryMB: 8192, DiskMB: 65536, Containers: 250},
+		Backend:     BackendProcess,
+		Base:        serviceconfig.DefaultBase("127.0.0.1:1800"),
+		Etcd:        serviceconfig.DefaultEtcd(),
+		CellAddress: "127.0.0.1",
+		Config:      bbsclient.Default(),
+		LeaseTTL:    Duration(10 * time.Second),
+		PortRange:   "61000-61999",
+		WorkDir:     filepath.Join(os.TempDir(), "gavel-rep"),
+		Hooks:       HooksConfig{Timeout: Duration(30 * time.Second)},
+		Sim:         SimConfig{StartLatency: Duration(500 * time.Millisecond)},
+		OCI: OCIConfig{
+			ContainerdSocket: oci.DefaultSocket,
+			Namespace:        oci.DefaultNamespace,
+			Runtime:          oci.DefaultRuntime,
+		},
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
 	}
@@ -199,8 +226,12 @@ func (c Config) Validate() error {
 	if c.Capacity.MemoryMB <= 0 || c.Capacity.DiskMB <= 0 || c.Capacity.Containers <= 0 {
 		errs = append(errs, fmt.Errorf("capacity: memory_mb, disk_mb and containers must be positive, got %+v", c.Capacity))
 	}
-	if c.Backend != BackendProcess && c.Backend != BackendSim {
-		errs = append(errs, fmt.Errorf("backend must be %q or %q, got %q", BackendProcess, BackendSim, c.Backend))
+	switch c.Backend {
+	case BackendProcess, BackendSim:
+	case BackendOCI:
+		errs = append(errs, c.OCI.validate())
+	default:
+		errs = append(errs, fmt.Errorf("backend must be %q, %q or %q, got %q", BackendProcess, BackendOCI, BackendSim, c.Backend))
 	}
 	if c.AdvertiseAddress != "" {
 		if host, port, err := net.SplitHostPort(c.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" {
@@ -250,6 +281,25 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validate reports what stops an oci backend: an empty namespace or runtime, a CNI directory
+// (not wired yet), a missing containerd socket or runc.
+func (o OCIConfig) validate() error {
+	var errs []error
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("oci.namespace is required"))
+	}
+	if o.Runtime == "" {
+		errs = append(errs, errors.New("oci.runtime is required"))
+	}
+	if o.CNIConfDir != "" {
+		errs = append(errs, errors.New("oci.cni_conf_dir: CNI networking is not wired yet; leave it empty for loopback-only containers"))
+	}
+	if err := oci.Check(o.ContainerdSocket); err != nil {
+		errs = append(errs, fmt.Errorf("backend oci: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
 // checkExecutable fails unless path is an executable regular file.
 func checkExecutable(path string) error {
 	if path == "" {
@@ -276,6 +326,13 @@ func backendOptions(c Config) executor.Options {
 		User:            c.RunAsUser,
 		SimStartLatency: time.Duration(c.Sim.StartLatency),
 		SimCrashRate:    c.Sim.CrashRate,
+		OCI: executor.OCIOptions{
+			ContainerdSocket: c.OCI.ContainerdSocket,
+			Namespace:        c.OCI.Namespace,
+			Runtime:          c.OCI.Runtime,
+			CNIConfDir:       c.OCI.CNIConfDir,
+			CNIBinDir:        c.OCI.CNIBinDir,
+		},
 	}
 }
 

@@ -69,3 +69,25 @@ func TestHookPayload(t *testing.T) {
 		t.Fatalf("task spec %+v", task)
 	}
 }
+
+// TestSpecLimits: the limits a backend enforces reach the container spec, for LRPs and tasks
+// (cpu_weight on the spec, user and nofile_limit on the run action it carries).
+func TestSpecLimits(t *testing.T) {
+	run := &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/app", User: "vcap", NofileLimit: 4096}}}
+	for _, tc := range []struct {
+		name string
+		spec executor.Spec
+	}{
+		{"lrp", lrpSpec(&modelsv1.DesiredLRP{ProcessGuid: "web", MemoryMb: 64, MaxPids: 20, CpuWeight: 30, Action: run},
+			&modelsv1.ActualLRPKey{ProcessGuid: "web"}, "i")},
+		{"task", taskSpec(&modelsv1.Task{TaskGuid: "t", Definition: &modelsv1.TaskDefinition{MemoryMb: 64, MaxPids: 20, CpuWeight: 30, Action: run}})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.spec
+			r := s.Action.GetRun()
+			if s.MemoryMB != 64 || s.MaxPids != 20 || s.CPUWeight != 30 || r.GetUser() != "vcap" || r.GetNofileLimit() != 4096 {
+				t.Fatalf("spec limits: memory %d, pids %d, cpu %d, user %q, nofile %d", s.MemoryMB, s.MaxPids, s.CPUWeight, r.GetUser(), r.GetNofileLimit())
+			}
+		})
+	}
+}

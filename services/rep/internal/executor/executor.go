@@ -1,5 +1,6 @@
 // Package executor is the contract between the rep and the backends that run containers:
-// `process` (real processes on the host) and `sim` (simulated containers for scale tests).
+// `process` (real processes on the host), `oci` (OCI containers through containerd) and `sim`
+// (simulated containers for scale tests).
 // Backends are registered by name in one map (see registry.go).
 package executor
 
@@ -62,6 +63,9 @@ type Spec struct {
 	DiskMB int32 `json:"disk_mb"`
 	// MaxPids is the process limit.
 	MaxPids int32 `json:"max_pids"`
+	// CPUWeight is the work's relative CPU share, 1 to 100 (0: the cell's default). The
+	// oci backend maps it to CPU shares; the process and sim backends ignore it.
+	CPUWeight uint32 `json:"cpu_weight,omitempty"`
 	// Privileged keeps the processes' privileges instead of dropping to the cell's user.
 	Privileged bool `json:"privileged"`
 	// ResultFile, for tasks, is read when the action finishes and returned in Result.Output.

@@ -20,6 +20,22 @@ type Options struct {
 	SimStartLatency time.Duration
 	// SimCrashRate is the probability per second that a simulated LRP crashes.
 	SimCrashRate float64
+	// OCI configures the oci backend.
+	OCI OCIOptions
+}
+
+// OCIOptions configure the oci backend (containerd + runc).
+type OCIOptions struct {
+	// ContainerdSocket is containerd's gRPC socket.
+	ContainerdSocket string
+	// Namespace is the containerd namespace the cell's containers live in.
+	Namespace string
+	// Runtime is the containerd runtime (shim) name, e.g. io.containerd.runc.v2.
+	Runtime string
+	// CNIConfDir holds the CNI network configuration; empty runs containers with loopback only.
+	CNIConfDir string
+	// CNIBinDir holds the CNI plugins.
+	CNIBinDir string
 }
 
 // Factory builds a backend.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
 )
 
 // maxReasonTail bounds the stderr tail added to a failed run action's reason.
@@ -172,7 +173,7 @@ func (c *container) runProcess(ctx context.Context, ra *modelsv1.RunAction) erro
 	if source == "" {
 		source = ra.GetPath()
 	}
-	stderrTail := &tailBuffer{max: 1 << 10}
+	stderrTail := procout.NewTailBuffer(1 << 10)
 	var copies sync.WaitGroup
 	copies.Add(2)
 	go func() {
@@ -232,7 +233,7 @@ func (c *container) runProcess(ctx context.Context, ra *modelsv1.RunAction) erro
 		return fmt.Errorf("run %s: %w", ra.GetPath(), waitErr)
 	}
 	reason := exitErr.ProcessState.String() // "exit status 3" or "signal: killed"
-	if tail := stderrTail.lastLines(maxReasonTail); tail != "" {
+	if tail := stderrTail.LastLines(maxReasonTail); tail != "" {
 		reason += ": " + tail
 	}
 	return errors.New(reason)
@@ -311,18 +312,8 @@ func (c *container) lookPath(name string, env []string) (string, error) {
 
 // logWriter returns where a process's stream goes: debug log lines (unless suppressed) and,
 // for stderr, the tail kept for the failure reason.
-func (c *container) logWriter(source, stream string, suppress bool, tail *tailBuffer) io.Writer {
-	var ws []io.Writer
-	if tail != nil {
-		ws = append(ws, tail)
-	}
-	if !suppress && c.log.IsDebug() {
-		ws = append(ws, &lineLogger{log: c.log.With("source", source, "stream", stream)})
-	}
-	if len(ws) == 0 {
-		return io.Discard
-	}
-	return io.MultiWriter(ws...)
+func (c *container) logWriter(source, stream string, suppress bool, tail *procout.TailBuffer) io.Writer {
+	return procout.Writer(c.log.With("source", source, "stream", stream), suppress, tail)
 }
 
 func closeAll(fs ...*os.File) {

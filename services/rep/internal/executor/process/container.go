@@ -20,6 +20,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
 )
 
 // Reasons a container ends with, besides an action's own failure.
@@ -27,9 +28,9 @@ const (
 	// ReasonStopped is the reason of a container ended by Stop.
 	ReasonStopped = "stopped"
 	// ReasonHealthCheckFailed is the reason of an LRP whose health check failed after passing.
-	ReasonHealthCheckFailed = "health check failed"
+	ReasonHealthCheckFailed = checks.ReasonHealthCheckFailed
 	// ReasonNeverHealthy is the reason of an LRP not healthy within its start timeout.
-	ReasonNeverHealthy = "health check never passed"
+	ReasonNeverHealthy = checks.ReasonNeverHealthy
 	// ReasonExitedCleanly is the reason of an LRP whose action ended without an error.
 	ReasonExitedCleanly = "exited with status 0"
 )

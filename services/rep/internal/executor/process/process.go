@@ -31,6 +31,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
 )
 
 // Name is the name the backend is registered under.
@@ -43,16 +44,16 @@ const KeepContainersEnv = "GAVEL_KEEP_CONTAINERS"
 // Defaults of the timings the spec leaves open.
 const (
 	// DefaultStartTimeout bounds how long an LRP may take to become healthy.
-	DefaultStartTimeout = 60 * time.Second
+	DefaultStartTimeout = checks.DefaultStartTimeout
 	// DefaultCheckInterval is the time between two probes of a check.
-	DefaultCheckInterval = 500 * time.Millisecond
+	DefaultCheckInterval = checks.DefaultCheckInterval
 	// DefaultCheckTimeout bounds one probe.
-	DefaultCheckTimeout = time.Second
+	DefaultCheckTimeout = checks.DefaultCheckTimeout
 	// DefaultKillGrace is how long a process may take to exit after SIGTERM when the backend
 	// stops it itself (failed health check, timeout action, codependent sibling exited).
 	DefaultKillGrace = 10 * time.Second
 	// HealthFailureThreshold is the number of consecutive failed probes that fail a check.
-	HealthFailureThreshold = 3
+	HealthFailureThreshold = checks.HealthFailureThreshold
 	// MaxResultFileSize is the largest task result file read.
 	MaxResultFileSize = 10 << 10
 )

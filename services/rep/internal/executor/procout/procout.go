@@ -1,23 +1,29 @@
-package process
+// Package procout handles the output of a container's processes for the executor backends:
+// the tail of stderr kept for a failure reason, and lines logged at debug level.
+package procout
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
 )
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
+// TailBuffer keeps the last max bytes written to it.
+type TailBuffer struct {
 	max int
 
 	mu  sync.Mutex
 	buf []byte
 }
 
+// NewTailBuffer keeps the last max bytes written to it.
+func NewTailBuffer(max int) *TailBuffer { return &TailBuffer{max: max} }
+
 // Write appends p, dropping the oldest bytes beyond max.
-func (t *tailBuffer) Write(p []byte) (int, error) {
+func (t *TailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.buf = append(t.buf, p...)
@@ -27,9 +33,9 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// lastLines returns the last complete lines that fit in n bytes, joined with " | " (a
+// LastLines returns the last complete lines that fit in n bytes, joined with " | " (a
 // single line longer than n is cut from its start).
-func (t *tailBuffer) lastLines(n int) string {
+func (t *TailBuffer) LastLines(n int) string {
 	t.mu.Lock()
 	text := strings.TrimSpace(string(t.buf))
 	t.mu.Unlock()
@@ -59,14 +65,17 @@ func (t *tailBuffer) lastLines(n int) string {
 	return strings.ToValidUTF8(strings.Join(picked, " | "), "")
 }
 
-// lineLogger writes each complete line at debug level.
-type lineLogger struct {
+// NewLineLogger logs each complete line written to it at debug level on log.
+func NewLineLogger(log hclog.Logger) *LineLogger { return &LineLogger{log: log} }
+
+// LineLogger writes each complete line at debug level.
+type LineLogger struct {
 	log     hclog.Logger
 	partial []byte
 }
 
 // Write logs the complete lines of p and keeps the rest for the next call.
-func (l *lineLogger) Write(p []byte) (int, error) {
+func (l *LineLogger) Write(p []byte) (int, error) {
 	l.partial = append(l.partial, p...)
 	for {
 		i := bytes.IndexByte(l.partial, '\n')
@@ -81,4 +90,20 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 		l.partial = nil
 	}
 	return len(p), nil
+}
+
+// Writer returns where a process's stream goes: debug log lines on log (unless suppressed or
+// log is not at debug level) and, when tail is not nil, the tail kept for the failure reason.
+func Writer(log hclog.Logger, suppress bool, tail *TailBuffer) io.Writer {
+	var ws []io.Writer
+	if tail != nil {
+		ws = append(ws, tail)
+	}
+	if !suppress && log.IsDebug() {
+		ws = append(ws, NewLineLogger(log))
+	}
+	if len(ws) == 0 {
+		return io.Discard
+	}
+	return io.MultiWriter(ws...)
 }

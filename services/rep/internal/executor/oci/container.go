@@ -1,0 +1,584 @@
+package oci
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/hashicorp/go-hclog"
+	"github.com/moby/sys/user"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gavel-sched/gavel/pkg/atomicfile"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
+)
+
+// Reasons a container ends with, besides its process's own exit.
+const (
+	// ReasonStopped is the reason of a container ended by Stop.
+	ReasonStopped = "stopped"
+	// ReasonExitedCleanly is the reason of an LRP whose process exited with status 0.
+	ReasonExitedCleanly = "exited with status 0"
+	// ReasonOutOfMemory is the reason of a container whose processes the kernel killed for
+	// going over memory_mb.
+	ReasonOutOfMemory = "out of memory"
+)
+
+// Timings of the clean-up.
+const (
+	// cleanupTimeout bounds the containerd calls of a container's clean-up.
+	cleanupTimeout = 30 * time.Second
+	// outputDrain is how long the output is read after the process exited.
+	outputDrain = time.Second
+	// maxReasonTail bounds the stderr tail added to a failed process's reason.
+	maxReasonTail = 200
+)
+
+// container is one OCI container. It implements executor.Container.
+type container struct {
+	b         *Backend
+	spec      executor.Spec
+	dir       string // the container directory on the host
+	ov        overlay
+	cgroup    string // the cgroup path of the OCI spec
+	ctr       containerd.Container
+	task      containerd.Task
+	exitCh    <-chan containerd.ExitStatus
+	netnsPath string
+	attached  bool // the Network attached the namespace
+	ports     []uint32
+	netInfo   *modelsv1.ActualLRPNetInfo
+	filesHost string
+	tail      *procout.TailBuffer
+	log       hclog.Logger
+
+	healthy    chan struct{}
+	healthyOne sync.Once
+	routable   chan bool
+	done       chan struct{}
+
+	mu         sync.Mutex
+	stopping   bool
+	stopReason string
+	finished   bool
+	result     executor.Result
+}
+
+var _ executor.Container = (*container)(nil)
+
+// create lays out, mounts, creates and starts the container; on error nothing is left.
+func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container, err error) {
+	var cleanups []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+	// The container outlives the request that starts it.
+	cctx, cancel := context.WithTimeout(b.ctx(context.WithoutCancel(ctx)), cleanupTimeout)
+	defer cancel()
+
+	dir := b.containerDir(spec.Guid)
+	ov := newOverlay(dir, spec.RootfsPath)
+	if err := b.removeStale(cctx, spec.Guid, ov); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create container directory: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+	if err := ov.mount(); err != nil {
+		return nil, err
+	}
+	cleanups = append(cleanups, func() { _ = ov.unmount() })
+
+	users, err := rootfsUsers(spec.RootfsPath)
+	if err != nil {
+		return nil, err
+	}
+	ports := uniquePorts(spec.Ports)
+	env := cellEnv(spec, b.cfg.CellAddress, ports)
+	c := &container{
+		b:        b,
+		spec:     spec,
+		dir:      dir,
+		ov:       ov,
+		ports:    ports,
+		tail:     procout.NewTailBuffer(1 << 10),
+		log:      b.log.With("guid", spec.Guid),
+		healthy:  make(chan struct{}),
+		routable: make(chan bool, 1),
+		done:     make(chan struct{}),
+	}
+	if spec.FilesDir != "" {
+		inside, err := c.makeFiles()
+		if err != nil {
+			return nil, err
+		}
+		if spec.FilesDirEnv != "" {
+			env = append(env, spec.FilesDirEnv+"="+inside)
+		}
+	}
+	ociSpec, err := BuildSpec(spec, SpecConfig{
+		RootPath:     ov.root,
+		CgroupParent: b.cfg.CgroupParent,
+		Users:        users,
+		DefaultUser:  b.cfg.User,
+		LimitSwap:    b.limitSwap,
+		Env:          env,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.cgroup = ociSpec.Linux.CgroupsPath
+
+	c.ctr, err = b.client.NewContainer(cctx, spec.Guid, containerd.WithSpec(ociSpec), containerd.WithRuntime(b.cfg.Runtime, nil))
+	if err != nil {
+		return nil, fmt.Errorf("create containerd container: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = c.ctr.Delete(b.ctx(context.Background())) })
+
+	ra := spec.Action.GetRun()
+	source := ra.GetLogSource()
+	if source == "" {
+		source = ra.GetPath()
+	}
+	stdout := procout.Writer(c.log.With("source", source, "stream", "stdout"), ra.GetSuppressLogOutput(), nil)
+	stderr := procout.Writer(c.log.With("source", source, "stream", "stderr"), ra.GetSuppressLogOutput(), c.tail)
+	c.task, err = c.ctr.NewTask(cctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(filepath.Join(dir, "fifo"))))
+	if err != nil {
+		return nil, fmt.Errorf("create task: %w", err)
+	}
+	cleanups = append(cleanups, func() { _, _ = c.task.Delete(b.ctx(context.Background()), containerd.WithProcessKill) })
+	c.exitCh, err = c.task.Wait(b.ctx(context.Background()))
+	if err != nil {
+		return nil, fmt.Errorf("wait for task: %w", err)
+	}
+	c.netnsPath = fmt.Sprintf("/proc/%d/ns/net", c.task.Pid())
+
+	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
+	if b.cfg.Network != nil {
+		att, err := b.cfg.Network.Attach(cctx, spec.Guid, c.netnsPath, ports, spec.Properties)
+		if err != nil {
+			return nil, fmt.Errorf("attach network: %w", err)
+		}
+		c.attached = true
+		cleanups = append(cleanups, func() { c.detach() })
+		c.netInfo.InstanceAddress = att.Address
+		for _, cp := range ports {
+			if hp, ok := att.Ports[cp]; ok {
+				c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
+			}
+		}
+	}
+	if err := c.task.Start(cctx); err != nil {
+		return nil, fmt.Errorf("start task: %w", err)
+	}
+	c.log.Debug("container started", "pid", c.task.Pid())
+	return c, nil
+}
+
+// removeStale removes what an earlier run of the rep may have left of container guid: its
+// containerd container and task, its overlay mount and its directory.
+func (b *Backend) removeStale(ctx context.Context, guid string, ov overlay) error {
+	if ctr, err := b.client.LoadContainer(ctx, guid); err == nil {
+		if task, err := ctr.Task(ctx, nil); err == nil {
+			if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("remove stale task: %w", err)
+			}
+		}
+		if err := ctr.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove stale container: %w", err)
+		}
+	}
+	if err := ov.unmount(); err != nil {
+		return fmt.Errorf("remove stale container: %w", err)
+	}
+	if err := os.RemoveAll(filepath.Dir(ov.root)); err != nil {
+		return fmt.Errorf("remove stale container directory: %w", err)
+	}
+	return nil
+}
+
+// rootfsUsers reads the users of the rootfs's /etc/passwd (none when it has no such file).
+func rootfsUsers(root string) (map[string]IDs, error) {
+	f, err := os.Open(filepath.Join(root, "etc", "passwd"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the rootfs's users: %w", err)
+	}
+	defer f.Close()
+	list, err := user.ParsePasswd(f)
+	if err != nil {
+		return nil, fmt.Errorf("parse the rootfs's /etc/passwd: %w", err)
+	}
+	users := make(map[string]IDs, len(list))
+	for _, u := range list {
+		users[u.Name] = IDs{UID: uint32(u.Uid), GID: uint32(u.Gid), Home: u.Home}
+	}
+	return users, nil
+}
+
+// uniquePorts is ports without duplicates, in order.
+func uniquePorts(ports []uint32) []uint32 {
+	var out []uint32
+	for _, p := range ports {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// cellEnv are the variables the cell sets: the process listens on its container ports in its
+// own network namespace, so PORT is the first container port and PORT_<n> is n.
+func cellEnv(spec executor.Spec, cellAddress string, ports []uint32) []string {
+	env := []string{"CF_INSTANCE_IP=" + cellAddress}
+	if len(ports) > 0 {
+		type portPair struct {
+			External uint32 `json:"external"`
+			Internal uint32 `json:"internal"`
+		}
+		pairs := make([]portPair, 0, len(ports))
+		for _, p := range ports {
+			env = append(env, fmt.Sprintf("PORT_%d=%d", p, p))
+			pairs = append(pairs, portPair{External: p, Internal: p})
+		}
+		b, _ := json.Marshal(pairs) // cannot fail on these types
+		env = append(env, "PORT="+strconv.Itoa(int(ports[0])), "CF_INSTANCE_PORTS="+string(b))
+	}
+	if spec.Kind == executor.KindLRP {
+		idx := strconv.Itoa(int(spec.Index))
+		env = append(env,
+			"INSTANCE_INDEX="+idx, "CF_INSTANCE_INDEX="+idx,
+			"INSTANCE_GUID="+spec.Guid, "CF_INSTANCE_GUID="+spec.Guid,
+		)
+	}
+	return env
+}
+
+// makeFiles creates the spec's files directory in the container's root with its files and
+// returns its path as the processes see it.
+func (c *container) makeFiles() (string, error) {
+	rel := filepath.Clean("/" + c.spec.FilesDir)
+	host := filepath.Join(c.ov.root, rel)
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		return "", fmt.Errorf("create files directory: %w", err)
+	}
+	for name, data := range c.spec.Files {
+		if name != filepath.Base(name) || name == "." || name == ".." {
+			return "", fmt.Errorf("file name %q is not a plain name", name)
+		}
+		if err := atomicfile.Write(filepath.Join(host, name), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	c.filesHost = host
+	return rel, nil
+}
+
+// Guid is the container's guid.
+func (c *container) Guid() string { return c.spec.Guid }
+
+// NetInfo is the cell address, the instance address and the host ports (only with a Network).
+func (c *container) NetInfo() *modelsv1.ActualLRPNetInfo {
+	return proto.Clone(c.netInfo).(*modelsv1.ActualLRPNetInfo)
+}
+
+// Healthy is closed when the health checks first pass.
+func (c *container) Healthy() <-chan struct{} { return c.healthy }
+
+// Routable carries the latest readiness state.
+func (c *container) Routable() <-chan bool { return c.routable }
+
+// Done is closed when the container is over and cleaned up.
+func (c *container) Done() <-chan struct{} { return c.done }
+
+// FilesPath is the host path of Spec.FilesDir, inside the container's root.
+func (c *container) FilesPath() string { return c.filesHost }
+
+// Result is how the container ended (valid once Done is closed).
+func (c *container) Result() executor.Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.result
+}
+
+// Signal sends sig to every process of the container.
+func (c *container) Signal(sig syscall.Signal) error {
+	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
+	defer cancel()
+	if err := c.task.Kill(ctx, sig, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("signal %s: %w", c.spec.Guid, err)
+	}
+	return nil
+}
+
+// Stop sends SIGTERM to the container's init process, SIGKILL to all its processes after
+// grace, and returns once the container is done.
+func (c *container) Stop(grace time.Duration) {
+	c.beginStop(ReasonStopped, grace)
+	<-c.done
+}
+
+// beginStop stops the container without waiting: the first call sets the reason and sends
+// SIGTERM; every call schedules a SIGKILL after its grace.
+func (c *container) beginStop(reason string, grace time.Duration) {
+	c.mu.Lock()
+	if c.finished {
+		c.mu.Unlock()
+		return
+	}
+	first := !c.stopping
+	if first {
+		c.stopping = true
+		c.stopReason = reason
+	}
+	c.mu.Unlock()
+	if first {
+		c.log.Debug("stopping", "reason", reason, "grace", grace)
+		c.kill(syscall.SIGTERM)
+	}
+	go func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+			c.kill(syscall.SIGKILL)
+		}
+	}()
+}
+
+// kill signals the init process (SIGTERM) or every process (SIGKILL).
+func (c *container) kill(sig syscall.Signal) {
+	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
+	defer cancel()
+	var opts []containerd.KillOpts
+	if sig == syscall.SIGKILL {
+		opts = append(opts, containerd.WithKillAll)
+	}
+	if err := c.task.Kill(ctx, sig, opts...); err != nil && !errdefs.IsNotFound(err) {
+		c.log.Warn("signal container", "signal", sig, "error", err)
+	}
+}
+
+// run waits for the init process with the health monitor beside it, then cleans up.
+func (c *container) run() {
+	monitorCtx, stopMonitor := context.WithCancel(context.Background())
+	monitorDone := make(chan struct{})
+	go func() {
+		defer close(monitorDone)
+		c.monitor(monitorCtx, time.Now())
+	}()
+	st := <-c.exitCh
+	stopMonitor()
+	<-monitorDone
+	c.finish(st)
+}
+
+// monitor runs the spec's checks: against the container's address when a Network attached
+// it, otherwise on 127.0.0.1 from inside its network namespace.
+func (c *container) monitor(ctx context.Context, actionStart time.Time) {
+	addr := func(port uint32) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))) }
+	dial := dialInNetns(c.netnsPath)
+	if c.attached {
+		addr = func(port uint32) string {
+			return net.JoinHostPort(c.netInfo.GetInstanceAddress(), strconv.Itoa(int(port)))
+		}
+		dial = nil
+	}
+	def := c.spec.Checks
+	var health, readiness []checks.Probe
+	for _, ch := range def.GetChecks() {
+		health = append(health, checks.ForCheck(ch, addr, dial))
+	}
+	for _, ch := range def.GetReadinessChecks() {
+		readiness = append(readiness, checks.ForCheck(ch, addr, dial))
+	}
+	checks.Monitor{
+		Health:       health,
+		Readiness:    readiness,
+		Interval:     checks.Interval(def),
+		StartTimeout: c.spec.StartTimeout,
+		ActionStart:  actionStart,
+		Healthy:      func() { c.healthyOne.Do(func() { close(c.healthy) }) },
+		SetRoutable:  c.setRoutable,
+		Fail:         func(reason string) { c.beginStop(reason, c.b.cfg.KillGrace) },
+	}.Run(ctx)
+}
+
+// setRoutable replaces any unread readiness state with v (only the monitor calls it).
+func (c *container) setRoutable(v bool) {
+	select {
+	case <-c.routable:
+	default:
+	}
+	c.routable <- v
+}
+
+// finish decides the result from the exit status, then removes everything: task, container,
+// network attachment, overlay mount and directory.
+func (c *container) finish(st containerd.ExitStatus) {
+	c.mu.Lock()
+	c.stopping = true
+	stopReason := c.stopReason
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
+	defer cancel()
+	code, _, waitErr := st.Result()
+	oom := c.oomKilled()
+	c.drainOutput()
+
+	var res executor.Result
+	switch {
+	case stopReason != "":
+		res = executor.Result{Failed: true, Reason: stopReason}
+	case waitErr != nil:
+		res = executor.Result{Failed: true, Reason: fmt.Sprintf("wait for container: %v", waitErr)}
+	case oom && code != 0:
+		res = executor.Result{Failed: true, Reason: ReasonOutOfMemory}
+	case code != 0:
+		reason := exitReason(code)
+		if tail := c.tail.LastLines(maxReasonTail); tail != "" {
+			reason += ": " + tail
+		}
+		res = executor.Result{Failed: true, Reason: reason}
+	case c.spec.Kind == executor.KindLRP:
+		res = executor.Result{Failed: true, Reason: ReasonExitedCleanly}
+	case c.spec.ResultFile != "":
+		out, err := c.readResultFile()
+		if err != nil {
+			res = executor.Result{Failed: true, Reason: err.Error()}
+		} else {
+			res = executor.Result{Output: out}
+		}
+	}
+
+	if _, err := c.task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		c.log.Warn("delete task", "error", err)
+	}
+	if err := c.ctr.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		c.log.Warn("delete container", "error", err)
+	}
+	c.detach()
+	if err := c.ov.unmount(); err != nil {
+		c.log.Warn("unmount rootfs", "error", err)
+	}
+	if err := os.RemoveAll(c.dir); err != nil {
+		c.log.Warn("remove container directory", "error", err)
+	}
+	c.b.forget(c.spec.Guid)
+	c.log.Debug("container done", "failed", res.Failed, "reason", res.Reason)
+
+	c.mu.Lock()
+	c.finished = true
+	c.result = res
+	c.mu.Unlock()
+	close(c.routable)
+	close(c.done)
+}
+
+// detach detaches the network, if attached.
+func (c *container) detach() {
+	if !c.attached {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if err := c.b.cfg.Network.Detach(ctx, c.spec.Guid, c.netnsPath, c.ports, c.spec.Properties); err != nil {
+		c.log.Warn("detach network", "error", err)
+	}
+	c.attached = false
+}
+
+// drainOutput waits a moment for the output still in the pipes, then closes them.
+func (c *container) drainOutput() {
+	pio := c.task.IO()
+	if pio == nil {
+		return
+	}
+	drained := make(chan struct{})
+	go func() { pio.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(outputDrain):
+		pio.Cancel()
+		<-drained
+	}
+	_ = pio.Close()
+}
+
+// oomKilled reports whether the kernel OOM-killed a process of the container's cgroup (read
+// before the cgroup goes with the task): oom_kill in memory.oom_control (cgroup v1) or
+// memory.events (v2).
+func (c *container) oomKilled() bool {
+	file := filepath.Join("/sys/fs/cgroup/memory", c.cgroup, "memory.oom_control")
+	if c.b.cgroupV2 {
+		file = filepath.Join("/sys/fs/cgroup", c.cgroup, "memory.events")
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		c.log.Debug("read oom events", "error", err)
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if n, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+			v, _ := strconv.Atoi(strings.TrimSpace(n))
+			return v > 0
+		}
+	}
+	return false
+}
+
+// exitReason is "exit status N", or "signal: NAME" for 128+signal (as the shell reports a
+// process killed by a signal).
+func exitReason(code uint32) string {
+	if code > 128 && code < 128+65 {
+		return "signal: " + syscall.Signal(code-128).String()
+	}
+	return fmt.Sprintf("exit status %d", code)
+}
+
+// readResultFile reads the task's result file from the container's root (at most
+// MaxResultFileSize bytes).
+func (c *container) readResultFile() (string, error) {
+	f, err := os.Open(filepath.Join(c.ov.root, filepath.Clean("/"+c.spec.ResultFile)))
+	if err != nil {
+		return "", fmt.Errorf("read result file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxResultFileSize+1))
+	if err != nil {
+		return "", fmt.Errorf("read result file %s: %w", c.spec.ResultFile, err)
+	}
+	if len(b) > MaxResultFileSize {
+		return "", fmt.Errorf("result file %s is larger than %d bytes", c.spec.ResultFile, MaxResultFileSize)
+	}
+	return string(b), nil
+}

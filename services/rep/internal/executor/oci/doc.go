@@ -1,0 +1,22 @@
+// Package oci is the executor backend that runs every container as an OCI container through
+// containerd and runc (docs/decisions/0019-oci-backend-containerd.md). It is registered as
+// "oci".
+//
+// A container is, on the cell:
+//   - a directory under Options.WorkDir holding an overlay mount of the resolved rootfs (the
+//     read-only lower directory, e.g. a preloaded rootfs) with a writable upper and work
+//     directory, mounted before the container is created and unmounted when it is done;
+//   - a containerd container in the namespace Config.Namespace whose OCI spec (BuildSpec) has
+//     the overlay mount point as its root, no image and no snapshot;
+//   - a task (the run action as its init process) in new pid, mount, uts, ipc and network
+//     namespaces, with memory, pids and CPU shares limits in a cgroup under /gavel and
+//     RLIMIT_NOFILE, as the run action's user (non-root by default).
+//
+// The work's properties are the spec's annotations, keys and values byte for byte, with no
+// prefix. Without a Network the container has a network namespace with only loopback, its
+// checks are probed from inside that namespace, and its ports are not reachable from outside.
+//
+// Only a single run action is supported as the container's action; setup and monitor actions
+// and the other action kinds (download, serial, parallel, codependent, try, timeout) are
+// refused when the container starts, with that reason.
+package oci

@@ -1,0 +1,535 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
+	"github.com/gavel-sched/gavel/services/rep/internal/rootfs/rootfstest"
+)
+
+// The package's integration tests share one private containerd and one rootfs, made by
+// TestMain; skipReason says why they skip when they cannot run.
+var (
+	daemon     *ocitest.Containerd
+	rootfsDir  string
+	skipReason string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		skipReason = "short mode: oci integration tests need a containerd"
+		return m.Run()
+	}
+	if missing := ocitest.Missing(); missing != "" {
+		skipReason = fmt.Sprintf("%s (missing: %s)", ocitest.InstallHint, missing)
+		fmt.Fprintln(os.Stderr, skipReason)
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "oci-test-rootfs-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := makeRootfs(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rootfsDir = dir
+	d, err := ocitest.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	daemon = d
+	code := m.Run()
+	if err := d.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return code
+}
+
+// makeRootfs builds the tests' rootfs: bin/probe (static), etc/passwd and a world-writable
+// tmp/ the probes write their results to.
+func makeRootfs(dir string) error {
+	for _, d := range []string{"bin", "etc", "tmp"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	passwd := "root:x:0:0:root:/root:/bin/sh\nvcap:x:2000:2001:vcap:/home/vcap:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+	if err := os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte(passwd), 0o644); err != nil {
+		return err
+	}
+	return rootfstest.BuildStatic(".", filepath.Join(dir, "bin"), "./testdata/probe")
+}
+
+// newTestBackend connects a backend to the tests' containerd, with its work directory under
+// t.TempDir, or skips t.
+func newTestBackend(t *testing.T) *Backend {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	b, err := New(Config{
+		Socket:    daemon.Socket,
+		WorkDir:   filepath.Join(t.TempDir(), "work"),
+		KillGrace: 2 * time.Second,
+		Logger:    logtest.New(t),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+var guidSeq atomic.Int64
+
+// guid is a fresh container guid for t.
+func guid(t testing.TB) string {
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.TrimPrefix(t.Name(), "Test"))
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return fmt.Sprintf("%s-%d-%d", strings.Trim(name, "-"), os.Getpid(), guidSeq.Add(1))
+}
+
+// probeTask is a task running probe with args, writing its result to /tmp/result.
+func probeTask(t testing.TB, args ...string) executor.Spec {
+	return executor.Spec{
+		Guid:       guid(t),
+		Kind:       executor.KindTask,
+		Rootfs:     "preloaded:probe",
+		RootfsPath: rootfsDir,
+		Env:        []*modelsv1.EnvironmentVariable{{Name: "RESULT", Value: "/tmp/result"}, {Name: "GOMAXPROCS", Value: "1"}},
+		Action:     &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/probe", Args: args}}},
+		ResultFile: "/tmp/result",
+	}
+}
+
+// probeLRP is an LRP running probe with args.
+func probeLRP(t testing.TB, args ...string) executor.Spec {
+	s := probeTask(t, args...)
+	s.Kind, s.ResultFile, s.ProcessGuid = executor.KindLRP, "", "probe"
+	return s
+}
+
+// run starts spec, waits for it to end (a task) and returns its result.
+func run(t *testing.T, b *Backend, spec executor.Spec) executor.Result {
+	t.Helper()
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(2 * time.Minute):
+		c.Stop(0)
+		t.Fatalf("container %s did not end", spec.Guid)
+	}
+	assertGone(t, b, spec.Guid)
+	return c.Result()
+}
+
+// assertGone checks that nothing of container guid is left: containerd container and task,
+// overlay mount, cgroups, directory.
+func assertGone(t *testing.T, b *Backend, guid string) {
+	t.Helper()
+	ctx := b.ctx(context.Background())
+	if _, err := b.client.LoadContainer(ctx, guid); !errdefs.IsNotFound(err) {
+		t.Errorf("containerd container %s still there (err %v)", guid, err)
+	}
+	dir := b.containerDir(guid)
+	if m, err := mounted(filepath.Join(dir, "rootfs")); err != nil || m {
+		t.Errorf("rootfs of %s still mounted (err %v)", guid, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("container directory %s still there (err %v)", dir, err)
+	}
+	for _, cg := range cgroupDirs(b, guid) {
+		if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s still there (err %v)", cg, err)
+		}
+	}
+}
+
+// cgroupDirs are the cgroup directories of container guid.
+func cgroupDirs(b *Backend, guid string) []string {
+	if b.cgroupV2 {
+		return []string{filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, guid)}
+	}
+	var dirs []string
+	for _, ctl := range []string{"memory", "pids", "cpu", "freezer", "devices"} {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", ctl, b.cfg.CgroupParent, guid))
+	}
+	return dirs
+}
+
+func TestTaskExitsZero(t *testing.T) {
+	b := newTestBackend(t)
+	res := run(t, b, probeTask(t, "hostname"))
+	if res.Failed {
+		t.Fatalf("Result = %+v, want success", res)
+	}
+}
+
+func TestExitStatusIsTheReason(t *testing.T) {
+	b := newTestBackend(t)
+	res := run(t, b, probeTask(t, "exit", "3"))
+	if !res.Failed || res.Reason != "exit status 3" {
+		t.Fatalf("Result = %+v, want failed with exit status 3", res)
+	}
+}
+
+func TestHostnameIsTheGuid(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t, "hostname")
+	res := run(t, b, spec)
+	if res.Failed || res.Output != spec.Guid {
+		t.Fatalf("Result = %+v, want hostname %q", res, spec.Guid)
+	}
+}
+
+func TestUser(t *testing.T) {
+	b := newTestBackend(t)
+	for _, tc := range []struct {
+		name, user, want string
+	}{
+		{"default is nobody", "", "65534 65534"},
+		{"user of the rootfs", "vcap", "2000 2001"},
+		{"numeric", "1234:99", "1234 99"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := probeTask(t, "id")
+			spec.Action.GetRun().User = tc.user
+			res := run(t, b, spec)
+			if res.Failed || res.Output != tc.want {
+				t.Fatalf("Result = %+v, want %q", res, tc.want)
+			}
+		})
+	}
+}
+
+func TestNofileLimit(t *testing.T) {
+	b := newTestBackend(t)
+	for _, tc := range []struct {
+		name  string
+		limit uint64
+		want  string
+	}{
+		{"default", 0, fmt.Sprintf("%d %d", DefaultNofile, DefaultNofile)},
+		{"nofile_limit", 2048, "2048 2048"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := probeTask(t, "nofile")
+			spec.Action.GetRun().NofileLimit = tc.limit
+			res := run(t, b, spec)
+			if res.Failed || res.Output != tc.want {
+				t.Fatalf("Result = %+v, want %q", res, tc.want)
+			}
+		})
+	}
+}
+
+func TestOutOfMemory(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t, "hog")
+	spec.MemoryMB = 32
+	res := run(t, b, spec)
+	if !res.Failed || res.Reason != ReasonOutOfMemory {
+		t.Fatalf("Result = %+v, want failed %q", res, ReasonOutOfMemory)
+	}
+}
+
+func TestMaxPidsStopsAForkBomb(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t, "forkbomb")
+	spec.MaxPids = 32
+	res := run(t, b, spec)
+	if res.Failed {
+		t.Fatalf("Result = %+v", res)
+	}
+	var n int
+	var errText string
+	if _, err := fmt.Sscanf(res.Output, "forked %d: %s", &n, &errText); err != nil {
+		t.Fatalf("output %q: %v", res.Output, err)
+	}
+	t.Logf("fork bomb in a container with max_pids 32: %s", res.Output)
+	if n >= 32 || !strings.Contains(res.Output, "resource temporarily unavailable") {
+		t.Fatalf("fork bomb: %q, want fewer than 32 forks ended by EAGAIN", res.Output)
+	}
+}
+
+func TestContainersCannotSeeEachOther(t *testing.T) {
+	b := newTestBackend(t)
+	other, err := b.Start(context.Background(), probeLRP(t, "sleep"))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer other.Stop(time.Second)
+	res := run(t, b, probeTask(t, "ps"))
+	if res.Failed || res.Output != "1" {
+		t.Fatalf("Result = %+v, want only pid 1 in /proc", res)
+	}
+}
+
+func TestAnnotationsCarryProperties(t *testing.T) {
+	b := newTestBackend(t)
+	props := map[string]string{
+		"app_guid":        "4a6f1c2e-app",
+		"network_id":      "net-1",
+		"network.policy":  "ünïcødé ✓ 日本語",
+		"network.big":     strings.Repeat("0123456789abcdef", 256), // 4 KiB
+		"example.com/key": "a=b,c;d \"quoted\"\n",
+	}
+	spec := probeLRP(t, "sleep")
+	spec.Properties = props
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ctx := b.ctx(context.Background())
+	ctr, err := b.client.LoadContainer(ctx, spec.Guid)
+	if err != nil {
+		t.Fatalf("LoadContainer: %v", err)
+	}
+	s, err := ctr.Spec(ctx)
+	if err != nil {
+		t.Fatalf("Spec: %v", err)
+	}
+	if len(s.Annotations) != len(props) {
+		t.Errorf("annotations %d, want %d", len(s.Annotations), len(props))
+	}
+	for k, v := range props {
+		if s.Annotations[k] != v {
+			t.Errorf("annotation %q = %q, want %q", k, s.Annotations[k], v)
+		}
+	}
+	c.Stop(time.Second)
+	assertGone(t, b, spec.Guid)
+}
+
+func TestStopLeavesNothing(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeLRP(t, "sleep")
+	spec.MemoryMB, spec.MaxPids, spec.CPUWeight = 64, 50, 10
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Healthy():
+	case <-c.Done():
+		t.Fatalf("container ended: %+v", c.Result())
+	}
+	for _, cg := range cgroupDirs(b, spec.Guid) {
+		if _, err := os.Stat(cg); err != nil {
+			t.Errorf("cgroup of a running container: %v", err)
+		}
+	}
+	if !b.cgroupV2 {
+		if got := readTrim(t, filepath.Join("/sys/fs/cgroup/cpu", b.cfg.CgroupParent, spec.Guid, "cpu.shares")); got != "102" {
+			t.Errorf("cpu.shares = %s, want 102 (cpu_weight 10)", got)
+		}
+		if got := readTrim(t, filepath.Join("/sys/fs/cgroup/pids", b.cfg.CgroupParent, spec.Guid, "pids.max")); got != "50" {
+			t.Errorf("pids.max = %s, want 50", got)
+		}
+		if got := readTrim(t, filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, spec.Guid, "memory.limit_in_bytes")); got != strconv.Itoa(64<<20) {
+			t.Errorf("memory.limit_in_bytes = %s, want %d", got, 64<<20)
+		}
+	}
+	c.Stop(time.Second)
+	if res := c.Result(); !res.Failed || res.Reason != ReasonStopped {
+		t.Errorf("Result = %+v, want %q", res, ReasonStopped)
+	}
+	assertGone(t, b, spec.Guid)
+}
+
+func TestHealthCheckInsideTheNetworkNamespace(t *testing.T) {
+	b := newTestBackend(t)
+	serving := probeLRP(t, "serve", "8080")
+	serving.Checks = &modelsv1.CheckDefinition{Checks: []*modelsv1.Check{{Kind: &modelsv1.Check_Tcp{Tcp: &modelsv1.TCPCheck{Port: 8080, IntervalMs: 50}}}}}
+	c, err := b.Start(context.Background(), serving)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Healthy():
+	case <-c.Done():
+		t.Fatalf("container ended before healthy: %+v", c.Result())
+	}
+	c.Stop(time.Second)
+	assertGone(t, b, serving.Guid)
+
+	spec := probeLRP(t, "sleep")
+	spec.Checks = &modelsv1.CheckDefinition{Checks: []*modelsv1.Check{{Kind: &modelsv1.Check_Tcp{Tcp: &modelsv1.TCPCheck{Port: 8080, IntervalMs: 50}}}}}
+	spec.StartTimeout = 2 * time.Second
+	// Nothing listens on 8080: the check never passes.
+	res := run(t, b, spec)
+	if !res.Failed || res.Reason != "health check never passed" {
+		t.Fatalf("Result = %+v, want never healthy", res)
+	}
+}
+
+func TestUnsupportedActionRefused(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t)
+	spec.Action = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{}}}
+	_, err := b.Start(context.Background(), spec)
+	if err == nil || !strings.Contains(err.Error(), "only a run action is supported, got serial action") {
+		t.Fatalf("Start error = %v", err)
+	}
+	assertGone(t, b, spec.Guid)
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("read %s: %v", path, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// fakeNetwork records the calls of the backend; Attach fails when fail is set.
+type fakeNetwork struct {
+	fail     error
+	attached []string // "id netnsPath ports props"
+	detached []string
+	nsExists bool // the namespace file existed at Attach
+}
+
+func (n *fakeNetwork) Attach(_ context.Context, id, netnsPath string, ports []uint32, props map[string]string) (Attachment, error) {
+	_, err := os.Stat(netnsPath)
+	n.nsExists = err == nil
+	n.attached = append(n.attached, fmt.Sprintf("%s %v %v", id, ports, props))
+	if n.fail != nil {
+		return Attachment{}, n.fail
+	}
+	return Attachment{Address: "10.255.0.7", Ports: map[uint32]uint32{8080: 40001}}, nil
+}
+
+func (n *fakeNetwork) Detach(_ context.Context, id, _ string, ports []uint32, props map[string]string) error {
+	n.detached = append(n.detached, fmt.Sprintf("%s %v %v", id, ports, props))
+	return nil
+}
+
+// TestNetworkSeam: a configured Network attaches the container's network namespace before the
+// process starts, with its ports and properties, its address and host ports are the net info,
+// and it is detached at clean-up; a failed attach fails Start and leaves nothing.
+func TestNetworkSeam(t *testing.T) {
+	b := newTestBackend(t)
+	net := &fakeNetwork{}
+	b.cfg.Network = net
+	spec := probeLRP(t, "sleep")
+	spec.Ports = []uint32{8080, 8080}
+	spec.Properties = map[string]string{"app_guid": "a1", "network_id": "ünï"}
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	want := fmt.Sprintf("%s [8080] map[app_guid:a1 network_id:ünï]", spec.Guid)
+	if len(net.attached) != 1 || net.attached[0] != want || !net.nsExists {
+		t.Errorf("attached %q (namespace there: %v), want %q", net.attached, net.nsExists, want)
+	}
+	ni := c.NetInfo()
+	if ni.GetInstanceAddress() != "10.255.0.7" || len(ni.GetPorts()) != 1 || ni.GetPorts()[0].GetHostPort() != 40001 {
+		t.Errorf("net info %v", ni)
+	}
+	c.Stop(time.Second)
+	if len(net.detached) != 1 || net.detached[0] != want {
+		t.Errorf("detached %q, want %q", net.detached, want)
+	}
+	assertGone(t, b, spec.Guid)
+
+	net.fail = errors.New("no address left")
+	spec = probeLRP(t, "sleep")
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "attach network: no address left") {
+		t.Fatalf("Start with a failing network: %v", err)
+	}
+	assertGone(t, b, spec.Guid)
+}
+
+// TestSignalAndFailureReason: Signal reaches the process (SIGKILL: "signal: killed"), and a
+// failing process's stderr tail is in its reason.
+func TestSignalAndFailureReason(t *testing.T) {
+	b := newTestBackend(t)
+	c, err := b.Start(context.Background(), probeTask(t, "sleep"))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if err := c.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("Signal: %v", err)
+	}
+	<-c.Done()
+	if res := c.Result(); !res.Failed || res.Reason != "signal: killed" {
+		t.Errorf("Result = %+v, want signal: killed", res)
+	}
+	res := run(t, b, probeTask(t, "no-such-command"))
+	if !res.Failed || res.Reason != "exit status 1: unknown command no-such-command" {
+		t.Errorf("Result = %+v, want exit status 1 with the stderr tail", res)
+	}
+}
+
+// TestPrivilegedRunsAsRoot: privileged work runs as root; unprivileged work asking for root
+// is refused at Start.
+func TestPrivilegedRunsAsRoot(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeTask(t, "id")
+	spec.Privileged = true
+	if res := run(t, b, spec); res.Failed || res.Output != "0 0" {
+		t.Errorf("privileged Result = %+v, want 0 0", res)
+	}
+	spec = probeTask(t, "id")
+	spec.Action.GetRun().User = "root"
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "only privileged work may run as root") {
+		t.Errorf("Start as root: %v", err)
+	}
+	assertGone(t, b, spec.Guid)
+}
+
+// mounted reports whether path is a mount point (per /proc/self/mountinfo).
+func mounted(path string) (bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,272 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+)
+
+// Defaults of the limits a spec leaves open.
+const (
+	// DefaultNofile is RLIMIT_NOFILE (soft and hard) when the run action sets no nofile_limit.
+	DefaultNofile = 1024
+	// MaxCPUShares is the CPU shares of cpu_weight 100; weight w gets w% of it (at least 2).
+	MaxCPUShares = 1024
+	// NobodyID is the uid and gid of "nobody" when the rootfs does not list it.
+	NobodyID = 65534
+	// MaxHostname is the longest hostname the kernel takes; longer guids are cut.
+	MaxHostname = 64
+)
+
+// defaultPath is PATH when the spec sets none (as in the process backend).
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// IDs are a user's uid and primary gid, and its home directory.
+type IDs struct {
+	// UID is the user id.
+	UID uint32
+	// GID is the primary group id.
+	GID uint32
+	// Home is the home directory ("" when unknown).
+	Home string
+}
+
+// SpecConfig is what BuildSpec needs besides the executor spec: where the container's root is,
+// the cell's defaults and what the machine supports.
+type SpecConfig struct {
+	// RootPath is the container's root filesystem on the host (the overlay's mount point).
+	RootPath string
+	// CgroupParent is the cgroup every container's cgroup is created under ("/gavel").
+	CgroupParent string
+	// Users are the users of the rootfs's /etc/passwd, by name.
+	Users map[string]IDs
+	// DefaultUser is who a run action without a user runs as unless the work is privileged
+	// (a name in Users, "uid" or "uid:gid"); empty means "nobody".
+	DefaultUser string
+	// DefaultNofile is RLIMIT_NOFILE when the run action sets none (0: DefaultNofile).
+	DefaultNofile uint64
+	// LimitSwap sets memory+swap to the memory limit too (the cgroup has swap accounting), so
+	// a container cannot swap its way past memory_mb.
+	LimitSwap bool
+	// Env are the variables the cell adds after the spec's own (PORT, CF_INSTANCE_*, ...).
+	Env []string
+}
+
+// MainProcess is the run action a container's init process runs: the spec's action must be a
+// single run action, and setup and monitor actions are refused (see the package comment).
+func MainProcess(s executor.Spec) (*modelsv1.RunAction, error) {
+	if s.Setup != nil {
+		return nil, errors.New("oci backend: setup actions are not supported yet")
+	}
+	if s.Monitor != nil {
+		return nil, errors.New("oci backend: monitor actions are not supported yet (use checks)")
+	}
+	ra := s.Action.GetRun()
+	if ra == nil {
+		return nil, fmt.Errorf("oci backend: only a run action is supported, got %s", actionKind(s.Action))
+	}
+	if ra.GetPath() == "" {
+		return nil, errors.New("run action: empty path")
+	}
+	return ra, nil
+}
+
+// actionKind names the kind of a (non-run) action for the refusal reason.
+func actionKind(a *modelsv1.Action) string {
+	if a == nil || a.GetKind() == nil {
+		return "no action"
+	}
+	k := fmt.Sprintf("%T", a.GetKind()) // *modelsv1.Action_Download
+	k = k[strings.LastIndex(k, "_")+1:]
+	return strings.ToLower(k) + " action"
+}
+
+// BuildSpec is the OCI runtime spec of the container s: its run action as the init process
+// (user, nofile, env, cwd), namespaces pid, mount, uts, ipc and network, the guid as hostname,
+// memory, pids and CPU shares limits in a cgroup under cfg.CgroupParent, and the work's
+// properties as annotations, keys as given (no prefix). It is a pure function.
+func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
+	ra, err := MainProcess(s)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.RootPath == "" {
+		return nil, errors.New("oci spec: no root path")
+	}
+	ids, err := processUser(s, ra, cfg)
+	if err != nil {
+		return nil, err
+	}
+	nofile := ra.GetNofileLimit()
+	if nofile == 0 {
+		nofile = cfg.DefaultNofile
+	}
+	if nofile == 0 {
+		nofile = DefaultNofile
+	}
+	home := ids.Home
+	if home == "" {
+		home = "/"
+	}
+	env := []string{"HOME=" + home, "PATH=" + defaultPath}
+	for _, e := range s.Env {
+		env = append(env, e.GetName()+"="+e.GetValue())
+	}
+	env = append(env, cfg.Env...)
+	for _, e := range ra.GetEnv() {
+		env = append(env, e.GetName()+"="+e.GetValue())
+	}
+
+	caps := defaultCapabilities()
+	procCaps := &specs.LinuxCapabilities{Bounding: caps}
+	if ids.UID == 0 {
+		procCaps.Effective, procCaps.Permitted = caps, caps
+	}
+	hostname := s.Guid
+	if len(hostname) > MaxHostname {
+		hostname = hostname[:MaxHostname]
+	}
+	resources := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	if s.MemoryMB > 0 {
+		limit := int64(s.MemoryMB) << 20
+		resources.Memory = &specs.LinuxMemory{Limit: &limit}
+		if cfg.LimitSwap {
+			swap := limit
+			resources.Memory.Swap = &swap
+		}
+	}
+	if s.MaxPids > 0 {
+		pids := int64(s.MaxPids)
+		resources.Pids = &specs.LinuxPids{Limit: &pids}
+	}
+	if s.CPUWeight > 0 {
+		shares := max(uint64(s.CPUWeight)*MaxCPUShares/100, 2)
+		resources.CPU = &specs.LinuxCPU{Shares: &shares}
+	}
+	parent := cfg.CgroupParent
+	if parent == "" {
+		parent = "/gavel"
+	}
+
+	var annotations map[string]string
+	if len(s.Properties) > 0 {
+		annotations = maps.Clone(s.Properties)
+	}
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User:            specs.User{UID: ids.UID, GID: ids.GID},
+			Args:            append([]string{ra.GetPath()}, ra.GetArgs()...),
+			Env:             env,
+			Cwd:             path.Join("/", ra.GetDir()),
+			Capabilities:    procCaps,
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+			NoNewPrivileges: !s.Privileged,
+		},
+		Root:        &specs.Root{Path: cfg.RootPath},
+		Hostname:    hostname,
+		Mounts:      defaultMounts(),
+		Annotations: annotations,
+		Linux: &specs.Linux{
+			CgroupsPath: path.Join(parent, s.Guid),
+			Resources:   resources,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.NetworkNamespace},
+			},
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+				"/sys/firmware", "/sys/devices/virtual/powercap",
+			},
+			ReadonlyPaths: []string{
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}, nil
+}
+
+// processUser resolves who the init process runs as: the run action's user, else root for
+// privileged work, else cfg.DefaultUser, else nobody. Root is refused for unprivileged work
+// (there is no user namespace to make it safe).
+func processUser(s executor.Spec, ra *modelsv1.RunAction, cfg SpecConfig) (IDs, error) {
+	name := ra.GetUser()
+	switch {
+	case name != "":
+	case s.Privileged:
+		name = "root"
+	case cfg.DefaultUser != "":
+		name = cfg.DefaultUser
+	default:
+		name = "nobody"
+	}
+	ids, err := lookupUser(name, cfg.Users)
+	if err != nil {
+		return IDs{}, err
+	}
+	if ids.UID == 0 && !s.Privileged {
+		return IDs{}, fmt.Errorf("user %q is root: only privileged work may run as root", name)
+	}
+	return ids, nil
+}
+
+// lookupUser resolves a user name of the rootfs, "uid" or "uid:gid".
+func lookupUser(name string, users map[string]IDs) (IDs, error) {
+	if u, ok := users[name]; ok {
+		return u, nil
+	}
+	uidStr, gidStr, hasGid := strings.Cut(name, ":")
+	if uid, err := strconv.ParseUint(uidStr, 10, 32); err == nil {
+		gid := uid
+		if hasGid {
+			g, err := strconv.ParseUint(gidStr, 10, 32)
+			if err != nil {
+				return IDs{}, fmt.Errorf("user %q: bad gid: %w", name, err)
+			}
+			gid = g
+		}
+		return IDs{UID: uint32(uid), GID: uint32(gid)}, nil
+	}
+	switch name {
+	case "root":
+		return IDs{UID: 0, GID: 0, Home: "/root"}, nil
+	case "nobody":
+		return IDs{UID: NobodyID, GID: NobodyID}, nil
+	}
+	return IDs{}, fmt.Errorf("user %q is not in the rootfs's /etc/passwd", name)
+}
+
+// defaultCapabilities is the capability set of a container's root (containerd's default).
+func defaultCapabilities() []string {
+	return []string{
+		"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+		"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+		"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	}
+}
+
+// defaultMounts are the kernel filesystems every container gets (containerd's defaults).
+func defaultMounts() []specs.Mount {
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev", "relatime"}},
+	}
+}

@@ -1,0 +1,129 @@
+// Command probe runs inside the oci backend's test containers (a static binary, so the rootfs
+// needs no shell or libc) and writes what it finds to $RESULT:
+//
+//	probe exit N      exits with status N
+//	probe hostname    the hostname
+//	probe id          "uid gid"
+//	probe nofile      "soft hard" of RLIMIT_NOFILE
+//	probe ps          the pids it sees in /proc, one a line
+//	probe sleep       sleeps until killed
+//	probe serve PORT  accepts tcp connections on 127.0.0.1:PORT until killed
+//	probe hog         allocates and touches memory until killed
+//	probe forkbomb    forks until the kernel refuses: "forked N: error"
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fail("usage: probe COMMAND")
+	}
+	switch os.Args[1] {
+	case "exit":
+		n, _ := strconv.Atoi(os.Args[2])
+		os.Exit(n)
+	case "hostname":
+		h, err := os.Hostname()
+		if err != nil {
+			fail(err.Error())
+		}
+		result(h)
+	case "id":
+		result(fmt.Sprintf("%d %d", os.Getuid(), os.Getgid()))
+	case "nofile":
+		var r syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+			fail(err.Error())
+		}
+		result(fmt.Sprintf("%d %d", r.Cur, r.Max))
+	case "ps":
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			fail(err.Error())
+		}
+		var pids []string
+		for _, e := range entries {
+			if _, err := strconv.Atoi(e.Name()); err == nil {
+				pids = append(pids, e.Name())
+			}
+		}
+		result(strings.Join(pids, "\n"))
+	case "sleep":
+		for {
+			time.Sleep(time.Hour)
+		}
+	case "serve":
+		l, err := net.Listen("tcp", "127.0.0.1:"+os.Args[2])
+		if err != nil {
+			fail(err.Error())
+		}
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				fail(err.Error())
+			}
+			_ = conn.Close()
+		}
+	case "hog":
+		var chunks [][]byte
+		for {
+			b := make([]byte, 1<<20)
+			for i := range b {
+				b[i] = byte(i)
+			}
+			chunks = append(chunks, b)
+		}
+	case "forkbomb":
+		forkbomb()
+	default:
+		fail("unknown command " + os.Args[1])
+	}
+}
+
+// forkbomb forks children that only pause, with raw system calls (a forked copy of a Go
+// program may run nothing else), until fork fails, then kills and reaps them and reports.
+func forkbomb() {
+	n := 0
+	var ferr syscall.Errno
+	for n < 10000 {
+		pid, _, errno := syscall.RawSyscall(syscall.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0)
+		if errno != 0 {
+			ferr = errno
+			break
+		}
+		if pid == 0 {
+			for {
+				syscall.RawSyscall(syscall.SYS_PAUSE, 0, 0, 0)
+			}
+		}
+		n++
+	}
+	// As the namespace's init, kill(-1) reaches every other process in it.
+	syscall.RawSyscall(syscall.SYS_KILL, ^uintptr(0), uintptr(syscall.SIGKILL), 0)
+	for {
+		_, _, errno := syscall.RawSyscall6(syscall.SYS_WAIT4, ^uintptr(0), 0, 0, 0, 0, 0)
+		if errno != 0 {
+			break
+		}
+	}
+	result(fmt.Sprintf("forked %d: %v", n, ferr))
+}
+
+func result(s string) {
+	if err := os.WriteFile(os.Getenv("RESULT"), []byte(s), 0o644); err != nil {
+		fail(err.Error())
+	}
+}
+
+func fail(msg string) {
+	fmt.Fprintln(os.Stderr, msg)
+	os.Exit(1)
+}
