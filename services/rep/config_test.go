@@ -128,7 +128,6 @@ func TestConfigValidateOCI(t *testing.T) {
 		{"no containerd", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.ContainerdSocket = filepath.Join(dir, "none.sock") }, "containerd socket"},
 		{"not a socket", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.ContainerdSocket = notSocket }, "is not a socket"},
 		{"no runc", t.TempDir(), func(*rep.Config) {}, "runc"},
-		{"cni not wired yet", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.CNIConfDir = "/etc/cni/net.d" }, "cni_conf_dir"},
 		{"no namespace", filepath.Dir(fakeRunc), func(c *rep.Config) { c.OCI.Namespace = "" }, "oci.namespace"},
 	}
 	for _, tc := range cases {

@@ -40,7 +40,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.OCI.ContainerdSocket, "containerd-socket", c.OCI.ContainerdSocket, "oci backend: containerd's socket")
 	fs.StringVar(&c.OCI.Namespace, "containerd-namespace", c.OCI.Namespace, "oci backend: containerd namespace of the cell's containers")
 	fs.StringVar(&c.OCI.Runtime, "containerd-runtime", c.OCI.Runtime, "oci backend: containerd runtime")
-	fs.StringVar(&c.OCI.CNIConfDir, "cni-conf-dir", c.OCI.CNIConfDir, "oci backend: CNI network configuration directory (empty: loopback only)")
+	fs.StringVar(&c.OCI.CNIConfDir, "cni-conf-dir", c.OCI.CNIConfDir, "oci backend: CNI network configuration directory; containers get their own address and host ports (empty: loopback only)")
 	fs.StringVar(&c.OCI.CNIBinDir, "cni-bin-dir", c.OCI.CNIBinDir, "oci backend: CNI plugin directory")
 	fs.Var(&c.BulkInterval, "bulk-interval", "how often containers are reconciled with the BBS")
 	fs.Var(&c.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")

@@ -146,11 +146,13 @@ type OCIConfig struct {
 	Namespace string `json:"namespace"`
 	// Runtime is the containerd runtime (shim) containers run with.
 	Runtime string `json:"runtime"`
-	// CNIConfDir holds the CNI network configuration that networks every container. Empty
-	// (the only value accepted until CNI networking is wired) gives containers a network
-	// namespace with loopback only.
+	// CNIConfDir holds the CNI network configuration that networks every container (its
+	// .conflist named "gavel"; without one, a bridge + host-local + portmap chain on
+	// 10.255.0.0/16, see services/rep/README.md): each container gets its own address and a
+	// host port per container port. Empty gives containers a network namespace with loopback
+	// only (not reachable from outside).
 	CNIConfDir string `json:"cni_conf_dir"`
-	// CNIBinDir holds the CNI plugins.
+	// CNIBinDir holds the CNI plugins (empty: /usr/lib/cni, then /opt/cni/bin).
 	CNIBinDir string `json:"cni_bin_dir"`
 }
 
@@ -281,8 +283,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validate reports what stops an oci backend: an empty namespace or runtime, a CNI directory
-// (not wired yet), a missing containerd socket or runc.
+// validate reports what stops an oci backend: an empty namespace or runtime, a missing
+// containerd socket or runc (a missing CNI plugin is found when the network is loaded).
 func (o OCIConfig) validate() error {
 	var errs []error
 	if o.Namespace == "" {
@@ -290,9 +292,6 @@ func (o OCIConfig) validate() error {
 	}
 	if o.Runtime == "" {
 		errs = append(errs, errors.New("oci.runtime is required"))
-	}
-	if o.CNIConfDir != "" {
-		errs = append(errs, errors.New("oci.cni_conf_dir: CNI networking is not wired yet; leave it empty for loopback-only containers"))
 	}
 	if err := oci.Check(o.ContainerdSocket); err != nil {
 		errs = append(errs, fmt.Errorf("backend oci: %w", err))

@@ -28,6 +28,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/cni"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
 )
 
@@ -139,7 +140,17 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 			env = append(env, spec.FilesDirEnv+"="+inside)
 		}
 	}
+	if b.cfg.Network != nil {
+		// A pinned namespace outlives the container's processes, so the network's plugins
+		// can still undo what they did (addresses, masquerade rules) after it has exited.
+		if c.netnsPath, err = cni.NewNetns(b.netnsDir(), spec.Guid); err != nil {
+			return nil, fmt.Errorf("network namespace: %w", err)
+		}
+		pinned := c.netnsPath
+		cleanups = append(cleanups, func() { _ = cni.RemoveNetns(pinned) })
+	}
 	ociSpec, err := BuildSpec(spec, SpecConfig{
+		NetnsPath:    c.netnsPath,
 		RootPath:     ov.root,
 		CgroupParent: b.cfg.CgroupParent,
 		Users:        users,
@@ -174,7 +185,9 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	if err != nil {
 		return nil, fmt.Errorf("wait for task: %w", err)
 	}
-	c.netnsPath = fmt.Sprintf("/proc/%d/ns/net", c.task.Pid())
+	if c.netnsPath == "" {
+		c.netnsPath = fmt.Sprintf("/proc/%d/ns/net", c.task.Pid())
+	}
 
 	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
 	if b.cfg.Network != nil {
@@ -209,6 +222,17 @@ func (b *Backend) removeStale(ctx context.Context, guid string, ov overlay) erro
 		}
 		if err := ctr.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove stale container: %w", err)
+		}
+	}
+	if b.cfg.Network != nil {
+		// The network of a container an earlier run left: undone through its pinned namespace.
+		if pinned := filepath.Join(b.netnsDir(), guid); fileExists(pinned) {
+			if err := b.cfg.Network.Detach(ctx, guid, pinned, nil, nil); err != nil {
+				return fmt.Errorf("remove stale container's network: %w", err)
+			}
+			if err := cni.RemoveNetns(pinned); err != nil {
+				return fmt.Errorf("remove stale network namespace: %w", err)
+			}
 		}
 	}
 	if err := ov.unmount(); err != nil {
@@ -485,6 +509,11 @@ func (c *container) finish(st containerd.ExitStatus) {
 		c.log.Warn("delete container", "error", err)
 	}
 	c.detach()
+	if c.b.cfg.Network != nil {
+		if err := cni.RemoveNetns(c.netnsPath); err != nil {
+			c.log.Warn("remove network namespace", "error", err)
+		}
+	}
 	if err := c.ov.unmount(); err != nil {
 		c.log.Warn("unmount rootfs", "error", err)
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/hostports"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/cni"
 )
 
 // Name is the name the backend is registered under.
@@ -42,18 +44,63 @@ const (
 
 func init() {
 	executor.Register(Name, func(opts executor.Options) (executor.Backend, error) {
-		if opts.OCI.CNIConfDir != "" {
-			return nil, errors.New("oci backend: CNI networking (cni_conf_dir) is not wired yet; leave it empty for loopback-only containers")
-		}
-		return New(Config{
+		cfg := Config{
 			Socket:      opts.OCI.ContainerdSocket,
 			Namespace:   opts.OCI.Namespace,
 			Runtime:     opts.OCI.Runtime,
 			WorkDir:     opts.WorkDir,
 			CellAddress: opts.CellAddress,
 			User:        opts.User,
-		})
+		}
+		if opts.OCI.CNIConfDir != "" {
+			n, err := NewCNINetwork(opts.OCI.CNIConfDir, opts.OCI.CNIBinDir,
+				hostports.New(opts.PortRangeStart, opts.PortRangeEnd, hostports.Free))
+			if err != nil {
+				return nil, err
+			}
+			cfg.Network = n
+		}
+		return New(cfg)
 	})
+}
+
+// NewCNINetwork is the Network of the CNI configuration in confDir (the bridge + host-local +
+// portmap chain of cni.Default when confDir holds none), its plugins in binDir (empty: the
+// default directories), host ports taken from ports. It fails naming what is missing.
+func NewCNINetwork(confDir, binDir string, ports *hostports.Allocator) (Network, error) {
+	cfg := cni.Default()
+	cfg.ConfDir = confDir
+	if binDir != "" {
+		cfg.BinDirs = []string{binDir}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	n, err := cni.New(ctx, cfg, hostports.Uint32{Allocator: ports})
+	if err != nil {
+		return nil, fmt.Errorf("oci backend: CNI network: %w", err)
+	}
+	return cniNetwork{n}, nil
+}
+
+// cniNetwork is the CNI package's network as the backend's Network.
+type cniNetwork struct{ n *cni.Network }
+
+// Attach attaches the pinned namespace at netnsPath, a host port for each container port.
+func (c cniNetwork) Attach(ctx context.Context, id, netnsPath string, ports []uint32, props map[string]string) (Attachment, error) {
+	att, err := c.n.Attach(ctx, cni.AttachRequest{ContainerID: id, NetnsPath: netnsPath, Ports: ports, Properties: props})
+	if err != nil {
+		return Attachment{}, err
+	}
+	out := Attachment{Address: att.IP, Ports: make(map[uint32]uint32, len(att.Ports))}
+	for _, m := range att.Ports {
+		out.Ports[m.ContainerPort] = m.HostPort
+	}
+	return out, nil
+}
+
+// Detach undoes Attach with what the plugins were given then (libcni's cache).
+func (c cniNetwork) Detach(ctx context.Context, id, netnsPath string, _ []uint32, _ map[string]string) error {
+	return c.n.Detach(ctx, id, netnsPath, nil)
 }
 
 // Network attaches a container's network namespace to a network (the CNI package implements
@@ -93,6 +140,8 @@ type Config struct {
 	CgroupParent string
 	// Network, when set, networks every container; nil keeps them on loopback.
 	Network Network
+	// NetnsDir is where network namespaces are pinned for a Network (cni.NetnsDir when empty).
+	NetnsDir string
 	// KillGrace is DefaultKillGrace when zero.
 	KillGrace time.Duration
 	// Logger is hclog.L() when nil.
@@ -191,6 +240,20 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b.notes = append(b.notes, "disk limits not enforced")
 	return b, nil
+}
+
+// netnsDir is where containers' network namespaces are pinned.
+func (b *Backend) netnsDir() string {
+	if b.cfg.NetnsDir != "" {
+		return b.cfg.NetnsDir
+	}
+	return cni.NetnsDir
+}
+
+// fileExists reports whether path exists.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // Close closes the connection to containerd (the containers keep running).

@@ -99,6 +99,7 @@ func newTestBackend(t *testing.T) *Backend {
 	b, err := New(Config{
 		Socket:    daemon.Socket,
 		WorkDir:   filepath.Join(t.TempDir(), "work"),
+		NetnsDir:  t.TempDir(),
 		KillGrace: 2 * time.Second,
 		Logger:    logtest.New(t),
 	})

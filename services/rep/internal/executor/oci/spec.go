@@ -58,6 +58,9 @@ type SpecConfig struct {
 	LimitSwap bool
 	// Env are the variables the cell adds after the spec's own (PORT, CF_INSTANCE_*, ...).
 	Env []string
+	// NetnsPath, when set, is the pinned network namespace the container joins (the one its
+	// network is attached to); empty gives the container a new one.
+	NetnsPath string
 }
 
 // MainProcess is the run action a container's init process runs: the spec's action must be a
@@ -185,7 +188,7 @@ func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
 				{Type: specs.MountNamespace},
 				{Type: specs.UTSNamespace},
 				{Type: specs.IPCNamespace},
-				{Type: specs.NetworkNamespace},
+				{Type: specs.NetworkNamespace, Path: cfg.NetnsPath},
 			},
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",

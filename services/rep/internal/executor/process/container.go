@@ -304,7 +304,7 @@ func (c *container) finish(actionErr error) {
 	if c.cg != nil {
 		c.cg.destroy()
 	}
-	c.b.ports.release(c.hostPorts)
+	c.b.ports.Release(c.hostPorts)
 	if c.root != "" && c.filesHost != "" {
 		// Inside a shared rootfs the files directory goes with the container.
 		if err := os.RemoveAll(c.filesHost); err != nil {

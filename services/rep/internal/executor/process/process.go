@@ -32,6 +32,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/hostports"
 )
 
 // Name is the name the backend is registered under.
@@ -70,7 +71,7 @@ func init() {
 // Backend runs containers as processes on the host. It implements executor.Backend.
 type Backend struct {
 	opts      executor.Options
-	ports     *portAllocator
+	ports     *hostports.Allocator
 	cgroups   *cgroupManager // nil when limits are not enforced
 	notes     []string
 	cred      *syscall.Credential // nil keeps the rep's user
@@ -107,7 +108,7 @@ func newBackend(opts executor.Options, cgroupRoot string) (*Backend, error) {
 	unignoreHangup()
 	b := &Backend{
 		opts:       opts,
-		ports:      newPortAllocator(opts.PortRangeStart, opts.PortRangeEnd, hostPortFree),
+		ports:      hostports.New(opts.PortRangeStart, opts.PortRangeEnd, hostports.Free),
 		keep:       os.Getenv(KeepContainersEnv) == "1",
 		killGrace:  DefaultKillGrace,
 		log:        hclog.L().Named("executor.process"),
@@ -199,11 +200,11 @@ func (b *Backend) create(spec executor.Spec) (_ *container, err error) {
 			containerPorts = append(containerPorts, p)
 		}
 	}
-	hostPorts, err := b.ports.acquire(len(containerPorts))
+	hostPorts, err := b.ports.Acquire(len(containerPorts))
 	if err != nil {
 		return nil, err
 	}
-	cleanups = append(cleanups, func() { b.ports.release(hostPorts) })
+	cleanups = append(cleanups, func() { b.ports.Release(hostPorts) })
 
 	dir := filepath.Join(b.opts.WorkDir, spec.Guid)
 	// A directory left by an earlier run of the rep (or kept for debugging) is stale.

@@ -60,8 +60,12 @@ func main() {
 		for {
 			time.Sleep(time.Hour)
 		}
-	case "serve":
-		l, err := net.Listen("tcp", "127.0.0.1:"+os.Args[2])
+	case "serve": // serve PORT [HOST]: accept and close connections on HOST:PORT (127.0.0.1)
+		host := "127.0.0.1"
+		if len(os.Args) > 3 {
+			host = os.Args[3]
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, os.Args[2]))
 		if err != nil {
 			fail(err.Error())
 		}
