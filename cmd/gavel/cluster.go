@@ -273,6 +273,10 @@ func printCellState(p *printer, st *repv1.StateResponse) error {
 	t.row("preloaded", join(sortedStrings(st.GetPreloadedRootfses())))
 	t.row("providers", join(st.GetRootfsProviders()))
 	t.row("evacuating", strconv.FormatBool(st.GetEvacuating()))
+	if st.GetIsolation() != "" {
+		t.row("isolation", st.GetIsolation())
+		t.row("enforced", join(st.GetEnforced()))
+	}
 	for _, n := range st.GetNotes() {
 		t.row("note", n)
 	}

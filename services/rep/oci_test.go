@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,6 +44,15 @@ func TestOCIBackend(t *testing.T) {
 		c.OCI.ContainerdSocket = d.Socket
 		c.PreloadedRootfses = map[string]string{"cflinuxfs4": root}
 	})
+
+	// The cell says what its containers are and what it enforces.
+	st, err := r.client.State(ctxT(t), &repv1.StateRequest{Summary: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetIsolation() != "oci" || !slices.Contains(st.GetEnforced(), "memory") {
+		t.Errorf("state: isolation %q, enforced %v; want oci enforcing memory", st.GetIsolation(), st.GetEnforced())
+	}
 
 	probe := func(args ...string) *modelsv1.Action {
 		return &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/probe", Args: args}}}

@@ -314,6 +314,8 @@ func (c *Cell) state(summary bool) *repv1.StateResponse {
 		Notes:              c.backend.Notes(),
 		PresenceLapsed:     !c.cfg.PresenceHeld(),
 	}
+	iso := c.backend.Isolation()
+	out.Isolation, out.Enforced = iso.Kind, iso.Enforced
 	count := func(ctr *container) {
 		avail.MemoryMb -= ctr.resources.GetMemoryMb()
 		avail.DiskMb -= ctr.resources.GetDiskMb()

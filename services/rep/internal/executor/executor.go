@@ -131,4 +131,15 @@ type Backend interface {
 	// Notes lists limitations the cell reports in its state, e.g. "memory limits not enforced:
 	// cgroup v2 not writable".
 	Notes() []string
+	// Isolation says what the backend's containers are and what it enforces on this machine.
+	Isolation() Isolation
+}
+
+// Isolation is what a backend's containers are and what it enforces, as the cell's state
+// reports it.
+type Isolation struct {
+	// Kind is the backend: "process", "oci" or "sim".
+	Kind string
+	// Enforced lists the isolation and limits in force, e.g. "pid namespace", "memory".
+	Enforced []string
 }

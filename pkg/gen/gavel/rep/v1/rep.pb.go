@@ -291,8 +291,14 @@ type StateResponse struct {
 	// keepalive stream broke, or no renewal was answered for two thirds of the lease TTL. The cell
 	// is about to disappear (or has), so it takes no new work.
 	PresenceLapsed bool `protobuf:"varint,14,opt,name=presence_lapsed,json=presenceLapsed,proto3" json:"presence_lapsed,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Isolation is what the cell's containers are: "process" (host processes), "oci" (OCI
+	// containers through containerd) or "sim" (simulated).
+	Isolation string `protobuf:"bytes,15,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// Enforced lists the isolation and limits the cell's backend enforces on this machine, e.g.
+	// "memory", "pids", "pid, mount, uts, ipc and network namespaces".
+	Enforced      []string `protobuf:"bytes,16,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateResponse) Reset() {
@@ -421,6 +427,20 @@ func (x *StateResponse) GetPresenceLapsed() bool {
 		return x.PresenceLapsed
 	}
 	return false
+}
+
+func (x *StateResponse) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
+func (x *StateResponse) GetEnforced() []string {
+	if x != nil {
+		return x.Enforced
+	}
+	return nil
 }
 
 // PerformRequest is the request of Perform.
@@ -827,7 +847,7 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"(\n" +
 	"\fStateRequest\x12\x18\n" +
-	"\asummary\x18\x01 \x01(\bR\asummary\"\xe0\x05\n" +
+	"\asummary\x18\x01 \x01(\bR\asummary\"\x9a\x06\n" +
 	"\rStateResponse\x12\x17\n" +
 	"\acell_id\x18\x01 \x01(\tR\x06cellId\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12F\n" +
@@ -845,7 +865,9 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"evacuating\x12\x14\n" +
 	"\x05notes\x18\f \x03(\tR\x05notes\x12R\n" +
 	"\rlrp_instances\x18\r \x03(\v2-.gavel.rep.v1.StateResponse.LrpInstancesEntryR\flrpInstances\x12'\n" +
-	"\x0fpresence_lapsed\x18\x0e \x01(\bR\x0epresenceLapsed\x1a?\n" +
+	"\x0fpresence_lapsed\x18\x0e \x01(\bR\x0epresenceLapsed\x12\x1c\n" +
+	"\tisolation\x18\x0f \x01(\tR\tisolation\x12\x1a\n" +
+	"\benforced\x18\x10 \x03(\tR\benforced\x1a?\n" +
 	"\x11LrpInstancesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x92\x01\n" +

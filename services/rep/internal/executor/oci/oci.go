@@ -259,6 +259,16 @@ func fileExists(path string) bool {
 // Close closes the connection to containerd (the containers keep running).
 func (b *Backend) Close() error { return b.client.Close() }
 
+// Isolation is an OCI container per instance: namespaces, cgroup limits, rlimits, a user, and
+// its own address when a Network attaches it.
+func (b *Backend) Isolation() executor.Isolation {
+	enforced := []string{"pid, mount, uts, ipc and network namespaces", "memory", "pids", "cpu shares", "nofile", "user"}
+	if b.cfg.Network != nil {
+		enforced = append(enforced, "own network address (CNI)")
+	}
+	return executor.Isolation{Kind: Name, Enforced: enforced}
+}
+
 // Notes lists what this backend does not do on this machine.
 func (b *Backend) Notes() []string { return slices.Clone(b.notes) }
 

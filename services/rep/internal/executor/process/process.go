@@ -143,6 +143,19 @@ func newBackend(opts executor.Options, cgroupRoot string) (*Backend, error) {
 	return b, nil
 }
 
+// Isolation is host processes: memory and pid limits where cgroups are writable, an
+// unprivileged user when the rep can switch to it, chroot when the work asks for it.
+func (b *Backend) Isolation() executor.Isolation {
+	var enforced []string
+	if b.cgroups != nil {
+		enforced = append(enforced, "memory", "pids")
+	}
+	if b.cred != nil {
+		enforced = append(enforced, "unprivileged user")
+	}
+	return executor.Isolation{Kind: "process", Enforced: append(enforced, "chroot when asked")}
+}
+
 // Notes lists the limits this backend does not enforce on this machine.
 func (b *Backend) Notes() []string {
 	return slices.Clone(b.notes)

@@ -65,6 +65,9 @@ func New(o executor.Options) (*Backend, error) {
 	return &Backend{opts: o, ports: newPortPool(o.PortRangeStart, o.PortRangeEnd)}, nil
 }
 
+// Isolation is none: nothing runs.
+func (b *Backend) Isolation() executor.Isolation { return executor.Isolation{Kind: "sim"} }
+
 // Notes says the containers are simulated.
 func (b *Backend) Notes() []string {
 	return []string{"sim backend: containers are simulated; nothing runs and no port is opened"}
