@@ -501,6 +501,10 @@ func (s *Service) reencrypt(ctx context.Context) error {
 // leader runs convergence.
 const LeaderService = "bbs"
 
+// RecordsToReencrypt counts the stored run infos and tasks not yet sealed under the active key
+// (gavel_bbs_records_to_reencrypt), as of this instance's cache; zero with encryption off.
+func (s *Service) RecordsToReencrypt() int { return s.store.ToReseal() }
+
 // IsLeader reports whether this instance leads (and so runs convergence).
 func (s *Service) IsLeader() bool {
 	e := s.election.Load()
