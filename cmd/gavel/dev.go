@@ -23,6 +23,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/rep"
 )
@@ -145,7 +146,12 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 	}
 
 	logger := logging.New("gavel-dev", logging.Config{Level: o.level})
+	encryption, err := devEncryption(abs)
+	if err != nil {
+		return err
+	}
 	cluster := devcluster.New(devcluster.Config{
+		Encryption:          encryption,
 		Dir:                 abs,
 		BBSAddress:          o.bbsAddr,
 		AuctioneerAddress:   o.auctioneerAddr,
@@ -171,6 +177,7 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 				transport = "mutual TLS, development PKI in " + filepath.Join(abs, "pki")
 			}
 			fmt.Fprintf(out, "  etcd (embedded): %v\n  BBS:             %s (%s)\n  auctioneer:      %s\n", cluster.EtcdEndpoints, cluster.BBSAddress, transport, cluster.AuctioneerAddress)
+			fmt.Fprintf(out, "  encryption:      run infos, tasks and nsync apps sealed under key %q (%s)\n", devKeyLabel, encryption.Keys[0].File)
 			fmt.Fprintf(out, "  nsync:           %s (stacks %s)\n", cluster.NsyncAddress, strings.Join(slices.Sorted(maps.Keys(devStacks)), ", "))
 			fmt.Fprintf(out, "  route-emitter:   %s\n  router:          http://%s  https://%s (CA %s)  admin http://%s/healthz\n",
 				cluster.RouteEmitterAddress, cluster.Router.HTTPAddr(), cluster.Router.HTTPSAddr(), cluster.RouterCA, cluster.Router.AdminAddr())
@@ -294,4 +301,24 @@ func awaitRoute(ctx context.Context, routerAddr, host string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// devKeyLabel is the label of the development encryption key.
+const devKeyLabel = "dev"
+
+// devEncryption turns encryption at rest on for `gavel dev` with a key in DIR/keys/dev.key,
+// written the first time and kept afterwards (a run with --keep-state reads what the last one
+// sealed).
+func devEncryption(dir string) (sealing.Config, error) {
+	keys := filepath.Join(dir, "keys")
+	if err := os.MkdirAll(keys, 0o700); err != nil {
+		return sealing.Config{}, fmt.Errorf("dev encryption key: %w", err)
+	}
+	path := filepath.Join(keys, devKeyLabel+".key")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if err := sealing.WriteKeyFile(path); err != nil {
+			return sealing.Config{}, fmt.Errorf("dev encryption key: %w", err)
+		}
+	}
+	return sealing.Config{ActiveKeyLabel: devKeyLabel, Keys: []sealing.KeyFile{{Label: devKeyLabel, File: path}}}, nil
 }

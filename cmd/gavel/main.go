@@ -109,7 +109,7 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		cmd.GroupID = "apps"
 		root.AddCommand(cmd)
 	}
-	for _, cmd := range []*cobra.Command{c.devCommand(), c.certsCommand()} {
+	for _, cmd := range []*cobra.Command{c.devCommand(), c.certsCommand(), c.keysCommand()} {
 		cmd.GroupID = "local"
 		root.AddCommand(cmd)
 	}

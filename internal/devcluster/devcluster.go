@@ -24,6 +24,7 @@ import (
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/auctioneer"
@@ -97,6 +98,9 @@ type Config struct {
 	// EtcdEndpoints, when set, are the client URLs of an etcd the cluster uses instead of
 	// starting its own embedded one (a test's multi-member etcd, to stop and restart).
 	EtcdEndpoints []string
+	// Encryption is the BBS's and nsync's encryption at rest (their "encryption" section);
+	// the zero value stores records clear.
+	Encryption sealing.Config
 }
 
 // Cluster is a running cluster; its fields are valid once Run has called ready.
@@ -282,6 +286,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 			cfg.TLS, cfg.EtcdTLS = c.tlsFor("bbs"), insecure
 			cfg.EtcdEndpoints = c.EtcdEndpoints
 			cfg.Transformers = c.cfg.Transformers
+			cfg.Encryption = c.cfg.Encryption
 			if c.cfg.ConfigureBBS != nil {
 				c.cfg.ConfigureBBS(&cfg)
 			}
@@ -397,6 +402,7 @@ func (c *Cluster) nsyncMember(log hclog.Logger, dial func(addr, identity string,
 		if c.cfg.NsyncStacks != nil {
 			cfg.Stacks = c.cfg.NsyncStacks
 		}
+		cfg.Encryption = c.cfg.Encryption
 		if c.cfg.ConfigureNsync != nil {
 			c.cfg.ConfigureNsync(&cfg)
 		}

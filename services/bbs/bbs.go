@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/config"
@@ -27,6 +28,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/reppool"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/bbs/internal/api"
@@ -99,6 +101,15 @@ type Config struct {
 	// WriteTimeout bounds one write as a whole; a write sent to etcd that is not confirmed in
 	// time is answered DeadlineExceeded: it may or may not have been made.
 	WriteTimeout Duration `json:"write_timeout"`
+	// Encryption seals the records that carry user data (run infos: env, actions, properties;
+	// tasks) with AES-256-GCM under active_key_label, and opens those sealed under any key of
+	// keys (files only, never flags). The leader re-encrypts records under an older key (or
+	// clear) in the background. Absent: records are stored clear. See docs/operations.md,
+	// "Encryption keys and rotation".
+	Encryption sealing.Config `json:"encryption,omitzero"`
+	// ReencryptBatch is how many records one re-encryption transaction of the leader rewrites
+	// (one transaction in flight at a time).
+	ReencryptBatch int `json:"reencrypt_batch"`
 }
 
 // DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
@@ -119,6 +130,7 @@ func Default() Config {
 		BookmarkInterval:  Duration(10 * time.Second),
 		EventRing:         100_000,
 		CallbackWorkers:   8,
+		ReencryptBatch:    64,
 		// About a quarter second of the group committer's throughput at full batches.
 		MaxInflightWrites:  1024,
 		OverloadRetryAfter: Duration(100 * time.Millisecond),
@@ -179,6 +191,12 @@ func (c Config) Validate() error {
 	if err := transform.ValidateChain(c.Transformers); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Encryption.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ReencryptBatch <= 0 || c.ReencryptBatch > 128 {
+		errs = append(errs, fmt.Errorf("reencrypt_batch must be between 1 and 128 (etcd's default --max-txn-ops), got %d", c.ReencryptBatch))
+	}
 	if c.MaxInflightWrites < 0 {
 		errs = append(errs, fmt.Errorf("max_inflight_writes must not be negative, got %d", c.MaxInflightWrites))
 	}
@@ -224,6 +242,7 @@ type Service struct {
 	transformers   *transform.Chain
 	etcd           *clientv3.Client
 	election       atomic.Pointer[etcdx.Election]
+	keyring        *sealing.Keyring // nil: encryption off
 }
 
 // Option adjusts a BBS beyond its Config (tests and embedding).
@@ -271,6 +290,10 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	for _, opt := range opts {
 		opt(&o)
 	}
+	keyring, err := cfg.Encryption.Keyring()
+	if err != nil {
+		return nil, fmt.Errorf("bbs config: %w", err)
+	}
 	registry := metrics.NewRegistry()
 	convergeMetrics := converge.NewMetrics(registry)
 	limits := models.DefaultLimits()
@@ -292,7 +315,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	registry.MustRegister(txnDuration)
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain,
 		ObserveTransaction: func(d time.Duration) { txnDuration.Observe(d.Seconds()) },
-		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout)})
+		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout),
+		Keyring: keyring, ResealBatch: cfg.ReencryptBatch})
 	callbackQueue := callback.NewQueue(0, logger.Named("callback"))
 	reps := peers.NewReps(repPool)
 	coreCfg := core.Config{
@@ -351,9 +375,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	})
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
-		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd}
+		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd, keyring: keyring}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
 	registerCommitMetrics(registry, st)
+	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_records_to_reencrypt",
+		Help: "Stored records (run infos and tasks) not yet sealed under the active encryption key; the leader re-encrypts them in the background."},
+		func() float64 { return float64(st.ToReseal()) }))
 	return svc, nil
 }
 
@@ -443,8 +470,8 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 }
 
 // runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
-// converges on the timer and whenever a cell disappears. Every instance serves the API either
-// way.
+// converges on the timer and whenever a cell disappears, and re-encrypts the records not
+// sealed under the active key. Every instance serves the API either way.
 func (s *Service) runConvergence(ctx context.Context, ready func()) error {
 	e, err := s.cfg.NewElection(s.etcd, LeaderService, s.cfg.ListenAddress, s.log.Named("election"))
 	if err != nil {
@@ -453,13 +480,41 @@ func (s *Service) runConvergence(ctx context.Context, ready func()) error {
 	s.election.Store(e)
 	ready()
 	return e.Run(ctx, func(ctx context.Context) error {
-		return s.converger.Run(ctx, s.store.CellGone())
+		g, ctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return s.converger.Run(ctx, s.store.CellGone()) })
+		if s.keyring != nil {
+			g.Go(func() error { return s.reencrypt(ctx) })
+		}
+		return g.Wait()
 	})
+}
+
+// reencrypt rewrites, in bounded batches, every run info and task not sealed under the active
+// key, once the cache is full; see sealing.Rotation.
+func (s *Service) reencrypt(ctx context.Context) error {
+	select {
+	case <-s.store.Synced():
+	case <-ctx.Done():
+		return nil
+	}
+	return sealing.Rotation{
+		Step: func(ctx context.Context) (int, int, error) {
+			n, err := s.store.Reseal(ctx)
+			return n, s.store.ToReseal(), err
+		},
+		Active:   s.keyring.Active(),
+		Interval: time.Duration(s.cfg.ConvergenceInterval),
+		Logger:   s.log.Named("reencrypt"),
+	}.Run(ctx)
 }
 
 // LeaderService is the election the BBS instances campaign in (key /gavel/v1/lock/bbs); the
 // leader runs convergence.
 const LeaderService = "bbs"
+
+// RecordsToReencrypt counts the stored run infos and tasks not yet sealed under the active key
+// (gavel_bbs_records_to_reencrypt), as of this instance's cache; zero with encryption off.
+func (s *Service) RecordsToReencrypt() int { return s.store.ToReseal() }
 
 // IsLeader reports whether this instance leads (and so runs convergence).
 func (s *Service) IsLeader() bool {

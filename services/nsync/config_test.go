@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/pkg/transform"
 )
@@ -28,6 +29,9 @@ func TestConfigValidate(t *testing.T) {
 		{"bad rootfs", func(c *Config) { c.Stacks = map[string]string{"x": "no-scheme"} }, "stacks[x]"},
 		{"domain ttl not above the interval", func(c *Config) { c.DomainTTL = c.BulkInterval }, "domain_ttl"},
 		{"no bbs", func(c *Config) { c.BBSAddress = "" }, "bbs_address"},
+		{"encryption active label without key", func(c *Config) {
+			c.Encryption = sealing.Config{ActiveKeyLabel: "k2", Keys: []sealing.KeyFile{{Label: "k1", File: "/k1.key"}}}
+		}, `encryption.active_key_label "k2" has no key`},
 		{"no etcd", func(c *Config) { c.EtcdEndpoints = nil }, "etcd_endpoints"},
 		{"zero drain", func(c *Config) { c.RouteDrain = 0 }, "route_drain must be positive"},
 		{"tls missing", func(c *Config) { c.TLS = tlsx.Config{} }, "tls:"},

@@ -17,6 +17,8 @@ type serviceMetrics struct {
 	passTime   prometheus.Histogram
 	reconciled *prometheus.CounterVec
 	restarts   *prometheus.CounterVec
+	// toReencrypt is what the leader's last re-encryption step left to do.
+	toReencrypt prometheus.Gauge
 }
 
 func newServiceMetrics() *serviceMetrics {
@@ -33,8 +35,10 @@ func newServiceMetrics() *serviceMetrics {
 			"LRPs the bulk loop changed at the BBS, by action: desired (missing), updated (drifted), removed (unknown)."), []string{"action"}),
 		restarts: prometheus.NewCounterVec(opts("restarts_total",
 			"Finished zero-downtime restarts, by outcome: completed, cell_mismatch or timed_out."), []string{"outcome"}),
+		toReencrypt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gavel", Subsystem: "nsync", Name: "records_to_reencrypt",
+			Help: "App records not yet sealed under the active encryption key, as of the leader's last re-encryption step (zero elsewhere)."}),
 	}
-	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts, bbsclient.Metrics())
+	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts, m.toReencrypt, bbsclient.Metrics())
 	for _, r := range []string{"complete", "incomplete"} {
 		m.passes.WithLabelValues(r)
 	}

@@ -29,7 +29,9 @@ import (
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/pkg/transform"
 	"github.com/gavel-sched/gavel/services/nsync/internal/api"
@@ -72,6 +74,11 @@ type Config struct {
 	Plugins []transform.PluginConfig `json:"plugins,omitempty"`
 	// MaxInstances is the largest instance count of an app (the BBS's max_instances).
 	MaxInstances int32 `json:"max_instances"`
+	// Encryption seals app records (they carry env, command and routes) with AES-256-GCM under
+	// active_key_label and opens those sealed under any key of keys (files only), as the BBS's
+	// section of the same name; the bulk leader re-encrypts records under an older key (or
+	// clear). Absent: records are stored clear. See docs/operations.md.
+	Encryption sealing.Config `json:"encryption,omitzero"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -156,6 +163,9 @@ func (c Config) Validate() error {
 	if err := transform.ValidateChain(c.Plugins); err != nil {
 		errs = append(errs, fmt.Errorf("plugins: %w", err))
 	}
+	if err := c.Encryption.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -194,6 +204,8 @@ type Service struct {
 	m        *serviceMetrics
 	chain    *transform.Chain
 	election atomic.Pointer[etcdx.Election]
+	store    *store.Store
+	keyring  *sealing.Keyring // nil: encryption off
 }
 
 // New builds nsync over an etcd client (its records and election) and a BBS client. It loads
@@ -213,8 +225,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	keyring, err := cfg.Encryption.Keyring()
+	if err != nil {
+		return nil, fmt.Errorf("nsync config: %w", err)
+	}
 	m := newServiceMetrics()
-	st := store.New(etcdx.Guard(etcd, etcdx.DefaultUnreachableTimeout))
+	st := store.New(etcdx.Guard(etcd, etcdx.DefaultUnreachableTimeout), keyring)
 	limits := models.DefaultLimits()
 	limits.MaxInstances = cfg.MaxInstances
 	chain, err := transform.Load(context.Background(), cfg.Plugins, logger.Named("transform"), m.registry, transform.WithLimits(limits))
@@ -249,16 +265,18 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		return nil, fmt.Errorf("nsync: %w", err)
 	}
 	nsyncv1.RegisterNsyncServiceServer(server.GRPC, api.New(c, st))
-	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m, chain: chain}
+	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m, chain: chain, store: st, keyring: keyring}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
 	return svc, nil
 }
 
 // Run serves the API and campaigns for the bulk loop until ctx ends; ready is called once the
-// API is serving.
+// API is serving. It first reads every app record once: one the keyring cannot open (sealed
+// under a label it lacks) stops nsync before it serves, naming the label.
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer s.chain.Close()
 	return lifecycle.Run(ctx, s.log, append(s.metrics.Members(),
+		lifecycle.Member{Name: "keys", Runner: lifecycle.RunFunc(s.checkKeys)},
 		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(s.runBulk)},
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			return s.server.Run(ctx, func() {
@@ -279,6 +297,14 @@ func (s *Service) runBulk(ctx context.Context, ready func()) error {
 	s.election.Store(e)
 	ready()
 	return e.Run(ctx, func(ctx context.Context) error {
+		if s.keyring != nil {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				s.reencrypt(ctx) // returns when leadership (ctx) ends
+			}()
+			defer func() { <-done }()
+		}
 		t := time.NewTicker(time.Duration(s.cfg.BulkInterval))
 		defer t.Stop()
 		for {
@@ -297,6 +323,53 @@ func (s *Service) runBulk(ctx context.Context, ready func()) error {
 			}
 		}
 	})
+}
+
+// checkKeys reads every app record, retrying while etcd cannot be read, and fails on one the
+// keyring cannot open; then it is ready and waits for ctx.
+func (s *Service) checkKeys(ctx context.Context, ready func()) error {
+	err := retry.Do(ctx, checkKeysRetry, 0, func() error {
+		_, _, err := s.store.Apps(ctx)
+		var unknown *sealing.UnknownKeyError
+		if errors.As(err, &unknown) || errors.Is(err, sealing.ErrCorrupt) {
+			return retry.Permanent(err)
+		}
+		return err
+	}, func(err error, next time.Duration) {
+		s.log.Warn("reading the app records failed; retrying", "error", err, "backoff", next)
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("app records: %w", err)
+	}
+	ready()
+	<-ctx.Done()
+	return nil
+}
+
+// checkKeysRetry is the wait between failed readings of the app records at start-up.
+var checkKeysRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// reencryptBatch is how many app records one re-encryption step rewrites.
+const reencryptBatch = 64
+
+// reencrypt rewrites, in bounded batches, every app record not sealed under the active key
+// while this instance leads, and reports what is left as gavel_nsync_records_to_reencrypt.
+func (s *Service) reencrypt(ctx context.Context) {
+	_ = sealing.Rotation{
+		Step: func(ctx context.Context) (int, int, error) {
+			n, left, err := s.store.ResealApps(ctx, reencryptBatch)
+			if err == nil {
+				s.m.toReencrypt.Set(float64(left))
+			}
+			return n, left, err
+		},
+		Active:   s.keyring.Active(),
+		Interval: time.Duration(s.cfg.BulkInterval),
+		Logger:   s.log.Named("reencrypt"),
+	}.Run(ctx) // returns nil when ctx ends
 }
 
 // IsLeader reports whether this instance leads (and so runs the bulk loop).

@@ -30,7 +30,13 @@ type Env struct {
 	Service *bbs.Service
 	// Config is the configuration the BBS runs with.
 	Config bbs.Config
+
+	running *testkit.Running
 }
+
+// Stop stops the BBS before the test ends (to restart another over the same etcd) and returns
+// its Run error.
+func (e *Env) Stop() error { return e.running.Stop() }
 
 // Start runs a BBS over a fresh embedded etcd for the duration of the test. configure, when
 // given, adjusts the configuration first. The BBS runs no convergence loop (instances claimed
@@ -74,13 +80,13 @@ func StartOnWith(t testing.TB, cli *clientv3.Client, opts []bbs.Option, configur
 	if err != nil {
 		t.Fatalf("new bbs: %v", err)
 	}
-	testkit.Start(t, "bbs", svc)
+	running := testkit.Start(t, "bbs", svc)
 	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: svc.Addr().String(), BBSTLS: tlsx.Config{Insecure: true}})
 	if err != nil {
 		t.Fatalf("dial bbs: %v", err)
 	}
 	t.Cleanup(func() { conn.Close() }) // before Start's cleanup stops the BBS
-	return &Env{Client: bbsv1.NewBBSServiceClient(conn), Etcd: cli, Addr: svc.Addr().String(), Service: svc, Config: cfg}
+	return &Env{Client: bbsv1.NewBBSServiceClient(conn), Etcd: cli, Addr: svc.Addr().String(), Service: svc, Config: cfg, running: running}
 }
 
 // CellKey is the etcd key of a cell's presence, for tests that register a cell without a rep.

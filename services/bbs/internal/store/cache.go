@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -10,14 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 )
 
-// item is one cached record: the decoded value (never mutated once cached) and its etcd
-// revisions.
+// item is one cached record: the decoded value (never mutated once cached), its etcd
+// revisions, and the label of the key it is sealed under in etcd ("" when stored clear).
 type item struct {
 	msg    proto.Message
 	modRev int64
 	lease  int64
+	label  string
 }
 
 type slot struct {
@@ -129,15 +132,54 @@ func newMessage(k parsedKey) proto.Message {
 	return nil
 }
 
-func decode(k parsedKey, value []byte) (proto.Message, error) {
+// sealed reports whether records of kind carry user data and are sealed when encryption is
+// on: a desired LRP's run info (env, actions, properties) and a task (its definition). The
+// others stay clear; docs/decisions/0020-encryption-at-rest.md says why.
+func sealed(kd kind) bool { return kd == kindRun || kd == kindTask }
+
+// decode opens and unmarshals the value stored under key (k parsed from it) and returns the
+// record with the label of the key it was sealed under ("" when clear). A sealing failure (a
+// label the keyring lacks, a value that does not authenticate) is an error for which
+// sealingFailure is true; the store cannot serve without that record.
+func (s *Store) decode(key string, k parsedKey, value []byte) (proto.Message, string, error) {
 	m := newMessage(k)
 	if m == nil {
-		return nil, nil
+		return nil, "", nil
 	}
-	if err := proto.Unmarshal(value, m); err != nil {
-		return nil, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
+	plain, label, err := s.opts.Keyring.Open(key, value)
+	if err != nil {
+		return nil, label, fmt.Errorf("open %s: %w", key, err)
 	}
-	return m, nil
+	if err := proto.Unmarshal(plain, m); err != nil {
+		return nil, label, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
+	}
+	return m, label, nil
+}
+
+// encode marshals msg for key, sealed under the active key when its kind carries user data.
+func (s *Store) encode(key string, msg proto.Message) ([]byte, error) {
+	b, err := proto.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", key, err)
+	}
+	k, err := parseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if !sealed(k.kind) {
+		return b, nil
+	}
+	if b, err = s.opts.Keyring.Seal(key, b); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", key, err)
+	}
+	return b, nil
+}
+
+// sealingFailure reports whether err is a stored record the keyring cannot open: sealed under
+// a label it lacks, or not authenticating under the key of its label.
+func sealingFailure(err error) bool {
+	var unknown *sealing.UnknownKeyError
+	return errors.As(err, &unknown) || errors.Is(err, sealing.ErrCorrupt)
 }
 
 // Cache is the watch-fed copy of every BBS record. Readers get immutable values; the store's

@@ -18,6 +18,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/retry"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 )
 
 // Options tune a Store; zero values take the defaults.
@@ -48,6 +49,12 @@ type Options struct {
 	// departure); the BBS closes its connections to the reps of departed cells. It is called
 	// from the store's goroutine and must not block.
 	CellsLeft func(present []*modelsv1.CellPresence)
+	// Keyring seals the records that carry user data (run infos and tasks) and opens every
+	// sealed record; nil is encryption off (new records clear, sealed ones unreadable). A
+	// record the keyring cannot open stops the store (see Run).
+	Keyring *sealing.Keyring
+	// ResealBatch is how many records one re-encryption transaction rewrites (default 64).
+	ResealBatch int
 }
 
 func (o *Options) defaults() {
@@ -71,6 +78,9 @@ func (o *Options) defaults() {
 	}
 	if o.ReadYourWritesTimeout <= 0 {
 		o.ReadYourWritesTimeout = 5 * time.Second
+	}
+	if o.ResealBatch <= 0 {
+		o.ResealBatch = 64
 	}
 }
 
@@ -140,6 +150,11 @@ func (s *Store) Synced() <-chan struct{} { return s.synced }
 
 // Run lists every record, then follows the watch until ctx ends, re-listing whenever the
 // watch breaks. ready is called after the first full list.
+//
+// A record the keyring cannot open (sealed under a label it lacks, or not authenticating under
+// its label's key) ends Run with an error naming the record and the label, at the first full
+// listing (the BBS then refuses to start) or whenever the watch brings one: a BBS never serves
+// a cache with records missing.
 func (s *Store) Run(ctx context.Context, ready func()) error {
 	cctx, stopCommits := context.WithCancel(ctx)
 	commitsDone := make(chan struct{})
@@ -156,12 +171,18 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 		var rev int64
 		err := retry.Do(ctx, resyncPolicy, 0, func() (err error) {
 			rev, err = s.resync(ctx)
+			if sealingFailure(err) {
+				return retry.Permanent(err)
+			}
 			return err
 		}, func(err error, next time.Duration) {
 			s.log.Warn("listing the store failed; retrying", "error", err, "backoff", next)
 		})
+		if ctx.Err() != nil {
+			return nil
+		}
 		if err != nil {
-			return nil // only the end of ctx stops the retries
+			return fmt.Errorf("list the store: %w", err)
 		}
 		s.cellsLeft()
 		s.once.Do(func() {
@@ -171,6 +192,9 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 		err = s.follow(ctx, rev)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if sealingFailure(err) {
+			return fmt.Errorf("follow the store: %w", err)
 		}
 		s.log.Warn("store watch ended; listing again", "error", err, "revision", rev)
 	}
@@ -194,7 +218,9 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 			rev = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			s.load(st, kv)
+			if err := s.load(st, kv); err != nil {
+				return 0, err
+			}
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
@@ -211,17 +237,23 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-func (s *Store) load(st *state, kv *mvccpb.KeyValue) {
+// load adds a listed record to st. An undecodable record is logged and skipped; one the
+// keyring cannot open is an error.
+func (s *Store) load(st *state, kv *mvccpb.KeyValue) error {
 	k, err := parseKey(string(kv.Key))
 	if err != nil || k.kind == kindUnknown {
-		return
+		return nil
 	}
-	msg, err := decode(k, kv.Value)
+	msg, label, err := s.decode(string(kv.Key), k, kv.Value)
+	if sealingFailure(err) {
+		return err
+	}
 	if err != nil {
 		s.log.Error("skipping undecodable record", "key", string(kv.Key), "error", err)
-		return
+		return nil
 	}
-	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease})
+	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease, label: label})
+	return nil
 }
 
 // follow applies watch events from rev+1 on until the watch fails or ctx ends.
@@ -238,7 +270,9 @@ func (s *Store) follow(ctx context.Context, rev int64) error {
 			continue
 		}
 		for _, group := range byRevision(resp.Events) {
-			s.apply(group)
+			if err := s.apply(group); err != nil {
+				return err
+			}
 		}
 	}
 	return errors.New("watch channel closed")
@@ -258,30 +292,42 @@ func byRevision(evs []*clientv3.Event) [][]*clientv3.Event {
 	return out
 }
 
-// apply updates the cache with the events of one revision and publishes their BBS events.
-func (s *Store) apply(evs []*clientv3.Event) {
+// apply updates the cache with the events of one revision and publishes their BBS events. A
+// record the keyring cannot open is an error, and nothing of the revision is applied.
+func (s *Store) apply(evs []*clientv3.Event) error {
 	rev := evs[0].Kv.ModRevision
+	decoded := make([]decodedEvent, 0, len(evs))
+	for _, ev := range evs {
+		d, ok, err := s.decodeEvent(ev)
+		if err != nil {
+			return err
+		}
+		if ok {
+			decoded = append(decoded, d)
+		}
+	}
 	s.cache.mu.Lock()
 	st := s.cache.st
-	changes := make([]change, 0, len(evs))
+	changes := make([]change, 0, len(decoded))
 	cellGone := false
-	for _, ev := range evs {
-		k, after, ok := s.decodeEvent(ev)
-		if !ok {
-			continue
-		}
+	for _, d := range decoded {
+		k, after := d.key, d.after
 		c := change{key: k, after: after}
-		if old, ok := st.get(k); ok {
+		old, had := st.get(k)
+		if had {
 			c.before = old.msg
 		}
 		if after != nil {
-			st.set(k, item{msg: after, modRev: ev.Kv.ModRevision, lease: ev.Kv.Lease})
+			st.set(k, item{msg: after, modRev: d.modRev, lease: d.lease, label: d.label})
 		} else {
 			st.del(k)
 			if k.kind == kindCell {
 				cellGone = true
 				s.cellsLost.Add(1)
 			}
+		}
+		if had && resealedOnly(old.label, d.label, old.msg, after) {
+			continue // the same record under another key: nothing happened to subscribers
 		}
 		changes = append(changes, c)
 	}
@@ -302,6 +348,13 @@ func (s *Store) apply(evs []*clientv3.Event) {
 		}
 		s.cellsLeft()
 	}
+	return nil
+}
+
+// resealedOnly reports whether a change rewrote a record unchanged under another key (or from
+// clear to sealed): re-encryption, which publishes no event.
+func resealedOnly(beforeLabel, afterLabel string, before, after proto.Message) bool {
+	return after != nil && before != nil && beforeLabel != afterLabel && proto.Equal(before, after)
 }
 
 // cellsLeft tells Options.CellsLeft the registered cells.
@@ -342,20 +395,35 @@ func txnTooLarge(err error) bool {
 	return errors.Is(err, rpcerrTooManyOps) || errors.Is(err, rpcerrTooLarge)
 }
 
-// decodeEvent parses a watch event's key and, for a put, its new value (nil for a delete). ok is
-// false for keys outside the BBS's layout and for undecodable values, which are logged.
-func (s *Store) decodeEvent(ev *clientv3.Event) (k parsedKey, after proto.Message, ok bool) {
+// decodedEvent is a watch event's record: its key and, for a put, its new value and the label
+// it is sealed under (after is nil for a delete).
+type decodedEvent struct {
+	key    parsedKey
+	after  proto.Message
+	label  string
+	modRev int64
+	lease  int64
+}
+
+// decodeEvent parses a watch event's key and, for a put, its new value. ok is false for keys
+// outside the BBS's layout and for undecodable values, which are logged; a value the keyring
+// cannot open is an error.
+func (s *Store) decodeEvent(ev *clientv3.Event) (d decodedEvent, ok bool, err error) {
 	k, err := parseKey(string(ev.Kv.Key))
 	if err != nil || k.kind == kindUnknown {
-		return k, nil, false
+		return d, false, nil
 	}
+	d = decodedEvent{key: k, modRev: ev.Kv.ModRevision, lease: ev.Kv.Lease}
 	if ev.Type != clientv3.EventTypePut {
-		return k, nil, true
+		return d, true, nil
 	}
-	after, err = decode(k, ev.Kv.Value)
+	d.after, d.label, err = s.decode(string(ev.Kv.Key), k, ev.Kv.Value)
+	if sealingFailure(err) {
+		return d, false, err
+	}
 	if err != nil {
 		s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
-		return k, nil, false
+		return d, false, nil
 	}
-	return k, after, true
+	return d, true, nil
 }

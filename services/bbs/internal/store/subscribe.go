@@ -144,13 +144,20 @@ func (s *Store) subscribeFromEtcd(ctx context.Context, cursor int64, f EventFilt
 func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) batch {
 	changes := make([]change, 0, len(evs))
 	for _, ev := range evs {
-		k, after, ok := s.decodeEvent(ev)
+		d, ok, err := s.decodeEvent(ev)
+		if err != nil {
+			// The store's own watch stops the BBS on the same record.
+			s.log.Error("skipping a record the keyring cannot open", "error", err)
+		}
 		if !ok {
 			continue
 		}
-		c := change{key: k, after: after}
+		c := change{key: d.key, after: d.after}
 		if ev.PrevKv != nil {
-			if m, err := decode(k, ev.PrevKv.Value); err == nil {
+			if m, label, err := s.decode(string(ev.Kv.Key), d.key, ev.PrevKv.Value); err == nil {
+				if resealedOnly(label, d.label, m, d.after) {
+					continue
+				}
 				c.before = m
 			}
 		}
@@ -175,7 +182,7 @@ func (s *Store) eventsFromWatch(rev int64, evs []*clientv3.Event) batch {
 		if err != nil || len(resp.Kvs) == 0 {
 			return nil
 		}
-		m, err := decode(k, resp.Kvs[0].Value)
+		m, _, err := s.decode(k.String(), k, resp.Kvs[0].Value)
 		if err != nil {
 			return nil
 		}

@@ -57,7 +57,8 @@ func (t *Txn) get(key string) (proto.Message, error) {
 	}
 	kv := resp.Kvs[0]
 	t.reads[key] = kv.ModRevision
-	return decode(k, kv.Value)
+	m, _, err := t.s.decode(key, k, kv.Value)
+	return m, err
 }
 
 // SchedulingInfo reads a desired LRP's scheduling info (nil when absent).
@@ -110,7 +111,7 @@ func (t *Txn) ActualLRPs(guid string) ([]*modelsv1.ActualLRP, error) {
 		if err != nil || k.kind != kindActual {
 			continue
 		}
-		m, err := decode(k, kv.Value)
+		m, _, err := t.s.decode(string(kv.Key), k, kv.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -163,11 +164,12 @@ func (t *Txn) PutPortOwner(protocol string, port uint32, guid string) error {
 	return t.Put(PortOwnerKey(protocol, port), wrapperspb.String(guid))
 }
 
-// Put writes msg under key when the transaction commits.
+// Put writes msg under key when the transaction commits, sealed under the active key when
+// its kind carries user data (run infos and tasks) and encryption is on.
 func (t *Txn) Put(key string, msg proto.Message, opts ...clientv3.OpOption) error {
-	b, err := proto.Marshal(msg)
+	b, err := t.s.encode(key, msg)
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", key, err)
+		return err
 	}
 	t.ops = append(t.ops, clientv3.OpPut(key, string(b), opts...))
 	return nil

@@ -1,6 +1,10 @@
 // Package store keeps nsync's records in etcd: apps, placement pools, the spaces bound to them
 // and the default pool. Every write is one transaction; a write that depends on what was read
 // compares the record's mod revision, and a lost race is rpcerr.Aborted.
+//
+// App records carry user data (env, command, routes) and are sealed with the keyring when
+// encryption is on (pkg/sealing); pools, bindings and the default pool hold names and
+// placement tags only and stay clear.
 package store
 
 import (
@@ -14,15 +18,18 @@ import (
 
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/sealing"
 )
 
 // Store reads and writes nsync's records.
 type Store struct {
-	kv clientv3.KV
+	kv      clientv3.KV
+	keyring *sealing.Keyring
 }
 
-// New returns a store over an etcd client (or any clientv3.KV).
-func New(kv clientv3.KV) *Store { return &Store{kv: kv} }
+// New returns a store over an etcd client (or any clientv3.KV) that seals app records with
+// keyring (nil: encryption off, new records clear).
+func New(kv clientv3.KV, keyring *sealing.Keyring) *Store { return &Store{kv: kv, keyring: keyring} }
 
 // App is an app record with the mod revision it was read at.
 type App struct {
@@ -30,6 +37,33 @@ type App struct {
 	Record *nsyncv1.AppRecord
 	// ModRevision is the record's mod revision, for compare-and-swap.
 	ModRevision int64
+	// KeyLabel is the label of the key the record is sealed under ("" when stored clear).
+	KeyLabel string
+}
+
+// decodeApp opens and unmarshals the app record stored under key.
+func (s *Store) decodeApp(key string, value []byte) (*nsyncv1.AppRecord, string, error) {
+	plain, label, err := s.keyring.Open(key, value)
+	if err != nil {
+		return nil, label, fmt.Errorf("open %s: %w", key, err)
+	}
+	rec := &nsyncv1.AppRecord{}
+	if err := proto.Unmarshal(plain, rec); err != nil {
+		return nil, label, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return rec, label, nil
+}
+
+// encodeApp marshals rec and seals it for key under the active key.
+func (s *Store) encodeApp(key string, rec *nsyncv1.AppRecord) (string, error) {
+	b, err := proto.Marshal(rec)
+	if err != nil {
+		return "", fmt.Errorf("encode %s: %w", key, err)
+	}
+	if b, err = s.keyring.Seal(key, b); err != nil {
+		return "", fmt.Errorf("encode %s: %w", key, err)
+	}
+	return string(b), nil
 }
 
 // unavailable wraps an etcd failure; one without a gRPC code of its own becomes Unavailable.
@@ -49,11 +83,11 @@ func (s *Store) GetApp(ctx context.Context, guid string) (App, error) {
 	if len(resp.Kvs) == 0 {
 		return App{}, rpcerr.NotFound("app %q not found", guid)
 	}
-	rec := &nsyncv1.AppRecord{}
-	if err := proto.Unmarshal(resp.Kvs[0].Value, rec); err != nil {
-		return App{}, fmt.Errorf("decode app %s: %w", guid, err)
+	rec, label, err := s.decodeApp(appKey(guid), resp.Kvs[0].Value)
+	if err != nil {
+		return App{}, err
 	}
-	return App{Record: rec, ModRevision: resp.Kvs[0].ModRevision}, nil
+	return App{Record: rec, ModRevision: resp.Kvs[0].ModRevision, KeyLabel: label}, nil
 }
 
 // Apps reads every app record, ordered by guid, and the revision they were read at.
@@ -64,11 +98,11 @@ func (s *Store) Apps(ctx context.Context) ([]App, int64, error) {
 	}
 	out := make([]App, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		rec := &nsyncv1.AppRecord{}
-		if err := proto.Unmarshal(kv.Value, rec); err != nil {
-			return nil, 0, fmt.Errorf("decode %s: %w", kv.Key, err)
+		rec, label, err := s.decodeApp(string(kv.Key), kv.Value)
+		if err != nil {
+			return nil, 0, err
 		}
-		out = append(out, App{Record: rec, ModRevision: kv.ModRevision})
+		out = append(out, App{Record: rec, ModRevision: kv.ModRevision, KeyLabel: label})
 	}
 	return out, resp.Header.Revision, nil
 }
@@ -76,12 +110,12 @@ func (s *Store) Apps(ctx context.Context) ([]App, int64, error) {
 // CreateApp stores a new app record; AlreadyExists when the guid is taken.
 func (s *Store) CreateApp(ctx context.Context, rec *nsyncv1.AppRecord) (int64, error) {
 	guid := rec.GetApp().GetGuid()
-	b, err := proto.Marshal(rec)
+	v, err := s.encodeApp(appKey(guid), rec)
 	if err != nil {
 		return 0, err
 	}
 	resp, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(appKey(guid)), "=", 0)).
-		Then(clientv3.OpPut(appKey(guid), string(b))).Commit()
+		Then(clientv3.OpPut(appKey(guid), v)).Commit()
 	if err != nil {
 		return 0, unavailable("create app "+guid, err)
 	}
@@ -94,12 +128,12 @@ func (s *Store) CreateApp(ctx context.Context, rec *nsyncv1.AppRecord) (int64, e
 // PutApp replaces the app record read at modRevision; Aborted when it changed since.
 func (s *Store) PutApp(ctx context.Context, rec *nsyncv1.AppRecord, modRevision int64) (int64, error) {
 	guid := rec.GetApp().GetGuid()
-	b, err := proto.Marshal(rec)
+	v, err := s.encodeApp(appKey(guid), rec)
 	if err != nil {
 		return 0, err
 	}
 	resp, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(appKey(guid)), "=", modRevision)).
-		Then(clientv3.OpPut(appKey(guid), string(b))).Commit()
+		Then(clientv3.OpPut(appKey(guid), v)).Commit()
 	if err != nil {
 		return 0, unavailable("write app "+guid, err)
 	}
@@ -356,4 +390,33 @@ func (s *Store) SetDefault(ctx context.Context, pool string) error {
 		return rpcerr.Aborted("placement pool %q changed concurrently; retry", pool)
 	}
 	return nil
+}
+
+// ResealApps rewrites up to batch app records not sealed under the active key (sealed under
+// an older one, or clear), each unchanged through its own compare-and-swap (PutApp: one
+// changed meanwhile is left for the next call, never overwritten), and returns how many it
+// rewrote and how many are left. It lists every app: nsync keeps no cache.
+func (s *Store) ResealApps(ctx context.Context, batch int) (rewritten, left int, err error) {
+	apps, _, err := s.Apps(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, a := range apps {
+		if !s.keyring.NeedsReseal(a.KeyLabel) {
+			continue
+		}
+		if rewritten == batch {
+			left++
+			continue
+		}
+		if _, err := s.PutApp(ctx, a.Record, a.ModRevision); err != nil {
+			if rpcerr.Code(err) == codes.Aborted {
+				left++ // changed meanwhile: the next call looks at it again
+				continue
+			}
+			return rewritten, 0, fmt.Errorf("re-encrypt app %s: %w", a.Record.GetApp().GetGuid(), err)
+		}
+		rewritten++
+	}
+	return rewritten, left, nil
 }

@@ -31,7 +31,7 @@ func (k *racingKV) Txn(ctx context.Context) clientv3.Txn {
 func TestPoolsAndBindings(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	ctx := context.Background()
-	s := New(cli)
+	s := New(cli, nil)
 	for _, name := range []string{"a", "b"} {
 		if err := s.CreatePool(ctx, &nsyncv1.PlacementPool{Name: name, Require: []string{name}}); err != nil {
 			t.Fatal(err)
@@ -78,7 +78,7 @@ func TestPoolsAndBindings(t *testing.T) {
 func TestLostRacesAreAborted(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	ctx := context.Background()
-	base := New(cli)
+	base := New(cli, nil)
 	if err := base.CreatePool(ctx, &nsyncv1.PlacementPool{Name: "p"}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestLostRacesAreAborted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}}
-	if err := New(racy).DeletePool(ctx, "p", false); !errors.Is(err, rpcerr.ErrAborted) {
+	if err := New(racy, nil).DeletePool(ctx, "p", false); !errors.Is(err, rpcerr.ErrAborted) {
 		t.Fatalf("delete racing a bind: %v, want Aborted", err)
 	}
 	if _, _, err := base.Pool(ctx, "p"); err != nil {
