@@ -31,6 +31,17 @@ func evSubscribe(t *testing.T, env *bbstest.Env, since int64, f *bbsv1.Filter) *
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctxT(t))
 	t.Cleanup(cancel)
+	if since == 0 {
+		// "From now" as the test sees it: etcd's revision before the subscription, so that a
+		// write the test makes after evSubscribe returns is never before the stream's start (a
+		// server that took the stream late would otherwise start after it).
+		resp, err := env.Etcd.Get(ctx, "/")
+		if err != nil {
+			cancel()
+			t.Fatalf("current revision: %v", err)
+		}
+		since = resp.Header.Revision
+	}
 	stream, err := env.Client.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{SinceRevision: since, Filter: f})
 	if err != nil {
 		cancel()
