@@ -373,8 +373,8 @@ func reasons(msg string) []string {
 		return nil
 	}
 	body := m[1]
-	if _, after, ok := strings.Cut(body, ": "); ok && strings.Contains(body[:strings.Index(body, ": ")], "compatible") {
-		body = after // "4 compatible cells: 2 without room, 1 is evacuating"
+	if head, tail, ok := strings.Cut(body, ": "); ok && strings.Contains(head, "compatible") {
+		body = tail // "4 compatible cells: 2 without room, 1 is evacuating"
 	}
 	var out []string
 	var cur strings.Builder
