@@ -105,6 +105,9 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		cmd.GroupID = "cluster"
 		root.AddCommand(cmd)
 	}
+	ui := c.uiCommand()
+	ui.GroupID = "cluster"
+	root.AddCommand(ui)
 	for _, cmd := range c.nsyncCommands() {
 		cmd.GroupID = "apps"
 		root.AddCommand(cmd)
