@@ -74,15 +74,17 @@ type guardedKV struct {
 	bound time.Duration
 }
 
-// reach waits for etcd and returns the context to call it with.
-func (g *guardedKV) reach(ctx context.Context) (context.Context, error) {
+// reach waits for etcd and returns the context to call it with, which ends if etcd goes away
+// mid-call (WhileReachable); call done when the call returns.
+func (g *guardedKV) reach(ctx context.Context) (_ context.Context, done func(), _ error) {
 	if !AwaitReachable(ctx, g.cli, g.bound) {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, rpcerr.UnavailableRetry(UnreachableRetryAfter, "etcd unreachable for %s: nothing was sent", g.bound)
+		return nil, nil, rpcerr.UnavailableRetry(UnreachableRetryAfter, "etcd unreachable for %s: nothing was sent", g.bound)
 	}
-	return clientv3.WithRequireLeader(ctx), nil
+	ctx, done = WhileReachable(clientv3.WithRequireLeader(ctx), g.cli, g.bound)
+	return ctx, done, nil
 }
 
 // written classifies the error of a write that was sent.
@@ -94,36 +96,44 @@ func written(err error) error {
 }
 
 func (g *guardedKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	ctx, err := g.reach(ctx)
+	ctx, done, err := g.reach(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return g.KV.Get(ctx, key, opts...)
+	defer done()
+	resp, err := g.KV.Get(ctx, key, opts...)
+	if err != nil && ConnectionLost(ctx) {
+		return nil, rpcerr.UnavailableRetry(UnreachableRetryAfter, "etcd went away during the read")
+	}
+	return resp, err
 }
 
 func (g *guardedKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
-	ctx, err := g.reach(ctx)
+	ctx, done, err := g.reach(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	resp, err := g.KV.Put(ctx, key, val, opts...)
 	return resp, written(err)
 }
 
 func (g *guardedKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
-	ctx, err := g.reach(ctx)
+	ctx, done, err := g.reach(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	resp, err := g.KV.Delete(ctx, key, opts...)
 	return resp, written(err)
 }
 
 func (g *guardedKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
-	ctx, err := g.reach(ctx)
+	ctx, done, err := g.reach(ctx)
 	if err != nil {
 		return clientv3.OpResponse{}, err
 	}
+	defer done()
 	resp, err := g.KV.Do(ctx, op)
 	if op.IsGet() {
 		return resp, err
@@ -159,10 +169,53 @@ func (t *guardedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
 }
 
 func (t *guardedTxn) Commit() (*clientv3.TxnResponse, error) {
-	ctx, err := t.g.reach(t.ctx)
+	ctx, done, err := t.g.reach(t.ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	resp, err := t.g.KV.Txn(ctx).If(t.cmps...).Then(t.thenOps...).Else(t.elseOps...).Commit()
 	return resp, written(err)
+}
+
+// errConnectionLost ends a call whose connection to etcd went away while it was in flight.
+var errConnectionLost = errors.New("connection to etcd lost while the call was in flight")
+
+// WhileReachable is ctx for one call to etcd: it ends, with errConnectionLost as its cause,
+// once cli has had no ready connection for bound, so that a call in flight when etcd goes away
+// ends promptly instead of waiting for the caller's deadline (the etcd client waits for a
+// connection to come back). The outcome of a write ended this way is unknown: it may have
+// been sent. Call the cancel function when the call returns.
+func WhileReachable(ctx context.Context, cli *clientv3.Client, bound time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	conn := cli.ActiveConnection()
+	if conn == nil {
+		return ctx, func() { cancel(nil) }
+	}
+	go func() {
+		for ctx.Err() == nil {
+			st := conn.GetState()
+			if st == connectivity.Ready {
+				conn.WaitForStateChange(ctx, st)
+				continue
+			}
+			// Not ready: give it bound to come back.
+			wctx, wcancel := context.WithTimeout(ctx, bound)
+			for st != connectivity.Ready && conn.WaitForStateChange(wctx, st) {
+				st = conn.GetState()
+			}
+			expired := wctx.Err() != nil && ctx.Err() == nil
+			wcancel()
+			if expired {
+				cancel(errConnectionLost)
+				return
+			}
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+// ConnectionLost reports whether ctx (from WhileReachable) ended because etcd went away.
+func ConnectionLost(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errConnectionLost)
 }

@@ -71,3 +71,18 @@ func TestGuardWhileEtcdIsDown(t *testing.T) {
 		t.Fatalf("keys after the outage: %v, want /guard/back and /guard/up only", keys)
 	}
 }
+
+// TestWhileReachableEndsACallWhenEtcdGoesAway: a call in flight when etcd is killed ends
+// within the bound, marked as a lost connection, not at its caller's deadline.
+func TestWhileReachableEndsACallWhenEtcdGoesAway(t *testing.T) {
+	etcd := etcdtest.StartCluster(t, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	callCtx, done := etcdx.WhileReachable(ctx, etcd.Client, 300*time.Millisecond)
+	defer done()
+	etcd.StopAll()
+	<-callCtx.Done()
+	if !etcdx.ConnectionLost(callCtx) || ctx.Err() != nil {
+		t.Fatalf("call context ended with %v (caller's: %v), want the connection lost", context.Cause(callCtx), ctx.Err())
+	}
+}

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
@@ -18,6 +21,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -26,7 +30,33 @@ import (
 // (the previous run's LRPs are removed first); run it with -benchtime 3x or more and quote the
 // median placements/s it prints. It also splits the auctioneer's time (cell states, placement,
 // Perform) and the reps' lifecycle writes to the BBS.
+//
+// It runs twice in one process: tracing=off (the default: no spans recorded, W3C trace context
+// still crossing every hop) and tracing=on (every desire traced at 100% sampling, spans
+// exported over OTLP to a receiver in the test), so the cost of tracing is their ratio.
 func BenchmarkPlacement(b *testing.B) {
+	b.Run("tracing=off", func(b *testing.B) { benchmarkPlacement(b) })
+	b.Run("tracing=on", func(b *testing.B) {
+		rcv := &otlpReceiver{discard: true}
+		srv := grpc.NewServer()
+		coltracepb.RegisterTraceServiceServer(srv, rcv)
+		l := testkit.Listen(b)
+		go func() { _ = srv.Serve(l) }()
+		b.Cleanup(srv.Stop)
+		shutdown, err := tracing.Start(b.Context(), "gavel", tracing.Config{OTLPEndpoint: l.Addr().String(), OTLPInsecure: true, SamplingRatio: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			_ = shutdown(context.Background())
+			otel.SetTracerProvider(tracenoop.NewTracerProvider())
+			b.Logf("spans exported: %d", rcv.count.Load())
+		})
+		benchmarkPlacement(b)
+	})
+}
+
+func benchmarkPlacement(b *testing.B) {
 	const cells, lrps, perLRP = 100, 1000, 10
 	var bbsCalls, bbsNanos atomic.Int64
 	timeCalls := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

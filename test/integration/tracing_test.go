@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,11 +24,14 @@ import (
 	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
-// otlpReceiver is an OTLP/gRPC trace collector on loopback that keeps every span it is sent.
+// otlpReceiver is an OTLP/gRPC trace collector on loopback that keeps every span it is sent
+// (or, with discard, only counts them).
 type otlpReceiver struct {
 	coltracepb.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	spans []*tracepb.Span
+	discard bool
+	count   atomic.Int64
+	mu      sync.Mutex
+	spans   []*tracepb.Span
 }
 
 func (r *otlpReceiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
@@ -35,7 +39,10 @@ func (r *otlpReceiver) Export(_ context.Context, req *coltracepb.ExportTraceServ
 	defer r.mu.Unlock()
 	for _, rs := range req.GetResourceSpans() {
 		for _, ss := range rs.GetScopeSpans() {
-			r.spans = append(r.spans, ss.GetSpans()...)
+			r.count.Add(int64(len(ss.GetSpans())))
+			if !r.discard {
+				r.spans = append(r.spans, ss.GetSpans()...)
+			}
 		}
 	}
 	return &coltracepb.ExportTraceServiceResponse{}, nil

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
@@ -162,13 +163,29 @@ func (c *Cluster) Endpoints() []string {
 	return out
 }
 
-// StopAll kills every running member (SIGKILL: no graceful stop); their data stay.
+// StopAll kills every running member (SIGKILL: no graceful stop); their data stay. It returns
+// once the cluster's Client has noticed (its connection is no longer ready), so that what a
+// test does next happens during the outage as every client sees it: a write sent in the
+// instant before may have reached etcd.
 func (c *Cluster) StopAll() {
+	killed := false
 	for _, m := range c.members {
 		if m.proc != nil {
 			_ = m.proc.Process.Kill()
 			_ = m.proc.Wait()
 			m.proc = nil
+			killed = true
+		}
+	}
+	if !killed || c.Client == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	conn := c.Client.ActiveConnection()
+	for st := conn.GetState(); st == connectivity.Ready; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			c.t.Fatalf("the etcd client still had a ready connection %s after every member was killed", startTimeout)
 		}
 	}
 }

@@ -322,6 +322,10 @@ func send(reqs []*commitReq) []*commitReq {
 // unknown.
 func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
 	c.stats.txns.Add(1)
+	// A transaction in flight when etcd goes away ends once the connection has been gone for
+	// the unreachable bound, not at its callers' deadline (its outcome is then unknown).
+	ctx, done := etcdx.WhileReachable(ctx, c.client, c.unreachable)
+	defer done()
 	start := time.Now()
 	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	c.observe(time.Since(start))
