@@ -230,10 +230,15 @@ func docJSON(m proto.Message, routesPaths ...string) ([]byte, error) {
 			return nil, err
 		}
 	}
-	out, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
+	// Not HTML-escaped: a redacted secret prints as "<redacted>", not "\u003credacted\u003e".
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
+	out := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	for ph, raw := range raws {
 		q, _ := json.Marshal(ph)
 		out = bytes.Replace(out, q, raw, 1)

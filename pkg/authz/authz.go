@@ -78,7 +78,15 @@ type Config struct {
 	Roles map[string]string `json:"roles"`
 	// NsyncDomains are the domains an nsync identity may desire, update and remove work in.
 	NsyncDomains []string `json:"nsync_domains"`
+	// SecretReaders are the role kinds that hold the read-secrets capability: they see the
+	// values of env vars marked secret, which every other role sees redacted. A rep holds it
+	// only for the work of its own cell (the BBS decides which work that is). Default: admin
+	// and rep; an empty list leaves every secret redacted in every answer.
+	SecretReaders []string `json:"secret_readers"`
 }
+
+// ReadSecrets is the capability to read the values of secret env vars (Config.SecretReaders).
+const ReadSecrets = "read-secrets"
 
 // Default maps the identities `gavel certs` writes (spiffe://gavel/<name>) to the role of the
 // same name, every rep certificate to its own cell, and lets nsync work in cf-apps and cf-tasks.
@@ -94,8 +102,15 @@ func Default() Config {
 			"spiffe://gavel/bbs":           BBS,
 			"spiffe://gavel/nsync":         Nsync,
 		},
-		NsyncDomains: []string{"cf-apps", "cf-tasks"},
+		NsyncDomains:  []string{"cf-apps", "cf-tasks"},
+		SecretReaders: []string{Admin, Rep},
 	}
+}
+
+// MayReadSecrets reports whether role holds the read-secrets capability (for a rep: for the
+// work of its own cell).
+func (c Config) MayReadSecrets(role Role) bool {
+	return contains(c.SecretReaders, role.Kind)
 }
 
 // Validate reports an unknown role or a malformed identity pattern.
@@ -118,6 +133,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("roles: %s: role %q takes no parameter", id, role))
 		case strings.Contains(param, "*") && !strings.HasSuffix(id, "*"):
 			errs = append(errs, fmt.Errorf("roles: %s: role %q uses * but the identity has none", id, role))
+		}
+	}
+	for _, kind := range c.SecretReaders {
+		if _, ok := kinds[kind]; !ok {
+			errs = append(errs, fmt.Errorf("secret_readers: unknown role %q (want admin, read-only, rep, auctioneer, route-emitter, router, bbs or nsync)", kind))
 		}
 	}
 	return errors.Join(errs...)
@@ -175,6 +195,51 @@ type caller struct {
 	identity string
 	role     Role
 }
+
+// Caller is who made a call, as a handler sees it (CallerFrom).
+type Caller struct {
+	// Identity is the caller's certificate identity; empty when Unenforced.
+	Identity string
+	// Role is the caller's role.
+	Role Role
+	// Unenforced is true for a call over plaintext (`gavel dev --insecure`): there are no
+	// identities, so nothing is enforced and nothing is redacted.
+	Unenforced bool
+	// SecretReader is true when Role holds the read-secrets capability (Config.SecretReaders).
+	// For a rep it covers only its own cell's work; the service applies that scope.
+	SecretReader bool
+}
+
+// MaySeeSecrets reports whether the caller may be sent secret values at all: over plaintext,
+// or with the read-secrets capability.
+func (c Caller) MaySeeSecrets() bool { return c.Unenforced || c.SecretReader }
+
+type callerKey struct{}
+
+// CallerFrom returns the caller the authorizer attached to a call's context; ok is false when
+// the call did not pass an Authorizer, and a service should then redact what it would redact
+// for a caller without capabilities.
+func CallerFrom(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	return c, ok
+}
+
+// withCaller attaches what a handler may know of the caller c (nil: a plaintext call).
+func (a *Authorizer) withCaller(ctx context.Context, c *caller) context.Context {
+	if c == nil {
+		return context.WithValue(ctx, callerKey{}, Caller{Unenforced: true})
+	}
+	return context.WithValue(ctx, callerKey{}, Caller{Identity: c.identity, Role: c.role, SecretReader: a.cfg.MayReadSecrets(c.role)})
+}
+
+// callerStream is a server stream whose context carries the caller.
+type callerStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+// Context implements grpc.ServerStream.
+func (s callerStream) Context() context.Context { return s.ctx }
 
 // authorize decides one call: plaintext calls pass (no identities exist), gRPC's own health
 // and reflection services are open to any verified caller, everything else needs a known
@@ -251,7 +316,7 @@ func (a *Authorizer) Unary() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
-		resp, err := handler(ctx, req)
+		resp, err := handler(a.withCaller(ctx, c), req)
 		a.record(ctx, c, info.FullMethod, err)
 		return resp, err
 	}
@@ -264,7 +329,7 @@ func (a *Authorizer) Stream() grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
-		err = handler(srv, ss)
+		err = handler(srv, callerStream{ServerStream: ss, ctx: a.withCaller(ss.Context(), c)})
 		a.record(ss.Context(), c, info.FullMethod, err)
 		return err
 	}

@@ -72,3 +72,23 @@ func TestMethods(t *testing.T) {
 		t.Error("Mutating: reads are not mutating, everything else is")
 	}
 }
+
+// TestSecretReaders: by default admin and rep hold the read-secrets capability and no other
+// role does; the list is configurable and an unknown role in it is refused, naming it.
+func TestSecretReaders(t *testing.T) {
+	cfg := Default()
+	for kind, want := range map[string]bool{Admin: true, Rep: true, ReadOnly: false, RouteEmitter: false,
+		Auctioneer: false, Nsync: false, Router: false, BBS: false} {
+		if got := cfg.MayReadSecrets(Role{Kind: kind, Param: "x"}); got != want {
+			t.Errorf("MayReadSecrets(%s) = %v, want %v", kind, got, want)
+		}
+	}
+	cfg.SecretReaders = []string{Admin}
+	if cfg.MayReadSecrets(Role{Kind: Rep, Param: "cell-1"}) {
+		t.Error("a rep reads secrets though secret_readers is [admin]")
+	}
+	cfg.SecretReaders = []string{"superuser"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `secret_readers: unknown role "superuser"`) {
+		t.Errorf("Validate = %v, want the unknown secret reader named", err)
+	}
+}

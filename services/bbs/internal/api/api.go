@@ -1,5 +1,6 @@
 // Package api is the BBS's gRPC surface: each handler unpacks its request (already validated by
-// the server's validator), calls the core and packs the answer. Errors are mapped to gRPC
+// the server's validator), calls the core and packs the answer, with secret env values redacted
+// for a caller whose role may not read them (secrets.go). Errors are mapped to gRPC
 // statuses in one place, by rpcerr's interceptors.
 package api
 
@@ -9,6 +10,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
@@ -81,7 +83,7 @@ func (s *Server) UpdateDesiredLRP(ctx context.Context, r *bbsv1.UpdateDesiredLRP
 	if err != nil {
 		return nil, err
 	}
-	return &bbsv1.UpdateDesiredLRPResponse{DesiredLrp: d, Revision: rev}, nil
+	return &bbsv1.UpdateDesiredLRPResponse{DesiredLrp: secretsFor(ctx).desiredLRP(s.cache, d), Revision: rev}, nil
 }
 
 // RemoveDesiredLRP implements bbsv1.BBSServiceServer.
@@ -94,22 +96,22 @@ func (s *Server) RemoveDesiredLRP(ctx context.Context, r *bbsv1.RemoveDesiredLRP
 }
 
 // DesiredLRPs implements bbsv1.BBSServiceServer.
-func (s *Server) DesiredLRPs(_ context.Context, r *bbsv1.DesiredLRPsRequest) (*bbsv1.DesiredLRPsResponse, error) {
+func (s *Server) DesiredLRPs(ctx context.Context, r *bbsv1.DesiredLRPsRequest) (*bbsv1.DesiredLRPsResponse, error) {
 	f, err := core.ListFilter(r.GetFilter())
 	if err != nil {
 		return nil, err
 	}
 	lrps, rev := s.cache.DesiredLRPs(f)
-	return &bbsv1.DesiredLRPsResponse{DesiredLrps: lrps, Revision: rev}, nil
+	return &bbsv1.DesiredLRPsResponse{DesiredLrps: secretsFor(ctx).desiredLRPs(s.cache, lrps), Revision: rev}, nil
 }
 
 // DesiredLRPByProcessGuid implements bbsv1.BBSServiceServer.
-func (s *Server) DesiredLRPByProcessGuid(_ context.Context, r *bbsv1.DesiredLRPByProcessGuidRequest) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
+func (s *Server) DesiredLRPByProcessGuid(ctx context.Context, r *bbsv1.DesiredLRPByProcessGuidRequest) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
 	d, rev, err := s.desired.DesiredLRP(r.GetProcessGuid())
 	if err != nil {
 		return nil, err
 	}
-	return &bbsv1.DesiredLRPByProcessGuidResponse{DesiredLrp: d, Revision: rev}, nil
+	return &bbsv1.DesiredLRPByProcessGuidResponse{DesiredLrp: secretsFor(ctx).desiredLRP(s.cache, d), Revision: rev}, nil
 }
 
 // DesiredLRPSchedulingInfos implements bbsv1.BBSServiceServer.
@@ -146,8 +148,13 @@ func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequ
 	if r.GetIncludeDesiredLrp() {
 		// Read from the cache: a removed LRP leaves it unset, and the rep then asks and finds
 		// the LRP gone, as it would have without the flag.
+		// The claim is for an instance on the caller's cell (the policy checked), so a rep
+		// with the read-secrets capability gets the secrets it must start the container with.
 		if d, _, err := s.desired.DesiredLRP(r.GetProcessGuid()); err == nil {
 			resp.DesiredLrp = d
+			if sc := secretsFor(ctx); !sc.all && sc.cell == "" {
+				resp.DesiredLrp = models.RedactSecrets(d)
+			}
 		}
 	}
 	return resp, nil
@@ -237,22 +244,22 @@ func (s *Server) DesireTask(ctx context.Context, r *bbsv1.DesireTaskRequest) (*b
 }
 
 // Tasks implements bbsv1.BBSServiceServer.
-func (s *Server) Tasks(_ context.Context, r *bbsv1.TasksRequest) (*bbsv1.TasksResponse, error) {
+func (s *Server) Tasks(ctx context.Context, r *bbsv1.TasksRequest) (*bbsv1.TasksResponse, error) {
 	f, err := core.ListFilter(r.GetFilter())
 	if err != nil {
 		return nil, err
 	}
 	tasks, rev := s.cache.Tasks(f)
-	return &bbsv1.TasksResponse{Tasks: tasks, Revision: rev}, nil
+	return &bbsv1.TasksResponse{Tasks: secretsFor(ctx).tasks(tasks), Revision: rev}, nil
 }
 
 // TaskByGuid implements bbsv1.BBSServiceServer.
-func (s *Server) TaskByGuid(_ context.Context, r *bbsv1.TaskByGuidRequest) (*bbsv1.TaskByGuidResponse, error) {
+func (s *Server) TaskByGuid(ctx context.Context, r *bbsv1.TaskByGuidRequest) (*bbsv1.TaskByGuidResponse, error) {
 	t, rev, err := s.tasks.Task(r.GetTaskGuid())
 	if err != nil {
 		return nil, err
 	}
-	return &bbsv1.TaskByGuidResponse{Task: t, Revision: rev}, nil
+	return &bbsv1.TaskByGuidResponse{Task: secretsFor(ctx).task(t), Revision: rev}, nil
 }
 
 // StartTask implements bbsv1.BBSServiceServer.
@@ -311,5 +318,8 @@ func (s *Server) SubscribeToEvents(r *bbsv1.SubscribeToEventsRequest, stream bbs
 	if err != nil {
 		return err
 	}
-	return s.cache.Subscribe(stream.Context(), r.GetSinceRevision(), f, s.bookmarkEvery, stream.Send)
+	sc := secretsFor(stream.Context())
+	return s.cache.Subscribe(stream.Context(), r.GetSinceRevision(), f, s.bookmarkEvery, func(r *bbsv1.SubscribeToEventsResponse) error {
+		return stream.Send(sc.event(r))
+	})
 }

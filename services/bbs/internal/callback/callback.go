@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
@@ -154,7 +155,8 @@ var errPermanent = errors.New("permanent failure")
 
 func (w *Worker) deliver(ctx context.Context, task *modelsv1.Task) {
 	log := w.cfg.Logger.With("task_guid", task.GetTaskGuid(), "url", task.GetDefinition().GetCompletionCallbackUrl())
-	body, err := protojson.Marshal(task)
+	// The callback URL is no authenticated caller: it gets the task with its secrets redacted.
+	body, err := protojson.Marshal(models.RedactSecrets(task))
 	if err != nil {
 		log.Error("encoding task for its callback", "error", err)
 		return

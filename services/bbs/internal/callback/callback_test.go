@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,6 +192,32 @@ func TestDeliverResolvesAndDeletes(t *testing.T) {
 	}
 	if !proto.Equal(&got, task) {
 		t.Fatalf("delivered %v\nwant %v", &got, task)
+	}
+}
+
+// TestCallbackRedactsSecrets: the callback URL is no authenticated caller, so the task posted
+// to it carries its secret env values as "<redacted>" (plain ones intact), and the queued task
+// itself is not changed.
+func TestCallbackRedactsSecrets(t *testing.T) {
+	srv := newServer(t, http.StatusOK)
+	res := newFakeResolver()
+	w, q := newWorker(t, res, callback.Config{})
+	run(t, w)
+	task := completed("t1", srv.URL+"/done")
+	task.Definition.Env = []*modelsv1.EnvironmentVariable{{Name: "PLAIN", Value: "p"}, {Name: "TOKEN", Value: "cb-s3cr3t", Secret: true}}
+	q.Enqueue(task)
+	res.waitCalls(t, 2)
+	body := srv.got()[0].body
+	var got modelsv1.Task
+	if err := protojson.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	env := got.GetDefinition().GetEnv()
+	if strings.Contains(string(body), "cb-s3cr3t") || len(env) != 2 || env[0].GetValue() != "p" || env[1].GetValue() != "<redacted>" || !env[1].GetSecret() {
+		t.Fatalf("callback body %s", body)
+	}
+	if task.GetDefinition().GetEnv()[1].GetValue() != "cb-s3cr3t" {
+		t.Fatal("redaction changed the queued task")
 	}
 }
 

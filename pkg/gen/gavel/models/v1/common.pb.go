@@ -258,7 +258,14 @@ type EnvironmentVariable struct {
 	// Name is the variable's name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Value is the variable's value.
-	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Secret marks the value as a secret (a password, a key), the Kubernetes and Nomad
+	// convention of a flag on the variable. A secret value is sealed at rest like every env
+	// value, reaches the rep of the cell that runs the work, and is replaced by "<redacted>" in
+	// every BBS answer and event to a caller whose role may not read secrets (authz
+	// secret_readers: admin and, for its own cell's work, the rep by default). It is never
+	// logged. The name and the flag stay visible to every reader.
+	Secret        bool `protobuf:"varint,3,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -305,6 +312,13 @@ func (x *EnvironmentVariable) GetValue() string {
 		return x.Value
 	}
 	return ""
+}
+
+func (x *EnvironmentVariable) GetSecret() bool {
+	if x != nil {
+		return x.Secret
+	}
+	return false
 }
 
 // Resources are the amounts of a cell's capacity a piece of work reserves.
@@ -390,10 +404,11 @@ const file_gavel_models_v1_common_proto_rawDesc = "" +
 	"\x12CODE_CELL_MISMATCH\x10\x01\x12\x1f\n" +
 	"\x1bCODE_INSUFFICIENT_RESOURCES\x10\x02\x12\x1b\n" +
 	"\x17CODE_CELL_COMMUNICATION\x10\x03\x12\x18\n" +
-	"\x14CODE_IN_FLIGHT_LIMIT\x10\x04\"?\n" +
+	"\x14CODE_IN_FLIGHT_LIMIT\x10\x04\"W\n" +
 	"\x13EnvironmentVariable\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\\\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\bR\x06secret\"\\\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmemory_mb\x18\x01 \x01(\x05R\bmemoryMb\x12\x17\n" +
 	"\adisk_mb\x18\x02 \x01(\x05R\x06diskMb\x12\x19\n" +
