@@ -80,7 +80,7 @@ func hasLine(lines []*repv1.LogLine, source, prefix string) bool {
 // (labelled APP/PROC/WEB, with index, instance guid and stream) along with the cell's
 // lifecycle lines; tail 10 returns exactly the last 10 lines; since filters; a crashing
 // instance's lines end with "crashed: exit status 3" and a follower of it is let go when it
-// ends; a rep restarted on the same work dir still serves the earlier lines.
+// ends; a failing health check writes HEALTH lines before the crash; a rep restarted on the same work dir still serves the earlier lines.
 func TestLogsProcessBackend(t *testing.T) {
 	env := bbstest.Start(t)
 	workDir := t.TempDir()
@@ -155,6 +155,19 @@ func TestLogsProcessBackend(t *testing.T) {
 	if !hasLine(crashLines, "APP/PROC/WEB", "bye") || !hasLine(crashLines, "CELL", "crashed: exit status 3") {
 		t.Fatalf("crasher's lines %q lack its output or its crash reason", texts(crashLines))
 	}
+
+	// A health check that never passes: its HEALTH line, then the crash with its reason.
+	unhealthy := shLRP("unhealthy", `exec sleep 600`)
+	unhealthy.Ports = []uint32{8080}
+	unhealthy.StartTimeoutMs = 300
+	unhealthy.CheckDefinition = &modelsv1.CheckDefinition{Checks: []*modelsv1.Check{{Kind: &modelsv1.Check_Tcp{Tcp: &modelsv1.TCPCheck{Port: 8080}}}}}
+	desire(t, env, unhealthy)
+	perform(t, r, []*repv1.LRPInstance{lrpWork(unhealthy, 0)}, nil)
+	testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {
+		lines, err := readLogs(ctx, r, &repv1.StreamLogsRequest{ProcessGuid: "unhealthy"})
+		return err == nil && hasLine(lines, "HEALTH", "health check never passed within 300ms") &&
+			hasLine(lines, "CELL", "crashed: health check never passed"), fmt.Sprintf("%q, %v", texts(lines), err)
+	}, "the health check's line and the crash")
 
 	// A new rep on the same work dir serves what the first one captured.
 	r.stop()

@@ -445,6 +445,7 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 		Interval:     checks.Interval(def),
 		StartTimeout: c.spec.StartTimeout,
 		ActionStart:  actionStart,
+		Log:          checks.LogTo(c.spec.Log, def),
 		Healthy:      func() { c.healthyOne.Do(func() { close(c.healthy) }) },
 		SetRoutable:  c.setRoutable,
 		Fail:         func(reason string) { c.beginStop(reason, c.b.cfg.KillGrace) },
