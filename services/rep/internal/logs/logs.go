@@ -53,10 +53,14 @@ const (
 	DefaultRetention = time.Hour
 	// MaxLineBytes cuts longer lines (the rest is dropped).
 	MaxLineBytes = 16 << 10
-	queueLines   = 8192
-	subBatches   = 256
-	currentFile  = "current.log"
-	rotatedFile  = "current.log.1"
+	// QueueBytes bounds the text of the lines waiting to be written (with at most queueLines
+	// of them): beyond it new lines are dropped.
+	QueueBytes = 4 << 20
+	queueLines = 8192
+	// subBatches bounds a follower's backlog (each batch at most one write's lines).
+	subBatches  = 64
+	currentFile = "current.log"
+	rotatedFile = "current.log.1"
 )
 
 // Line is one captured line.
@@ -154,6 +158,7 @@ type Store struct {
 	open map[string]*Instance
 	subs map[*Subscription]struct{}
 
+	queued  atomic.Int64 // bytes of text in queue
 	dropped atomic.Uint64
 	written atomic.Uint64
 }
@@ -227,10 +232,16 @@ func (i *Instance) Line(source, stream, text string) {
 	if len(text) > MaxLineBytes {
 		text = text[:MaxLineBytes]
 	}
+	if i.s.queued.Add(int64(len(text))) > QueueBytes {
+		i.s.queued.Add(-int64(len(text)))
+		i.s.dropped.Add(1)
+		return
+	}
 	l := Line{Time: time.Now().UTC(), Source: source, Stream: stream, Index: i.key.Index, InstanceGuid: i.key.InstanceGuid, Text: text}
 	select {
 	case i.s.queue <- entry{inst: i, line: l}:
 	default:
+		i.s.queued.Add(-int64(len(text)))
 		i.s.dropped.Add(1)
 	}
 }
@@ -313,6 +324,7 @@ func (s *Store) write(batch []entry) {
 			s.closeLocked(e.inst)
 			continue
 		}
+		s.queued.Add(-int64(len(e.line.Text)))
 		b := files[e.inst]
 		if b == nil {
 			b = &bytes.Buffer{}

@@ -152,3 +152,37 @@ func TestBadKey(t *testing.T) {
 		}
 	}
 }
+
+// TestWritesNeverBlock: with the writer stalled, lines beyond the queue's bound are dropped
+// and counted at once; with the container's directory gone, the disk write fails and its
+// lines are dropped and counted while the store goes on.
+func TestWritesNeverBlock(t *testing.T) {
+	dir := t.TempDir()
+	s, err := logs.New(logs.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := s.Open(logs.Key{ProcessGuid: "web", InstanceGuid: "i-1"}, logs.SourceLRP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10000 { // Run has not started: nothing drains the queue
+		inst.Line("", logs.Stdout, "x")
+	}
+	if s.Dropped() == 0 {
+		t.Fatal("a full queue dropped nothing")
+	}
+	queued := 10000 - s.Dropped()
+	testkit.Start(t, "logs", s)
+	waitWritten(t, s, queued)
+
+	if err := os.RemoveAll(filepath.Join(dir, "lrp", "web", "0", "i-1")); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Dropped()
+	inst.Line("", logs.Stdout, "lost")
+	testkit.Eventually(t, 5*time.Second, func() bool { return s.Dropped() == before+1 }, "the failed write counted")
+	if s.Written() != queued {
+		t.Fatalf("written %d, want %d", s.Written(), queued)
+	}
+}
