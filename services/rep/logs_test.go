@@ -80,7 +80,8 @@ func hasLine(lines []*repv1.LogLine, source, prefix string) bool {
 // (labelled APP/PROC/WEB, with index, instance guid and stream) along with the cell's
 // lifecycle lines; tail 10 returns exactly the last 10 lines; since filters; a crashing
 // instance's lines end with "crashed: exit status 3" and a follower of it is let go when it
-// ends; a failing health check writes HEALTH lines before the crash; a rep restarted on the same work dir still serves the earlier lines.
+// ends; a failing health check writes HEALTH lines before the crash; a follower is let go when
+// the rep stops; a rep restarted on the same work dir still serves the earlier lines.
 func TestLogsProcessBackend(t *testing.T) {
 	env := bbstest.Start(t)
 	workDir := t.TempDir()
@@ -169,8 +170,18 @@ func TestLogsProcessBackend(t *testing.T) {
 			hasLine(lines, "CELL", "crashed: health check never passed"), fmt.Sprintf("%q, %v", texts(lines), err)
 	}, "the health check's line and the crash")
 
-	// A new rep on the same work dir serves what the first one captured.
+	// A rep that stops lets its followers go cleanly; a new rep on the same work dir serves
+	// what the first one captured.
 	r.stop()
+	for {
+		_, err := follow.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("follow at the rep's stop: %v, want a clean end", err)
+		}
+	}
 	r2 := startRep(t, env, processRep(workDir))
 	earlier, err := readLogs(ctx, r2, &repv1.StreamLogsRequest{ProcessGuid: "web"})
 	if err != nil {

@@ -510,7 +510,13 @@ func (c *Cell) release(ctr *container) {
 		delete(c.containers, ctr.guid)
 	}
 	c.mu.Unlock()
-	ctr.logs.Close() // after the removal: a follower told of it finds the container gone
+	// After the removal: a follower told of it finds the container gone.
+	switch {
+	case ctr.logs != nil:
+		ctr.logs.Close()
+	case c.cfg.Logs != nil:
+		c.cfg.Logs.Released(ctr.logKey())
+	}
 	ctr.cancel()
 	close(ctr.done)
 	c.wg.Done()

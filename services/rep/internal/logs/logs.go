@@ -386,8 +386,20 @@ func (s *Store) closeLocked(i *Instance) {
 		delete(s.open, i.dir)
 		_ = os.Chtimes(i.dir, time.Now(), time.Now()) // the retention period starts now
 	}
+	s.notifyEndedLocked(i.key)
+}
+
+// Released tells the followers of k that the cell let go of a container whose log was never
+// opened (it ended before it was created); Close does it for an open log.
+func (s *Store) Released(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notifyEndedLocked(k)
+}
+
+func (s *Store) notifyEndedLocked(k Key) {
 	for sub := range s.subs {
-		if sub.f.Matches(i.key) {
+		if sub.f.Matches(k) {
 			select {
 			case sub.ended <- struct{}{}:
 			default:
@@ -586,7 +598,8 @@ func (s *Store) Follow(f Filter, since time.Time, tail int) ([]Line, *Subscripti
 // loses batches (see Dropped); the writer never waits for it.
 func (sub *Subscription) Lines() <-chan []Line { return sub.ch }
 
-// Ended receives when a selected container's log closes.
+// Ended receives when a selected container's log closes, or the cell released a selected
+// container that never opened one.
 func (sub *Subscription) Ended() <-chan struct{} { return sub.ended }
 
 // Dropped returns, and resets, how many lines the subscriber lost by falling behind.
