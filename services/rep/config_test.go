@@ -25,7 +25,8 @@ func TestConfigFile(t *testing.T) {
 	body := `{"cell_id": "cell-z1-0", "zone": "z1", "tags": ["Staging", "skynet"],
 	  "preloaded_rootfses": {"cflinuxfs4": "/var/gavel/cflinuxfs4"}, "supported_rootfs_providers": ["docker"],
 	  "capacity": {"memory_mb": 2048, "disk_mb": 8192, "containers": 20}, "backend": "sim",
-	  "lease_ttl": "3s", "bulk_interval": "5s", "sim": {"start_latency": "2s", "crash_rate": 0.01},
+	  "lease_ttl": "3s", "bulk_interval": "5s", "sim": {"start_latency": "2s", "crash_rate": 0.01, "log_interval": "1s"},
+	  "logs": {"max_file_bytes": 65536, "retention": "10m"},
 	  "hooks": {"timeout": "5s"}, "port_range": "62000-62099",
 	  "oci": {"containerd_socket": "/run/k3s/containerd.sock", "namespace": "cells"}}`
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -39,11 +40,12 @@ func TestConfigFile(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 	if c.CellID != "cell-z1-0" || c.Capacity.Containers != 20 || time.Duration(c.LeaseTTL) != 3*time.Second ||
-		time.Duration(c.Sim.StartLatency) != 2*time.Second || c.Sim.CrashRate != 0.01 || c.PreloadedRootfses["cflinuxfs4"] == "" {
+		time.Duration(c.Sim.StartLatency) != 2*time.Second || c.Sim.CrashRate != 0.01 || c.PreloadedRootfses["cflinuxfs4"] == "" ||
+		c.Logs.MaxFileBytes != 65536 || time.Duration(c.Logs.Retention) != 10*time.Minute {
 		t.Fatalf("loaded %+v", c)
 	}
 	o := rep.BackendOptions(c)
-	if o.PortRangeStart != 62000 || o.PortRangeEnd != 62099 || o.SimStartLatency != 2*time.Second || o.CellAddress != "127.0.0.1" ||
+	if o.PortRangeStart != 62000 || o.PortRangeEnd != 62099 || o.SimStartLatency != 2*time.Second || o.SimLogInterval != time.Second || o.CellAddress != "127.0.0.1" ||
 		o.OCI.ContainerdSocket != "/run/k3s/containerd.sock" || o.OCI.Namespace != "cells" || o.OCI.Runtime != "io.containerd.runc.v2" {
 		t.Fatalf("backend options %+v", o)
 	}
@@ -79,6 +81,9 @@ func TestConfigValidate(t *testing.T) {
 		{"missing hook", func(c *rep.Config) { c.Hooks.OnCreate = []string{"/does/not/exist"} }, "hooks.on_create[0]"},
 		{"hook not executable", func(c *rep.Config) { c.Hooks.OnDestroy = []string{notExec} }, "hooks.on_destroy[0]"},
 		{"crash rate", func(c *rep.Config) { c.Sim.CrashRate = 2 }, "sim.crash_rate"},
+		{"sim log interval", func(c *rep.Config) { c.Sim.LogInterval = -1 }, "sim.log_interval"},
+		{"log file bound", func(c *rep.Config) { c.Logs.MaxFileBytes = 100 }, "logs.max_file_bytes"},
+		{"log retention", func(c *rep.Config) { c.Logs.Retention = 0 }, "logs.retention"},
 		{"bulk interval", func(c *rep.Config) { c.BulkInterval = 0 }, "bulk_interval"},
 		{"log level", func(c *rep.Config) { c.Log.Level = "loud" }, "log"},
 	}

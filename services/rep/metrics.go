@@ -9,6 +9,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
 
 // reconcileBuckets are the histogram buckets of a bulk reconcile, in seconds: from 1 ms (two
@@ -68,6 +69,17 @@ func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
 		m.fixes.WithLabelValues(f)
 	}
 	return m
+}
+
+// watchLogs registers the log store's counters, read at scrape time.
+func (m *serviceMetrics) watchLogs(store *logs.Store) {
+	m.registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "log_lines_total",
+			Help: "Container log lines written to the cell's log store."}, func() float64 { return float64(store.Written()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "log_lines_dropped_total",
+			Help: "Container log lines lost before reaching the cell's disk: the write queue was full or the write failed."},
+			func() float64 { return float64(store.Dropped()) }),
+	)
 }
 
 // kindLabel names a container kind for the metrics.

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -19,8 +21,9 @@ import (
 )
 
 // TestOCIBackend: a rep with -backend oci runs LRPs and tasks as containers of a private
-// containerd: an LRP runs, a memory hog crashes with "out of memory" in the BBS, a task
-// completes with its result (the container's hostname: the task guid).
+// containerd: an LRP runs and its stdout and stderr lines stream from StreamLogs, a memory hog
+// crashes with "out of memory" in the BBS and in its CELL lines, a task completes with its
+// result (the container's hostname: the task guid).
 func TestOCIBackend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short mode: needs containerd")
@@ -58,7 +61,7 @@ func TestOCIBackend(t *testing.T) {
 		return &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/probe", Args: args}}}
 	}
 	web := desiredLRP("web", 1)
-	web.Action, web.MemoryMb = probe("sleep"), 64
+	web.Action, web.MemoryMb = probe("say", "hello from oci", "oops from oci"), 64
 	hog := desiredLRP("hog", 1)
 	hog.Action, hog.MemoryMb = probe("hog"), 32
 	desire(t, env, web)
@@ -69,6 +72,13 @@ func TestOCIBackend(t *testing.T) {
 		a := actual(t, env, "hog", 0, ordinary)
 		return a.GetCrashCount() >= 1 && a.GetCrashReason() == "out of memory", fmt.Sprint(a)
 	}, "hog crashed out of memory")
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
+		web, err := readLogs(ctxT(t), r, &repv1.StreamLogsRequest{ProcessGuid: "web"})
+		hog, err2 := readLogs(ctxT(t), r, &repv1.StreamLogsRequest{ProcessGuid: "hog", Index: proto.Int32(0)})
+		return hasLine(web, "APP/PROC/WEB", "hello from oci") && hasLine(web, "APP/PROC/WEB", "oops from oci") &&
+				hasLine(hog, "CELL", "crashed: out of memory"),
+			fmt.Sprintf("web %q (%v), hog %q (%v)", texts(web), err, texts(hog), err2)
+	}, "the oci containers' lines")
 
 	def := taskDefinition()
 	def.Action = probe("hostname")

@@ -34,6 +34,7 @@ import (
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci"
+	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 	"github.com/gavel-sched/gavel/services/rep/internal/presence"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs"
 )
@@ -106,6 +107,18 @@ type Config struct {
 	BulkInterval Duration `json:"bulk_interval"`
 	// EvacuationTimeout bounds an evacuation; instances still held then are stopped.
 	EvacuationTimeout Duration `json:"evacuation_timeout"`
+	// Logs configures the capture of containers' output on the cell (work_dir/logs).
+	Logs LogsConfig `json:"logs"`
+}
+
+// LogsConfig configures the cell's log store (see services/rep/README.md, "Logs").
+type LogsConfig struct {
+	// MaxFileBytes bounds each of a container's two log files (the current one and the
+	// rotated one), so a container keeps at most twice this on disk.
+	MaxFileBytes int64 `json:"max_file_bytes"`
+	// Retention is how long the lines of a container the cell no longer holds are kept (a
+	// restarted rep serves them meanwhile).
+	Retention Duration `json:"retention"`
 }
 
 // Capacity is the cell's total capacity.
@@ -136,6 +149,8 @@ type SimConfig struct {
 	StartLatency Duration `json:"start_latency"`
 	// CrashRate is the probability per second that a simulated LRP crashes (0 to 1).
 	CrashRate float64 `json:"crash_rate"`
+	// LogInterval is how often a simulated container writes a synthetic log line (0: never).
+	LogInterval Duration `json:"log_interval"`
 }
 
 // OCIConfig configures the oci backend (containerd + runc; see services/rep/README.md).
@@ -172,7 +187,7 @@ func Default() Config {
 		PortRange:   "61000-61999",
 		WorkDir:     filepath.Join(os.TempDir(), "gavel-rep"),
 		Hooks:       HooksConfig{Timeout: Duration(30 * time.Second)},
-		Sim:         SimConfig{StartLatency: Duration(500 * time.Millisecond)},
+		Sim:         SimConfig{StartLatency: Duration(500 * time.Millisecond), LogInterval: Duration(5 * time.Second)},
 		OCI: OCIConfig{
 			ContainerdSocket: oci.DefaultSocket,
 			Namespace:        oci.DefaultNamespace,
@@ -180,6 +195,7 @@ func Default() Config {
 		},
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
+		Logs:              LogsConfig{MaxFileBytes: logs.DefaultMaxFileBytes, Retention: Duration(logs.DefaultRetention)},
 	}
 }
 
@@ -271,6 +287,15 @@ func (c Config) Validate() error {
 	if c.Sim.StartLatency < 0 {
 		errs = append(errs, errors.New("sim.start_latency must not be negative"))
 	}
+	if c.Sim.LogInterval < 0 {
+		errs = append(errs, errors.New("sim.log_interval must not be negative"))
+	}
+	if c.Logs.MaxFileBytes < 4096 {
+		errs = append(errs, fmt.Errorf("logs.max_file_bytes must be at least 4096, got %d", c.Logs.MaxFileBytes))
+	}
+	if c.Logs.Retention <= 0 {
+		errs = append(errs, errors.New("logs.retention must be positive"))
+	}
 	if c.Sim.CrashRate < 0 || c.Sim.CrashRate > 1 {
 		errs = append(errs, fmt.Errorf("sim.crash_rate must be between 0 and 1, got %v", c.Sim.CrashRate))
 	}
@@ -325,6 +350,7 @@ func backendOptions(c Config) executor.Options {
 		User:            c.RunAsUser,
 		SimStartLatency: time.Duration(c.Sim.StartLatency),
 		SimCrashRate:    c.Sim.CrashRate,
+		SimLogInterval:  time.Duration(c.Sim.LogInterval),
 		OCI: executor.OCIOptions{
 			ContainerdSocket: c.OCI.ContainerdSocket,
 			Namespace:        c.OCI.Namespace,
@@ -375,7 +401,9 @@ type Service struct {
 	cfg           Config
 	log           hclog.Logger
 	cell          *cell.Cell
+	logs          *logs.Store
 	server        *grpcx.Server
+	handlers      *api.Server
 	presence      *presence.Presence
 	metricsServer *metrics.Server // nil without metrics_address
 }
@@ -404,10 +432,16 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	if err != nil {
 		return nil, err
 	}
+	store, err := logs.New(logs.Options{Dir: filepath.Join(cfg.WorkDir, "logs"), MaxFileBytes: cfg.Logs.MaxFileBytes,
+		Retention: time.Duration(cfg.Logs.Retention)})
+	if err != nil {
+		return nil, err
+	}
 	cfg.Tags = normalizedTags(cfg.Tags)
 	var c *cell.Cell
 	s := &Service{cfg: cfg, log: logger}
 	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
+	m.watchLogs(store)
 	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
 		Zone:      cfg.Zone,
@@ -425,19 +459,21 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Logger:            logger.Named("cell"),
 		Observer:          m,
 		PresenceHeld:      func() bool { return s.presence.Held() }, // set below, before Run
+		Logs:              store,
 	}, bbs, backend, resolver)
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(authorizer.Stream()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
 		grpcx.WithMetrics(m.registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("rep: %w", err)
 	}
-	repv1.RegisterRepServiceServer(server.GRPC, api.New(c))
-	s.cell, s.server = c, server
+	handlers := api.New(c, store)
+	repv1.RegisterRepServiceServer(server.GRPC, handlers)
+	s.cell, s.logs, s.server, s.handlers = c, store, server, handlers
 	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
 		return cfg.presence(s.AdvertiseAddress())
 	}, logger.Named("presence"))
@@ -446,14 +482,18 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 }
 
 // Run serves until ctx ends, as an ordered group: the metrics server (with metrics_address),
-// the cell, the gRPC API, the presence (once the API listens, so the registered address
-// answers) and the bulk loop; ready is called once all run. On stop the bulk loop ends, the
-// presence is revoked, the API stops, the containers are stopped and the metrics server stops.
+// the log store's writer, the cell, the gRPC API, the end of its log followers, the presence
+// (once the API listens, so the registered address answers) and the bulk loop; ready is
+// called once all run. On stop the bulk loop ends, the presence is revoked, log followers are
+// let go, the API stops, the containers are stopped, their last lines are written and the
+// metrics server stops.
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	return lifecycle.Run(ctx, s.log, append(s.metricsServer.Members(),
+		lifecycle.Member{Name: "logs", Runner: lifecycle.RunFunc(s.logs.Run)},
 		lifecycle.Member{Name: "cell", Runner: s.cell},
 		lifecycle.Member{Name: "links", Runner: lifecycle.RunFunc(s.cell.FollowLinks)},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
+		lifecycle.Member{Name: "log followers", Runner: lifecycle.RunFunc(s.handlers.EndFollows)},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
 		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			return s.cell.Bulk(time.Duration(s.cfg.BulkInterval))(ctx, func() {
@@ -504,6 +544,6 @@ var Policy = authz.Methods{
 	Reads:   []string{"State"},
 	Grants: map[string][]string{
 		authz.Auctioneer: {"Perform"},
-		authz.BBS:        {"StopLRPInstance", "CancelTask"},
+		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs"},
 	},
 }

@@ -5,11 +5,16 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
 
 // Cell is what the handlers need from the cell.
@@ -26,18 +31,37 @@ type Cell interface {
 	CancelTask(ctx context.Context, guid string) error
 	// Evacuate drains the cell.
 	Evacuate(ctx context.Context) error
+	// Holds reports whether the cell holds a container f selects.
+	Holds(f logs.Filter) bool
 }
 
 // Server implements repv1.RepServiceServer.
 type Server struct {
 	repv1.UnimplementedRepServiceServer
 	cell Cell
+	logs *logs.Store
+	// stopping is closed when the rep stops: followers are let go before the gRPC server's
+	// graceful stop waits for them.
+	stopping     chan struct{}
+	stoppingOnce sync.Once
 }
 
 var _ repv1.RepServiceServer = (*Server)(nil)
 
-// New builds the handlers over a cell.
-func New(cell Cell) *Server { return &Server{cell: cell} }
+// New builds the handlers over a cell and its log store.
+func New(cell Cell, store *logs.Store) *Server {
+	return &Server{cell: cell, logs: store, stopping: make(chan struct{})}
+}
+
+// EndFollows runs until ctx ends, then ends every StreamLogs follow (cleanly, as when the
+// containers end) and makes new ones end after their history. Run it as a member stopped
+// before the gRPC server, whose graceful stop would otherwise wait for the followers.
+func (s *Server) EndFollows(ctx context.Context, ready func()) error {
+	ready()
+	<-ctx.Done()
+	s.stoppingOnce.Do(func() { close(s.stopping) })
+	return nil
+}
 
 // State reports the cell's capacity, what it supports and what it runs (as instance counts per
 // process guid when the request asks for a summary).
@@ -82,6 +106,97 @@ func (s *Server) Evacuate(ctx context.Context, _ *repv1.EvacuateRequest) (*repv1
 	return &repv1.EvacuateResponse{}, nil
 }
 
+// logBatch is the most lines sent in one StreamLogs message.
+const logBatch = 256
+
+// StreamLogs sends the lines kept of the selected containers and, with follow, the new ones
+// until the client goes or the cell holds none of them any more. A follower that falls behind
+// loses lines; it is told how many by a CELL line.
+func (s *Server) StreamLogs(req *repv1.StreamLogsRequest, stream repv1.RepService_StreamLogsServer) error {
+	f := logs.Filter{ProcessGuid: req.GetProcessGuid(), Index: req.GetIndex(), AnyIndex: req.Index == nil, TaskGuid: req.GetTaskGuid()}
+	if !s.cell.Holds(f) && !s.logs.Known(f) {
+		return rpcerr.NotFound("%s: no container and no logs on this cell", f)
+	}
+	var since time.Time
+	if req.GetSince() != nil {
+		since = req.GetSince().AsTime()
+	}
+	tail := -1
+	if req.Tail != nil {
+		tail = int(req.GetTail())
+	}
+	if !req.GetFollow() {
+		lines, err := s.logs.Read(f, since, tail)
+		if err != nil {
+			return err
+		}
+		return sendLines(stream, lines)
+	}
+	lines, sub, err := s.logs.Follow(f, since, tail)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	if err := sendLines(stream, lines); err != nil {
+		return err
+	}
+	live := func() bool { return s.cell.Holds(f) || s.logs.OpenFor(f) }
+	if !live() {
+		return nil
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-s.stopping:
+			return nil
+		case <-sub.Ended():
+			if !live() {
+				// The lines written before the close are already queued on the subscription.
+				for {
+					select {
+					case lines := <-sub.Lines():
+						if err := sendLines(stream, lines); err != nil {
+							return err
+						}
+					default:
+						return nil
+					}
+				}
+			}
+		case lines := <-sub.Lines():
+			if n := sub.Dropped(); n > 0 {
+				lines = append([]logs.Line{{Time: time.Now().UTC(), Source: logs.SourceCell, Stream: logs.Stdout,
+					Text: fmt.Sprintf("%d lines dropped: this reader fell behind", n)}}, lines...)
+			}
+			if err := sendLines(stream, lines); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// sendLines sends lines in batches of at most logBatch.
+func sendLines(stream repv1.RepService_StreamLogsServer, lines []logs.Line) error {
+	for len(lines) > 0 {
+		n := min(len(lines), logBatch)
+		resp := &repv1.StreamLogsResponse{Lines: make([]*repv1.LogLine, n)}
+		for i, l := range lines[:n] {
+			st := repv1.LogStream_LOG_STREAM_STDOUT
+			if l.Stream == logs.Stderr {
+				st = repv1.LogStream_LOG_STREAM_STDERR
+			}
+			resp.Lines[i] = &repv1.LogLine{Timestamp: timestamppb.New(l.Time), Source: l.Source, Index: l.Index,
+				InstanceGuid: l.InstanceGuid, Stream: st, Text: l.Text}
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		lines = lines[n:]
+	}
+	return nil
+}
+
 // Validate checks a rep request before it reaches a handler; other messages pass. Violations
 // are reported together, each naming its field.
 func Validate(req any) error {
@@ -107,6 +222,8 @@ func Validate(req any) error {
 		e.Merge("instance_key", models.ValidateInstanceKey("instance_key", r.GetInstanceKey()))
 	case *repv1.CancelTaskRequest:
 		e.Merge("task_guid", models.ValidateGuid("task_guid", r.GetTaskGuid()))
+	case *repv1.StreamLogsRequest:
+		checkStreamLogs(e, r)
 	}
 	return e.Err()
 }
@@ -131,5 +248,32 @@ func checkResources(e *rpcerr.InvalidError, field string, r *modelsv1.Resources)
 	}
 	if r.GetMaxPids() < 0 {
 		e.Add(field+".max_pids", "must not be negative, got %d", r.GetMaxPids())
+	}
+}
+
+func checkStreamLogs(e *rpcerr.InvalidError, r *repv1.StreamLogsRequest) {
+	switch {
+	case r.GetProcessGuid() != "" && r.GetTaskGuid() != "":
+		e.Add("task_guid", "must be empty when process_guid is set")
+	case r.GetTaskGuid() != "":
+		e.Merge("task_guid", models.ValidateGuid("task_guid", r.GetTaskGuid()))
+		if r.Index != nil {
+			e.Add("index", "applies to process_guid only")
+		}
+	default:
+		e.Merge("process_guid", models.ValidateGuid("process_guid", r.GetProcessGuid()))
+	}
+	if r.Index != nil && r.GetIndex() < 0 {
+		e.Add("index", "must not be negative, got %d", r.GetIndex())
+	}
+	if r.Tail != nil && r.GetTail() < 0 {
+		e.Add("tail", "must not be negative, got %d", r.GetTail())
+	}
+	if r.Since != nil {
+		if err := r.GetSince().CheckValid(); err != nil {
+			e.Add("since", "is not a valid timestamp: %v", err)
+		} else if t := r.GetSince().AsTime(); t.After(time.Now()) {
+			e.Add("since", "must not be in the future, got %s", t.Format(time.RFC3339Nano))
+		}
 	}
 }

@@ -31,6 +31,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
 
 // LRPReporter is what an LRP's lifecycle tells the BBS.
@@ -131,6 +132,9 @@ type Config struct {
 	// PresenceHeld reports whether the cell's presence in etcd is in place (presence.Held);
 	// while it is not, State says so and Perform takes no work. Nil counts it always held.
 	PresenceHeld func() bool
+	// Logs captures every container's output and the cell's lifecycle lines for it; nil
+	// captures nothing.
+	Logs *logs.Store
 }
 
 // Cell runs work on one cell.
@@ -195,6 +199,10 @@ type container struct {
 	exec     executor.Container
 	netInfo  *modelsv1.ActualLRPNetInfo
 	links    *consumer // set before exec, nil when the LRP consumes no links
+
+	// logs is the container's log, open from its creation to its release (nil without a
+	// store); only its lifecycle goroutine sets it.
+	logs *logs.Instance
 }
 
 func (ctr *container) instanceKey(cellID string) *modelsv1.ActualLRPInstanceKey {
@@ -502,6 +510,13 @@ func (c *Cell) release(ctr *container) {
 		delete(c.containers, ctr.guid)
 	}
 	c.mu.Unlock()
+	// After the removal: a follower told of it finds the container gone.
+	switch {
+	case ctr.logs != nil:
+		ctr.logs.Close()
+	case c.cfg.Logs != nil:
+		c.cfg.Logs.Released(ctr.logKey())
+	}
 	ctr.cancel()
 	close(ctr.done)
 	c.wg.Done()
@@ -590,4 +605,46 @@ func (c *Cell) detached(ctx context.Context, timeout time.Duration, f func(ctx c
 // errWrongCell refuses a request about another cell's container.
 func (c *Cell) errWrongCell(cellID string) error {
 	return rpcerr.FailedPrecondition("instance key names cell %q, this is cell %q", cellID, c.cfg.CellID)
+}
+
+// Holds reports whether the cell holds a container f selects (reserved, starting, running or
+// ending).
+func (c *Cell) Holds(f logs.Filter) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ctr := range c.containers {
+		if f.Matches(ctr.logKey()) {
+			return true
+		}
+	}
+	return false
+}
+
+// logKey names the container's log.
+func (ctr *container) logKey() logs.Key {
+	if ctr.kind == executor.KindTask {
+		return logs.Key{InstanceGuid: ctr.guid, TaskGuid: ctr.guid}
+	}
+	return logs.Key{ProcessGuid: ctr.key.GetProcessGuid(), Index: ctr.key.GetIndex(), InstanceGuid: ctr.guid}
+}
+
+// openLog opens the container's log (once) and makes spec's processes write to it; without a
+// store, or when it cannot be opened (logged), nothing is captured.
+func (c *Cell) openLog(ctr *container, spec *executor.Spec) {
+	if c.cfg.Logs == nil {
+		return
+	}
+	if ctr.logs == nil {
+		source := logs.SourceLRP
+		if ctr.kind == executor.KindTask {
+			source = logs.SourceTaskPrefix + ctr.guid
+		}
+		l, err := c.cfg.Logs.Open(ctr.logKey(), source)
+		if err != nil {
+			c.log.Warn("cannot capture the container's logs", "guid", ctr.guid, "error", err)
+			return
+		}
+		ctr.logs = l
+	}
+	spec.Log = ctr.logs
 }

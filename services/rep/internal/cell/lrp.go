@@ -114,6 +114,7 @@ func (c *Cell) runLRP(ctr *container) {
 		select {
 		case <-healthy:
 			healthy = nil
+			ctr.logs.Cell("health check passed, instance running")
 			routable = latest(routableCh, routable)
 			c.reportRunning(trace.ContextWithSpan(reportCtx, span), ctr, log, net, routable, true)
 			started("")
@@ -163,6 +164,8 @@ func (c *Cell) create(ctr *container, spec func(ctx context.Context) (executor.S
 	if err != nil {
 		return nil, nil, err
 	}
+	c.openLog(ctr, &s)
+	ctr.logs.Cell("creating container")
 	rfs, err := c.resolver.Resolve(ctr.ctx, s.Rootfs, ctr.guid)
 	if err != nil {
 		return nil, nil, fmt.Errorf("resolve rootfs %s: %w", s.Rootfs, err)
@@ -191,6 +194,7 @@ func (c *Cell) create(ctr *container, spec func(ctx context.Context) (executor.S
 		return nil, nil, fmt.Errorf("create container: %w", err)
 	}
 	c.setExec(ctr, exec)
+	ctr.logs.Cell("container created")
 	return exec, cleanup, nil
 }
 
@@ -248,6 +252,11 @@ func (c *Cell) lrpEnded(ctr *container, log hclog.Logger, reason string) {
 	c.mu.Lock()
 	stopping, evacuating, claimed := ctr.stopping, c.evacuating, ctr.claimed
 	c.mu.Unlock()
+	if stopping {
+		ctr.logs.Cell("container stopped (%s)", reason)
+	} else {
+		ctr.logs.Cell("crashed: %s", reason)
+	}
 	if stopping || !claimed {
 		log.Debug("container stopped by the rep", "reason", reason)
 		return

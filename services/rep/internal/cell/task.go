@@ -77,6 +77,14 @@ func (c *Cell) runTask(ctr *container) {
 func (c *Cell) taskEnded(ctr *container, log hclog.Logger, res executor.Result) {
 	ctr.report.Lock()
 	defer ctr.report.Unlock()
+	switch {
+	case c.isStopping(ctr):
+		ctr.logs.Cell("container stopped (%s)", res.Reason)
+	case res.Failed:
+		ctr.logs.Cell("task failed: %s", res.Reason)
+	default:
+		ctr.logs.Cell("task completed")
+	}
 	if c.isStopping(ctr) {
 		log.Debug("task container stopped by the rep", "reason", res.Reason)
 		return

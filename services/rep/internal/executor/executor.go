@@ -85,6 +85,17 @@ type Spec struct {
 	FilesDirEnv string `json:"files_dir_env,omitempty"`
 	// Files are written into FilesDir, by file name, before any process starts.
 	Files map[string][]byte `json:"-"`
+	// Log receives every output line of the container's processes (those of a run action
+	// with suppress_log_output excepted), with the action's log_source (empty: the
+	// container's default source); nil discards them. The process and oci backends feed it
+	// through procout.Writer, the sim backend with synthetic lines.
+	Log LogSink `json:"-"`
+}
+
+// LogSink receives a container's output lines: the cell's log store (logs.Instance).
+type LogSink interface {
+	// Line captures one line of stream ("stdout" or "stderr") labelled source.
+	Line(source, stream, text string)
 }
 
 // Result is how a container ended.

@@ -20,6 +20,9 @@ type Options struct {
 	SimStartLatency time.Duration
 	// SimCrashRate is the probability per second that a simulated LRP crashes.
 	SimCrashRate float64
+	// SimLogInterval is how often a simulated container writes a synthetic line to its log
+	// sink (0: never).
+	SimLogInterval time.Duration
 	// OCI configures the oci backend.
 	OCI OCIOptions
 }

@@ -5,7 +5,7 @@
 // source: gavel/rep/v1/rep.proto
 
 // Package gavel.rep.v1 is the cell agent's API: the auctioneer reads cell state and hands over
-// work, the BBS stops instances and cancels tasks, operators drain cells.
+// work, the BBS stops instances, cancels tasks and streams their logs, operators drain cells.
 
 package repv1
 
@@ -13,6 +13,7 @@ import (
 	v1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -24,6 +25,59 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// LogStream is the output stream a line came from.
+type LogStream int32
+
+const (
+	// LOG_STREAM_UNSPECIFIED is not sent.
+	LogStream_LOG_STREAM_UNSPECIFIED LogStream = 0
+	// LOG_STREAM_STDOUT is the standard output (and the stream of the cell's own lines).
+	LogStream_LOG_STREAM_STDOUT LogStream = 1
+	// LOG_STREAM_STDERR is the standard error.
+	LogStream_LOG_STREAM_STDERR LogStream = 2
+)
+
+// Enum value maps for LogStream.
+var (
+	LogStream_name = map[int32]string{
+		0: "LOG_STREAM_UNSPECIFIED",
+		1: "LOG_STREAM_STDOUT",
+		2: "LOG_STREAM_STDERR",
+	}
+	LogStream_value = map[string]int32{
+		"LOG_STREAM_UNSPECIFIED": 0,
+		"LOG_STREAM_STDOUT":      1,
+		"LOG_STREAM_STDERR":      2,
+	}
+)
+
+func (x LogStream) Enum() *LogStream {
+	p := new(LogStream)
+	*p = x
+	return p
+}
+
+func (x LogStream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LogStream) Descriptor() protoreflect.EnumDescriptor {
+	return file_gavel_rep_v1_rep_proto_enumTypes[0].Descriptor()
+}
+
+func (LogStream) Type() protoreflect.EnumType {
+	return &file_gavel_rep_v1_rep_proto_enumTypes[0]
+}
+
+func (x LogStream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LogStream.Descriptor instead.
+func (LogStream) EnumDescriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{0}
+}
 
 // LRPInstance is one instance slot handed to, or held by, a cell.
 type LRPInstance struct {
@@ -821,11 +875,243 @@ func (*EvacuateResponse) Descriptor() ([]byte, []int) {
 	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{11}
 }
 
+// StreamLogsRequest is the request of StreamLogs: exactly one of process_guid and task_guid.
+type StreamLogsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid selects an LRP's instances on this cell.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index, with process_guid, selects one instance index; unset selects every index.
+	Index *int32 `protobuf:"varint,2,opt,name=index,proto3,oneof" json:"index,omitempty"`
+	// TaskGuid selects a task on this cell.
+	TaskGuid string `protobuf:"bytes,3,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
+	// Tail sends only the last tail lines kept (0: none, only new lines with follow); unset
+	// sends every line kept.
+	Tail *int32 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
+	// Since sends only lines captured at or after it; it must not be in the future.
+	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// Follow keeps the stream open, sending new lines as they are captured, until the client
+	// goes or the cell holds none of the selected containers any more.
+	Follow        bool `protobuf:"varint,6,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamLogsRequest) Reset() {
+	*x = StreamLogsRequest{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamLogsRequest) ProtoMessage() {}
+
+func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
+func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StreamLogsRequest) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *StreamLogsRequest) GetIndex() int32 {
+	if x != nil && x.Index != nil {
+		return *x.Index
+	}
+	return 0
+}
+
+func (x *StreamLogsRequest) GetTaskGuid() string {
+	if x != nil {
+		return x.TaskGuid
+	}
+	return ""
+}
+
+func (x *StreamLogsRequest) GetTail() int32 {
+	if x != nil && x.Tail != nil {
+		return *x.Tail
+	}
+	return 0
+}
+
+func (x *StreamLogsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *StreamLogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+// StreamLogsResponse is one batch of log lines.
+type StreamLogsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lines are in the order they were captured.
+	Lines         []*LogLine `protobuf:"bytes,1,rep,name=lines,proto3" json:"lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamLogsResponse) Reset() {
+	*x = StreamLogsResponse{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamLogsResponse) ProtoMessage() {}
+
+func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
+func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StreamLogsResponse) GetLines() []*LogLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+// LogLine is one line of a container's log.
+type LogLine struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Timestamp is when the cell captured the line.
+	Timestamp *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	// Source labels the line: the run action's log_source (default APP/PROC/WEB for an LRP,
+	// APP/TASK/<task guid> for a task), HEALTH for health checks, CELL for Gavel's own
+	// lifecycle lines ("container created", "crashed: ...").
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Index is the LRP instance index (0 for a task).
+	Index int32 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// InstanceGuid is the container's guid (the task guid for a task).
+	InstanceGuid string `protobuf:"bytes,4,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	// Stream is the output stream.
+	Stream LogStream `protobuf:"varint,5,opt,name=stream,proto3,enum=gavel.rep.v1.LogStream" json:"stream,omitempty"`
+	// Text is the line without its newline, at most 16 KiB.
+	Text          string `protobuf:"bytes,6,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogLine) Reset() {
+	*x = LogLine{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogLine) ProtoMessage() {}
+
+func (x *LogLine) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
+func (*LogLine) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LogLine) GetTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *LogLine) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *LogLine) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *LogLine) GetInstanceGuid() string {
+	if x != nil {
+		return x.InstanceGuid
+	}
+	return ""
+}
+
+func (x *LogLine) GetStream() LogStream {
+	if x != nil {
+		return x.Stream
+	}
+	return LogStream_LOG_STREAM_UNSPECIFIED
+}
+
+func (x *LogLine) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
 var File_gavel_rep_v1_rep_proto protoreflect.FileDescriptor
 
 const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\n" +
-	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\"\xa1\x03\n" +
+	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x03\n" +
 	"\vLRPInstance\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x128\n" +
 	"\tresources\x18\x02 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
@@ -888,7 +1174,29 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\"\x14\n" +
 	"\x12CancelTaskResponse\"\x11\n" +
 	"\x0fEvacuateRequest\"\x12\n" +
-	"\x10EvacuateResponse2\x92\x03\n" +
+	"\x10EvacuateResponse\"\xe4\x01\n" +
+	"\x11StreamLogsRequest\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x19\n" +
+	"\x05index\x18\x02 \x01(\x05H\x00R\x05index\x88\x01\x01\x12\x1b\n" +
+	"\ttask_guid\x18\x03 \x01(\tR\btaskGuid\x12\x17\n" +
+	"\x04tail\x18\x04 \x01(\x05H\x01R\x04tail\x88\x01\x01\x120\n" +
+	"\x05since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
+	"\x06follow\x18\x06 \x01(\bR\x06followB\b\n" +
+	"\x06_indexB\a\n" +
+	"\x05_tail\"A\n" +
+	"\x12StreamLogsResponse\x12+\n" +
+	"\x05lines\x18\x01 \x03(\v2\x15.gavel.rep.v1.LogLineR\x05lines\"\xdb\x01\n" +
+	"\aLogLine\x128\n" +
+	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x05R\x05index\x12#\n" +
+	"\rinstance_guid\x18\x04 \x01(\tR\finstanceGuid\x12/\n" +
+	"\x06stream\x18\x05 \x01(\x0e2\x17.gavel.rep.v1.LogStreamR\x06stream\x12\x12\n" +
+	"\x04text\x18\x06 \x01(\tR\x04text*U\n" +
+	"\tLogStream\x12\x1a\n" +
+	"\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n" +
+	"\x11LOG_STREAM_STDERR\x10\x022\xe5\x03\n" +
 	"\n" +
 	"RepService\x12@\n" +
 	"\x05State\x12\x1a.gavel.rep.v1.StateRequest\x1a\x1b.gavel.rep.v1.StateResponse\x12F\n" +
@@ -896,7 +1204,9 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\x0fStopLRPInstance\x12$.gavel.rep.v1.StopLRPInstanceRequest\x1a%.gavel.rep.v1.StopLRPInstanceResponse\x12O\n" +
 	"\n" +
 	"CancelTask\x12\x1f.gavel.rep.v1.CancelTaskRequest\x1a .gavel.rep.v1.CancelTaskResponse\x12I\n" +
-	"\bEvacuate\x12\x1d.gavel.rep.v1.EvacuateRequest\x1a\x1e.gavel.rep.v1.EvacuateResponseB\xa7\x01\n" +
+	"\bEvacuate\x12\x1d.gavel.rep.v1.EvacuateRequest\x1a\x1e.gavel.rep.v1.EvacuateResponse\x12Q\n" +
+	"\n" +
+	"StreamLogs\x12\x1f.gavel.rep.v1.StreamLogsRequest\x1a .gavel.rep.v1.StreamLogsResponse0\x01B\xa7\x01\n" +
 	"\x10com.gavel.rep.v1B\bRepProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1;repv1\xa2\x02\x03GRX\xaa\x02\fGavel.Rep.V1\xca\x02\fGavel\\Rep\\V1\xe2\x02\x18Gavel\\Rep\\V1\\GPBMetadata\xea\x02\x0eGavel::Rep::V1b\x06proto3"
 
 var (
@@ -911,64 +1221,76 @@ func file_gavel_rep_v1_rep_proto_rawDescGZIP() []byte {
 	return file_gavel_rep_v1_rep_proto_rawDescData
 }
 
-var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gavel_rep_v1_rep_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gavel_rep_v1_rep_proto_goTypes = []any{
-	(*LRPInstance)(nil),             // 0: gavel.rep.v1.LRPInstance
-	(*TaskWork)(nil),                // 1: gavel.rep.v1.TaskWork
-	(*StateRequest)(nil),            // 2: gavel.rep.v1.StateRequest
-	(*StateResponse)(nil),           // 3: gavel.rep.v1.StateResponse
-	(*PerformRequest)(nil),          // 4: gavel.rep.v1.PerformRequest
-	(*PerformResponse)(nil),         // 5: gavel.rep.v1.PerformResponse
-	(*StopLRPInstanceRequest)(nil),  // 6: gavel.rep.v1.StopLRPInstanceRequest
-	(*StopLRPInstanceResponse)(nil), // 7: gavel.rep.v1.StopLRPInstanceResponse
-	(*CancelTaskRequest)(nil),       // 8: gavel.rep.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),      // 9: gavel.rep.v1.CancelTaskResponse
-	(*EvacuateRequest)(nil),         // 10: gavel.rep.v1.EvacuateRequest
-	(*EvacuateResponse)(nil),        // 11: gavel.rep.v1.EvacuateResponse
-	nil,                             // 12: gavel.rep.v1.LRPInstance.TraceContextEntry
-	nil,                             // 13: gavel.rep.v1.TaskWork.TraceContextEntry
-	nil,                             // 14: gavel.rep.v1.StateResponse.LrpInstancesEntry
-	(*v1.ActualLRPKey)(nil),         // 15: gavel.models.v1.ActualLRPKey
-	(*v1.Resources)(nil),            // 16: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),  // 17: gavel.models.v1.PlacementConstraint
-	(*v1.CellCapacity)(nil),         // 18: gavel.models.v1.CellCapacity
-	(*v1.ActualLRPInstanceKey)(nil), // 19: gavel.models.v1.ActualLRPInstanceKey
+	(LogStream)(0),                  // 0: gavel.rep.v1.LogStream
+	(*LRPInstance)(nil),             // 1: gavel.rep.v1.LRPInstance
+	(*TaskWork)(nil),                // 2: gavel.rep.v1.TaskWork
+	(*StateRequest)(nil),            // 3: gavel.rep.v1.StateRequest
+	(*StateResponse)(nil),           // 4: gavel.rep.v1.StateResponse
+	(*PerformRequest)(nil),          // 5: gavel.rep.v1.PerformRequest
+	(*PerformResponse)(nil),         // 6: gavel.rep.v1.PerformResponse
+	(*StopLRPInstanceRequest)(nil),  // 7: gavel.rep.v1.StopLRPInstanceRequest
+	(*StopLRPInstanceResponse)(nil), // 8: gavel.rep.v1.StopLRPInstanceResponse
+	(*CancelTaskRequest)(nil),       // 9: gavel.rep.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),      // 10: gavel.rep.v1.CancelTaskResponse
+	(*EvacuateRequest)(nil),         // 11: gavel.rep.v1.EvacuateRequest
+	(*EvacuateResponse)(nil),        // 12: gavel.rep.v1.EvacuateResponse
+	(*StreamLogsRequest)(nil),       // 13: gavel.rep.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),      // 14: gavel.rep.v1.StreamLogsResponse
+	(*LogLine)(nil),                 // 15: gavel.rep.v1.LogLine
+	nil,                             // 16: gavel.rep.v1.LRPInstance.TraceContextEntry
+	nil,                             // 17: gavel.rep.v1.TaskWork.TraceContextEntry
+	nil,                             // 18: gavel.rep.v1.StateResponse.LrpInstancesEntry
+	(*v1.ActualLRPKey)(nil),         // 19: gavel.models.v1.ActualLRPKey
+	(*v1.Resources)(nil),            // 20: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),  // 21: gavel.models.v1.PlacementConstraint
+	(*v1.CellCapacity)(nil),         // 22: gavel.models.v1.CellCapacity
+	(*v1.ActualLRPInstanceKey)(nil), // 23: gavel.models.v1.ActualLRPInstanceKey
+	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
 }
 var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
-	15, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
-	16, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
-	17, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	12, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
-	16, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
-	17, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	13, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
-	18, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
-	18, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
-	0,  // 9: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 10: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
-	14, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
-	0,  // 12: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 13: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
-	0,  // 14: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
-	1,  // 15: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
-	3,  // 16: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
-	15, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	19, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	2,  // 19: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	4,  // 20: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	6,  // 21: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	8,  // 22: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	10, // 23: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	3,  // 24: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	5,  // 25: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	7,  // 26: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	9,  // 27: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	11, // 28: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	19, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
+	20, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
+	21, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	16, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
+	20, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
+	21, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	17, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
+	22, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
+	22, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
+	1,  // 9: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 10: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
+	18, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
+	1,  // 12: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 13: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
+	1,  // 14: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 15: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
+	4,  // 16: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
+	19, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	23, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	24, // 19: gavel.rep.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	15, // 20: gavel.rep.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	24, // 21: gavel.rep.v1.LogLine.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 22: gavel.rep.v1.LogLine.stream:type_name -> gavel.rep.v1.LogStream
+	3,  // 23: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	5,  // 24: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	7,  // 25: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	9,  // 26: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	11, // 27: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	13, // 28: gavel.rep.v1.RepService.StreamLogs:input_type -> gavel.rep.v1.StreamLogsRequest
+	4,  // 29: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	6,  // 30: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	8,  // 31: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	10, // 32: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	12, // 33: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	14, // 34: gavel.rep.v1.RepService.StreamLogs:output_type -> gavel.rep.v1.StreamLogsResponse
+	29, // [29:35] is the sub-list for method output_type
+	23, // [23:29] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }
@@ -976,18 +1298,20 @@ func file_gavel_rep_v1_rep_proto_init() {
 	if File_gavel_rep_v1_rep_proto != nil {
 		return
 	}
+	file_gavel_rep_v1_rep_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_rep_v1_rep_proto_rawDesc), len(file_gavel_rep_v1_rep_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   15,
+			NumEnums:      1,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_gavel_rep_v1_rep_proto_goTypes,
 		DependencyIndexes: file_gavel_rep_v1_rep_proto_depIdxs,
+		EnumInfos:         file_gavel_rep_v1_rep_proto_enumTypes,
 		MessageInfos:      file_gavel_rep_v1_rep_proto_msgTypes,
 	}.Build()
 	File_gavel_rep_v1_rep_proto = out.File

@@ -5,7 +5,7 @@
 // source: gavel/rep/v1/rep.proto
 
 // Package gavel.rep.v1 is the cell agent's API: the auctioneer reads cell state and hands over
-// work, the BBS stops instances and cancels tasks, operators drain cells.
+// work, the BBS stops instances, cancels tasks and streams their logs, operators drain cells.
 
 package repv1
 
@@ -27,6 +27,7 @@ const (
 	RepService_StopLRPInstance_FullMethodName = "/gavel.rep.v1.RepService/StopLRPInstance"
 	RepService_CancelTask_FullMethodName      = "/gavel.rep.v1.RepService/CancelTask"
 	RepService_Evacuate_FullMethodName        = "/gavel.rep.v1.RepService/Evacuate"
+	RepService_StreamLogs_FullMethodName      = "/gavel.rep.v1.RepService/StreamLogs"
 )
 
 // RepServiceClient is the client API for RepService service.
@@ -45,6 +46,11 @@ type RepServiceClient interface {
 	CancelTask(ctx context.Context, in *CancelTaskRequest, opts ...grpc.CallOption) (*CancelTaskResponse, error)
 	// Evacuate drains the cell: it takes no new work and hands its instances over.
 	Evacuate(ctx context.Context, in *EvacuateRequest, opts ...grpc.CallOption) (*EvacuateResponse, error)
+	// StreamLogs sends the log lines the cell keeps of an LRP's instances (all, or one index) or
+	// of a task, oldest first, in batches; with follow it then sends new lines until the client
+	// goes or the cell holds none of the selected containers any more. For the BBS (which
+	// proxies it) and admin.
+	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
 }
 
 type repServiceClient struct {
@@ -105,6 +111,25 @@ func (c *repServiceClient) Evacuate(ctx context.Context, in *EvacuateRequest, op
 	return out, nil
 }
 
+func (c *repServiceClient) StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RepService_ServiceDesc.Streams[0], RepService_StreamLogs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamLogsRequest, StreamLogsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RepService_StreamLogsClient = grpc.ServerStreamingClient[StreamLogsResponse]
+
 // RepServiceServer is the server API for RepService service.
 // All implementations must embed UnimplementedRepServiceServer
 // for forward compatibility.
@@ -121,6 +146,11 @@ type RepServiceServer interface {
 	CancelTask(context.Context, *CancelTaskRequest) (*CancelTaskResponse, error)
 	// Evacuate drains the cell: it takes no new work and hands its instances over.
 	Evacuate(context.Context, *EvacuateRequest) (*EvacuateResponse, error)
+	// StreamLogs sends the log lines the cell keeps of an LRP's instances (all, or one index) or
+	// of a task, oldest first, in batches; with follow it then sends new lines until the client
+	// goes or the cell holds none of the selected containers any more. For the BBS (which
+	// proxies it) and admin.
+	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
 	mustEmbedUnimplementedRepServiceServer()
 }
 
@@ -145,6 +175,9 @@ func (UnimplementedRepServiceServer) CancelTask(context.Context, *CancelTaskRequ
 }
 func (UnimplementedRepServiceServer) Evacuate(context.Context, *EvacuateRequest) (*EvacuateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Evacuate not implemented")
+}
+func (UnimplementedRepServiceServer) StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error {
+	return status.Error(codes.Unimplemented, "method StreamLogs not implemented")
 }
 func (UnimplementedRepServiceServer) mustEmbedUnimplementedRepServiceServer() {}
 func (UnimplementedRepServiceServer) testEmbeddedByValue()                    {}
@@ -257,6 +290,17 @@ func _RepService_Evacuate_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RepService_StreamLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamLogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RepServiceServer).StreamLogs(m, &grpc.GenericServerStream[StreamLogsRequest, StreamLogsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RepService_StreamLogsServer = grpc.ServerStreamingServer[StreamLogsResponse]
+
 // RepService_ServiceDesc is the grpc.ServiceDesc for RepService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -285,6 +329,12 @@ var RepService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _RepService_Evacuate_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamLogs",
+			Handler:       _RepService_StreamLogs_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "gavel/rep/v1/rep.proto",
 }

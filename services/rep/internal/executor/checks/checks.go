@@ -12,6 +12,7 @@ import (
 	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
 // Defaults of the timings the spec leaves open, and the failure rule.
@@ -33,6 +34,9 @@ const (
 	// ReasonNeverHealthy is the reason of an LRP not healthy within its start timeout.
 	ReasonNeverHealthy = "health check never passed"
 )
+
+// SourceHealth is the default source of health-check lines.
+const SourceHealth = "HEALTH"
 
 // Probe runs one check once and reports whether it passed.
 type Probe func(ctx context.Context) bool
@@ -124,6 +128,28 @@ type Monitor struct {
 	SetRoutable func(bool)
 	// Fail stops the container with a reason (ReasonNeverHealthy, ReasonHealthCheckFailed).
 	Fail func(reason string)
+	// Log, when set, receives a line at each change the checks see (passed, a failed round,
+	// failed, readiness changes): the container's HEALTH lines (see LogTo).
+	Log func(text string)
+}
+
+// LogTo is the Monitor.Log of a container whose lines go to sink, labelled with the check
+// definition's log_source (default HEALTH); nil when sink is nil.
+func LogTo(sink executor.LogSink, def *modelsv1.CheckDefinition) func(string) {
+	if sink == nil {
+		return nil
+	}
+	source := def.GetLogSource()
+	if source == "" {
+		source = SourceHealth
+	}
+	return func(text string) { sink.Line(source, "stdout", text) }
+}
+
+func (m Monitor) log(format string, args ...any) {
+	if m.Log != nil {
+		m.Log(fmt.Sprintf(format, args...))
+	}
 }
 
 // Run monitors until ctx ends (the action finished) or the container failed.
@@ -146,11 +172,15 @@ func (m Monitor) Run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-deadline.C:
+				m.log("%s within %s", ReasonNeverHealthy, startTimeout)
 				m.Fail(ReasonNeverHealthy)
 				return
 			case <-ticker.C:
 			}
 		}
+	}
+	if len(m.Health) > 0 {
+		m.log("health check passed")
 	}
 	m.Healthy()
 	if len(m.Readiness) == 0 {
@@ -168,10 +198,12 @@ func (m Monitor) Run(ctx context.Context) {
 				readinessFailures = 0
 				if !ready {
 					ready = true
+					m.log("readiness check passed: routable")
 					m.SetRoutable(true)
 				}
 			} else if readinessFailures++; ready && readinessFailures >= HealthFailureThreshold {
 				ready = false
+				m.log("readiness check failed %d times: not routable", readinessFailures)
 				m.SetRoutable(false)
 			}
 		}
@@ -183,11 +215,13 @@ func (m Monitor) Run(ctx context.Context) {
 		if len(m.Health) > 0 {
 			if allPass(ctx, m.Health) {
 				healthFailures = 0
-			} else if healthFailures++; healthFailures >= HealthFailureThreshold {
-				if ctx.Err() == nil {
+			} else if healthFailures++; ctx.Err() == nil {
+				m.log("health check failed (%d of %d)", healthFailures, HealthFailureThreshold)
+				if healthFailures >= HealthFailureThreshold {
+					m.log(ReasonHealthCheckFailed)
 					m.Fail(ReasonHealthCheckFailed)
+					return
 				}
-				return
 			}
 		}
 	}

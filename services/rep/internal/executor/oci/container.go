@@ -170,12 +170,9 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	cleanups = append(cleanups, func() { _ = c.ctr.Delete(b.ctx(context.Background())) })
 
 	ra := spec.Action.GetRun()
-	source := ra.GetLogSource()
-	if source == "" {
-		source = ra.GetPath()
-	}
-	stdout := procout.Writer(c.log.With("source", source, "stream", "stdout"), ra.GetSuppressLogOutput(), nil)
-	stderr := procout.Writer(c.log.With("source", source, "stream", "stderr"), ra.GetSuppressLogOutput(), c.tail)
+	source := ra.GetLogSource() // empty: the container's default source
+	stdout := procout.Writer(c.log.With("source", source, "stream", "stdout"), ra.GetSuppressLogOutput(), nil, spec.Log, source, "stdout")
+	stderr := procout.Writer(c.log.With("source", source, "stream", "stderr"), ra.GetSuppressLogOutput(), c.tail, spec.Log, source, "stderr")
 	c.task, err = c.ctr.NewTask(cctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(filepath.Join(dir, "fifo"))))
 	if err != nil {
 		return nil, fmt.Errorf("create task: %w", err)
@@ -448,6 +445,7 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 		Interval:     checks.Interval(def),
 		StartTimeout: c.spec.StartTimeout,
 		ActionStart:  actionStart,
+		Log:          checks.LogTo(c.spec.Log, def),
 		Healthy:      func() { c.healthyOne.Do(func() { close(c.healthy) }) },
 		SetRoutable:  c.setRoutable,
 		Fail:         func(reason string) { c.beginStop(reason, c.b.cfg.KillGrace) },

@@ -169,10 +169,7 @@ func (c *container) runProcess(ctx context.Context, ra *modelsv1.RunAction) erro
 	pgid := cmd.Process.Pid
 	c.markStarted()
 
-	source := ra.GetLogSource()
-	if source == "" {
-		source = ra.GetPath()
-	}
+	source := ra.GetLogSource() // empty: the container's default source
 	stderrTail := procout.NewTailBuffer(1 << 10)
 	var copies sync.WaitGroup
 	copies.Add(2)
@@ -310,10 +307,10 @@ func (c *container) lookPath(name string, env []string) (string, error) {
 	return "", fmt.Errorf("run %s: executable not found in PATH %q", name, pathVar)
 }
 
-// logWriter returns where a process's stream goes: debug log lines (unless suppressed) and,
-// for stderr, the tail kept for the failure reason.
+// logWriter returns where a process's stream goes: the container's log sink and debug log
+// lines (unless suppressed) and, for stderr, the tail kept for the failure reason.
 func (c *container) logWriter(source, stream string, suppress bool, tail *procout.TailBuffer) io.Writer {
-	return procout.Writer(c.log.With("source", source, "stream", stream), suppress, tail)
+	return procout.Writer(c.log.With("source", source, "stream", stream), suppress, tail, c.spec.Log, source, stream)
 }
 
 func closeAll(fs ...*os.File) {

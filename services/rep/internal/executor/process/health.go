@@ -40,6 +40,7 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 		Interval:     checks.Interval(def),
 		StartTimeout: c.spec.StartTimeout,
 		ActionStart:  actionStart,
+		Log:          checks.LogTo(c.spec.Log, def),
 		Healthy: func() {
 			if len(health) > 0 {
 				c.log.Debug("healthy")

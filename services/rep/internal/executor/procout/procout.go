@@ -1,5 +1,6 @@
 // Package procout handles the output of a container's processes for the executor backends:
-// the tail of stderr kept for a failure reason, and lines logged at debug level.
+// the tail of stderr kept for a failure reason, each line to the container's log sink (the
+// cell's log store), and lines logged at debug level.
 package procout
 
 import (
@@ -65,39 +66,57 @@ func (t *TailBuffer) LastLines(n int) string {
 	return strings.ToValidUTF8(strings.Join(picked, " | "), "")
 }
 
-// NewLineLogger logs each complete line written to it at debug level on log.
-func NewLineLogger(log hclog.Logger) *LineLogger { return &LineLogger{log: log} }
+// Sink receives a container's output lines: the cell's log store (logs.Instance). An empty
+// source is the container's default source.
+type Sink interface {
+	Line(source, stream, text string)
+}
 
-// LineLogger writes each complete line at debug level.
-type LineLogger struct {
-	log     hclog.Logger
+// NewLineLogger logs each complete line written to it at debug level on log.
+func NewLineLogger(log hclog.Logger) *LineWriter {
+	return &LineWriter{emit: func(l string) { log.Debug(l) }}
+}
+
+// NewSinkWriter sends each complete line written to it to sink, labelled source and stream.
+func NewSinkWriter(sink Sink, source, stream string) *LineWriter {
+	return &LineWriter{emit: func(l string) { sink.Line(source, stream, l) }}
+}
+
+// LineWriter splits what is written to it into lines (a line longer than 4 KiB is cut) and
+// emits each without its newline (and a trailing carriage return).
+type LineWriter struct {
+	emit    func(string)
 	partial []byte
 }
 
-// Write logs the complete lines of p and keeps the rest for the next call.
-func (l *LineLogger) Write(p []byte) (int, error) {
+// Write emits the complete lines of p and keeps the rest for the next call.
+func (l *LineWriter) Write(p []byte) (int, error) {
 	l.partial = append(l.partial, p...)
 	for {
 		i := bytes.IndexByte(l.partial, '\n')
 		if i < 0 {
 			break
 		}
-		l.log.Debug(string(l.partial[:i]))
+		l.emit(strings.TrimSuffix(string(l.partial[:i]), "\r"))
 		l.partial = l.partial[i+1:]
 	}
 	if len(l.partial) > 4<<10 {
-		l.log.Debug(string(l.partial))
+		l.emit(string(l.partial))
 		l.partial = nil
 	}
 	return len(p), nil
 }
 
-// Writer returns where a process's stream goes: debug log lines on log (unless suppressed or
-// log is not at debug level) and, when tail is not nil, the tail kept for the failure reason.
-func Writer(log hclog.Logger, suppress bool, tail *TailBuffer) io.Writer {
+// Writer returns where a process's stream goes: each line to sink labelled source and stream
+// (unless suppressed or sink is nil), debug log lines on log (unless suppressed or log is not
+// at debug level) and, when tail is not nil, the tail kept for the failure reason.
+func Writer(log hclog.Logger, suppress bool, tail *TailBuffer, sink Sink, source, stream string) io.Writer {
 	var ws []io.Writer
 	if tail != nil {
 		ws = append(ws, tail)
+	}
+	if !suppress && sink != nil {
+		ws = append(ws, NewSinkWriter(sink, source, stream))
 	}
 	if !suppress && log.IsDebug() {
 		ws = append(ws, NewLineLogger(log))

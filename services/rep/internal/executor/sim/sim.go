@@ -1,8 +1,9 @@
 // Package sim is the simulated executor backend, registered as "sim": containers become
 // healthy after Options.SimStartLatency, are routable at once, get fake host ports from the
 // port range (no socket is opened), and LRPs crash with probability Options.SimCrashRate per
-// second. Tasks succeed after the latency with Output "sim". A container costs one goroutine
-// and one timer, so one process can host thousands of them.
+// second. Tasks succeed after the latency with Output "sim". A running container writes a
+// synthetic line to its log sink every Options.SimLogInterval. A container costs one goroutine
+// and two timers, so one process can host thousands of them.
 package sim
 
 import (
@@ -180,7 +181,13 @@ func (c *container) run(spec executor.Spec, o executor.Options) {
 		c.finish(true, ReasonStartTimeout, "")
 		return
 	}
+	logLine := func(n int) {
+		if spec.Log != nil {
+			spec.Log.Line("", "stdout", fmt.Sprintf("sim: %s index %d line %d", spec.Guid, spec.Index, n))
+		}
+	}
 	if spec.Kind == executor.KindTask {
+		logLine(1)
 		c.finish(false, "", TaskOutput)
 		return
 	}
@@ -192,11 +199,23 @@ func (c *container) run(spec executor.Spec, o executor.Options) {
 		defer t.Stop()
 		crash = t.C
 	}
-	select {
-	case <-c.stop:
-		c.finish(true, ReasonStopped, "")
-	case <-crash:
-		c.finish(true, ReasonCrash, "")
+	var lines <-chan time.Time
+	if spec.Log != nil && o.SimLogInterval > 0 {
+		t := time.NewTicker(o.SimLogInterval)
+		defer t.Stop()
+		lines = t.C
+	}
+	for n := 1; ; n++ {
+		select {
+		case <-c.stop:
+			c.finish(true, ReasonStopped, "")
+			return
+		case <-crash:
+			c.finish(true, ReasonCrash, "")
+			return
+		case <-lines:
+			logLine(n)
+		}
 	}
 }
 

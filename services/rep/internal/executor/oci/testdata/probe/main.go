@@ -7,6 +7,7 @@
 //	probe nofile      "soft hard" of RLIMIT_NOFILE
 //	probe ps          the pids it sees in /proc, one a line
 //	probe sleep       sleeps until killed
+//	probe say OUT ERR writes OUT to stdout and ERR to stderr, then sleeps until killed
 //	probe serve PORT  accepts tcp connections on 127.0.0.1:PORT until killed
 //	probe hog         allocates and touches memory until killed
 //	probe forkbomb    forks until the kernel refuses: "forked N: error"
@@ -56,6 +57,12 @@ func main() {
 			}
 		}
 		result(strings.Join(pids, "\n"))
+	case "say":
+		fmt.Println(os.Args[2])
+		fmt.Fprintln(os.Stderr, os.Args[3])
+		for {
+			time.Sleep(time.Hour)
+		}
 	case "sleep":
 		for {
 			time.Sleep(time.Hour)
