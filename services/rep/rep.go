@@ -432,8 +432,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	if err != nil {
 		return nil, err
 	}
+	// A sim cell's containers are simulated: their lines stay in memory (logs.Options.Memory).
 	store, err := logs.New(logs.Options{Dir: filepath.Join(cfg.WorkDir, "logs"), MaxFileBytes: cfg.Logs.MaxFileBytes,
-		Retention: time.Duration(cfg.Logs.Retention)})
+		Retention: time.Duration(cfg.Logs.Retention), Memory: cfg.Backend == BackendSim})
 	if err != nil {
 		return nil, err
 	}

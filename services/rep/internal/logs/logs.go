@@ -146,6 +146,11 @@ type Options struct {
 	MaxFileBytes int64
 	// Retention is how long a closed container's files are kept (0: DefaultRetention).
 	Retention time.Duration
+	// Memory keeps every container's lines in memory instead of on disk, within the same
+	// bounds, and forgets them when the rep stops: for simulated cells, whose thousands of
+	// containers would otherwise cost the simulation a directory and a file each (the syscalls
+	// halved the placement rate of a sim cluster).
+	Memory bool
 }
 
 // Store keeps the cell's log lines.
@@ -154,9 +159,11 @@ type Store struct {
 	queue chan entry
 	done  chan struct{} // closed when Run returns
 
-	mu   sync.Mutex // guards open, subs and the files
+	mu   sync.Mutex // guards open, subs, mem and the files
 	open map[string]*Instance
 	subs map[*Subscription]struct{}
+	// mem holds each container's lines, by directory, with Options.Memory.
+	mem map[string]*memLog
 
 	queued  atomic.Int64 // bytes of text in queue
 	dropped atomic.Uint64
@@ -177,11 +184,13 @@ func New(o Options) (*Store, error) {
 	if o.Retention <= 0 {
 		o.Retention = DefaultRetention
 	}
-	if err := os.MkdirAll(o.Dir, 0o750); err != nil {
-		return nil, fmt.Errorf("log dir: %w", err)
+	if !o.Memory {
+		if err := os.MkdirAll(o.Dir, 0o750); err != nil {
+			return nil, fmt.Errorf("log dir: %w", err)
+		}
 	}
 	return &Store{opts: o, queue: make(chan entry, queueLines), done: make(chan struct{}),
-		open: map[string]*Instance{}, subs: map[*Subscription]struct{}{}}, nil
+		open: map[string]*Instance{}, subs: map[*Subscription]struct{}{}, mem: map[string]*memLog{}}, nil
 }
 
 // Dropped is how many lines were lost: the queue was full or the disk write failed.
@@ -208,11 +217,16 @@ func (s *Store) Open(k Key, source string) (*Instance, error) {
 		return nil, err
 	}
 	inst := &Instance{s: s, key: k, dir: filepath.Join(s.opts.Dir, rel), source: source, size: -1}
-	if err := os.MkdirAll(inst.dir, 0o750); err != nil {
-		return nil, fmt.Errorf("log dir: %w", err)
+	if !s.opts.Memory {
+		if err := os.MkdirAll(inst.dir, 0o750); err != nil {
+			return nil, fmt.Errorf("log dir: %w", err)
+		}
 	}
 	s.mu.Lock()
 	s.open[inst.dir] = inst
+	if s.opts.Memory && s.mem[inst.dir] == nil {
+		s.mem[inst.dir] = &memLog{key: k}
+	}
 	s.mu.Unlock()
 	return inst, nil
 }
@@ -325,6 +339,12 @@ func (s *Store) write(batch []entry) {
 			continue
 		}
 		s.queued.Add(-int64(len(e.line.Text)))
+		if m := s.mem[e.inst.dir]; s.opts.Memory && m != nil {
+			m.add(e.line, 2*s.opts.MaxFileBytes)
+			s.written.Add(1)
+			lines = append(lines, liveLine{key: e.inst.key, line: e.line})
+			continue
+		}
 		b := files[e.inst]
 		if b == nil {
 			b = &bytes.Buffer{}
@@ -384,7 +404,11 @@ func (s *Store) rotate(i *Instance) {
 func (s *Store) closeLocked(i *Instance) {
 	if s.open[i.dir] == i {
 		delete(s.open, i.dir)
-		_ = os.Chtimes(i.dir, time.Now(), time.Now()) // the retention period starts now
+		if m := s.mem[i.dir]; m != nil {
+			m.closed = time.Now() // the retention period starts now
+		} else {
+			_ = os.Chtimes(i.dir, time.Now(), time.Now())
+		}
 	}
 	s.notifyEndedLocked(i.key)
 }
@@ -421,6 +445,14 @@ func fileSize(path string) int64 {
 func (s *Store) sweep(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for dir, m := range s.mem {
+		if s.open[dir] == nil && !m.closed.IsZero() && now.Sub(m.closed) > s.opts.Retention {
+			delete(s.mem, dir)
+		}
+	}
+	if s.opts.Memory {
+		return
+	}
 	dirs, _ := s.dirsLocked(Filter{}, true)
 	for _, d := range dirs {
 		if s.open[d.path] != nil {
@@ -456,6 +488,14 @@ type keyDir struct {
 // dirsLocked lists the container directories f selects (all of them with all).
 func (s *Store) dirsLocked(f Filter, all bool) ([]keyDir, error) {
 	var out []keyDir
+	if s.opts.Memory {
+		for dir, m := range s.mem {
+			if all || f.Matches(m.key) {
+				out = append(out, keyDir{key: m.key, path: dir})
+			}
+		}
+		return out, nil
+	}
 	if all || f.TaskGuid != "" {
 		pattern := filepath.Join(s.opts.Dir, "task", "*")
 		if !all {
@@ -527,6 +567,14 @@ func (s *Store) readLocked(f Filter, since time.Time, tail int) ([]Line, error) 
 	}
 	var lines []Line
 	for _, d := range dirs {
+		if m := s.mem[d.path]; m != nil {
+			for _, l := range m.lines {
+				if !l.Time.Before(since) {
+					lines = append(lines, l)
+				}
+			}
+			continue
+		}
 		for _, name := range []string{rotatedFile, currentFile} {
 			ls, err := readFile(filepath.Join(d.path, name), since)
 			if err != nil {
@@ -626,5 +674,28 @@ func (sub *Subscription) deliver(lines []liveLine) {
 	case sub.ch <- mine:
 	default:
 		sub.dropped.Add(uint64(len(mine)))
+	}
+}
+
+// memLog is one container's lines kept in memory (Options.Memory), the oldest dropped past
+// the store's bound, as rotation does on disk.
+type memLog struct {
+	key    Key
+	lines  []Line
+	bytes  int64
+	closed time.Time // when its log was closed; zero while open
+}
+
+// add appends l, dropping the oldest lines past max bytes of text.
+func (m *memLog) add(l Line, max int64) {
+	m.lines = append(m.lines, l)
+	m.bytes += int64(len(l.Text))
+	drop := 0
+	for m.bytes > max && drop < len(m.lines)-1 {
+		m.bytes -= int64(len(m.lines[drop].Text))
+		drop++
+	}
+	if drop > 0 {
+		m.lines = append(m.lines[:0:0], m.lines[drop:]...)
 	}
 }

@@ -186,3 +186,47 @@ func TestWritesNeverBlock(t *testing.T) {
 		t.Fatalf("written %d, want %d", s.Written(), queued)
 	}
 }
+
+// TestMemoryStore: with Options.Memory, lines are kept within the same bound without touching
+// the disk, read back by filter and tail in order, and followers get the live ones.
+func TestMemoryStore(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "logs")
+	const max = 4 << 10
+	s := startStore(t, logs.Options{Dir: dir, MaxFileBytes: max, Memory: true})
+	k := logs.Key{ProcessGuid: "web", Index: 0, InstanceGuid: "i-0"}
+	inst, err := s.Open(k, logs.SourceLRP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Open(logs.Key{ProcessGuid: "db", Index: 0, InstanceGuid: "d-0"}, logs.SourceLRP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	for i := range n {
+		inst.Line("", logs.Stdout, fmt.Sprintf("line %04d", i))
+		if i%500 == 499 {
+			waitWritten(t, s, uint64(i+1))
+		}
+	}
+	other.Line("", logs.Stdout, "db line")
+	waitWritten(t, s, n+1)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the memory store touched the disk: %v", err)
+	}
+	web := logs.Filter{ProcessGuid: "web", AnyIndex: true}
+	all, err := s.Read(web, time.Time{}, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes := len(all) * len("line 0000"); bytes > 2*max || all[len(all)-1].Text != "line 1999" {
+		t.Fatalf("kept %d lines (%d bytes of text, bound %d), last %q", len(all), bytes, 2*max, all[len(all)-1].Text)
+	}
+	last, err := s.Read(web, time.Time{}, 3)
+	if err != nil || len(last) != 3 || last[0].Text != "line 1997" || last[2].Text != "line 1999" {
+		t.Fatalf("tail 3 = %v, %v", last, err)
+	}
+	if !s.Known(web) || s.Known(logs.Filter{ProcessGuid: "nope", AnyIndex: true}) {
+		t.Fatal("Known does not follow the memory logs")
+	}
+}
