@@ -225,7 +225,7 @@ func (c *cli) clusterCommands() []*cobra.Command {
 		},
 	}
 	wRoutes.bind(routes)
-	return []*cobra.Command{cells, cellState, tags, domains, setDomain, events, routes}
+	return []*cobra.Command{cells, cellState, tags, domains, setDomain, events, c.logsCommand(), routes}
 }
 
 // printCells renders the cells sorted by id.

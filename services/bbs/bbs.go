@@ -363,7 +363,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		_ = transformers.Close()
 		return nil, err
 	}
-	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval)))
+	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval), api.WithLogs(reps)))
 	conv := converge.New(c, st, converge.Config{
 		Interval:             time.Duration(cfg.ConvergenceInterval),
 		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),

@@ -39,14 +39,15 @@ type Server struct {
 	cells         *core.Cells
 	cache         Cache
 	bookmarkEvery time.Duration
+	logs          LogSource
 }
 
 var _ bbsv1.BBSServiceServer = (*Server)(nil)
 
 // New returns the API over c, answering lists and event subscriptions from cache; idle event
 // subscribers get a bookmark every bookmarkEvery.
-func New(c *core.Core, cache Cache, bookmarkEvery time.Duration) *Server {
-	return &Server{
+func New(c *core.Core, cache Cache, bookmarkEvery time.Duration, opts ...Option) *Server {
+	s := &Server{
 		desired:       c.DesiredLRPs,
 		actual:        c.ActualLRPs,
 		tasks:         c.Tasks,
@@ -55,6 +56,10 @@ func New(c *core.Core, cache Cache, bookmarkEvery time.Duration) *Server {
 		cache:         cache,
 		bookmarkEvery: bookmarkEvery,
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // UpsertDomain implements bbsv1.BBSServiceServer.

@@ -288,3 +288,12 @@ func (r *Reps) CancelTask(ctx context.Context, cell *modelsv1.CellPresence, guid
 	_, err = c.CancelTask(ctx, &repv1.CancelTaskRequest{TaskGuid: guid})
 	return err
 }
+
+// StreamLogs opens a cell's log stream (its rep's StreamLogs).
+func (r *Reps) StreamLogs(ctx context.Context, cell *modelsv1.CellPresence, req *repv1.StreamLogsRequest) (grpc.ServerStreamingClient[repv1.StreamLogsResponse], error) {
+	c, err := r.pool.Presence(cell)
+	if err != nil {
+		return nil, err
+	}
+	return c.StreamLogs(ctx, req)
+}

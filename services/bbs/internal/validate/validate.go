@@ -6,6 +6,7 @@ package validate
 
 import (
 	"strconv"
+	"time"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
@@ -122,6 +123,27 @@ func (v Validator) Request(req any) error {
 	case *bbsv1.SubscribeToEventsRequest:
 		nonNegative(e, "since_revision", r.GetSinceRevision())
 		filter(e, "filter", r.GetFilter())
+	case *bbsv1.StreamLogsRequest:
+		switch {
+		case (r.GetProcessGuid() == "") == (r.GetTaskGuid() == ""):
+			e.Add("process_guid", "exactly one of process_guid and task_guid is required")
+		case r.GetTaskGuid() != "":
+			guid(e, "task_guid", r.GetTaskGuid())
+			if r.Index != nil {
+				e.Add("index", "applies to an LRP (process_guid), not a task")
+			}
+		default:
+			guid(e, "process_guid", r.GetProcessGuid())
+		}
+		if r.Index != nil && r.GetIndex() < 0 {
+			e.Add("index", "must not be negative, got %d", r.GetIndex())
+		}
+		if r.Tail != nil && r.GetTail() < 0 {
+			e.Add("tail", "must not be negative, got %d", r.GetTail())
+		}
+		if r.GetSince() != nil && r.GetSince().AsTime().After(time.Now()) {
+			e.Add("since", "must not be in the future")
+		}
 	}
 	return e.Err()
 }

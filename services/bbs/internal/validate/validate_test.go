@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -178,6 +181,12 @@ func requestCases() []requestCase {
 		{"subscribe from now", &bbsv1.SubscribeToEventsRequest{}, nil},
 		{"subscribe bad", &bbsv1.SubscribeToEventsRequest{SinceRevision: -1, Filter: badFilter},
 			append([]string{"since_revision"}, badFilterAt...)},
+		{"logs", &bbsv1.StreamLogsRequest{ProcessGuid: "web", Follow: true}, nil},
+		{"logs of a task", &bbsv1.StreamLogsRequest{TaskGuid: "t1"}, nil},
+		{"logs of neither", &bbsv1.StreamLogsRequest{}, []string{"process_guid"}},
+		{"logs bad", &bbsv1.StreamLogsRequest{ProcessGuid: "web", Index: proto.Int32(-1), Tail: proto.Int32(-2),
+			Since: timestamppb.New(time.Now().Add(time.Hour))}, []string{"index", "tail", "since"}},
+		{"logs of a task with an index", &bbsv1.StreamLogsRequest{TaskGuid: "t1", Index: proto.Int32(0)}, []string{"index"}},
 
 		{"nil", nil, nil},
 		{"foreign type", &modelsv1.DesiredLRP{}, nil},

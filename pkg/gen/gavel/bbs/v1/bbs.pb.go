@@ -11,8 +11,10 @@ package bbsv1
 
 import (
 	v1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	v11 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -3537,11 +3539,158 @@ func (x *SubscribeToEventsResponse) GetBookmark() bool {
 	return false
 }
 
+// StreamLogsRequest is the request of StreamLogs: exactly one of process_guid and task_guid.
+type StreamLogsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid selects an LRP's instances.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index, with process_guid, selects one instance index; unset selects every index.
+	Index *int32 `protobuf:"varint,2,opt,name=index,proto3,oneof" json:"index,omitempty"`
+	// TaskGuid selects a task.
+	TaskGuid string `protobuf:"bytes,3,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
+	// Tail sends only the last tail lines each cell keeps (0: none, only new lines with follow);
+	// unset sends every line kept.
+	Tail *int32 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
+	// Since sends only lines captured at or after it; it must not be in the future.
+	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// Follow keeps the stream open, sending new lines as they are captured.
+	Follow        bool `protobuf:"varint,6,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamLogsRequest) Reset() {
+	*x = StreamLogsRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamLogsRequest) ProtoMessage() {}
+
+func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
+func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *StreamLogsRequest) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *StreamLogsRequest) GetIndex() int32 {
+	if x != nil && x.Index != nil {
+		return *x.Index
+	}
+	return 0
+}
+
+func (x *StreamLogsRequest) GetTaskGuid() string {
+	if x != nil {
+		return x.TaskGuid
+	}
+	return ""
+}
+
+func (x *StreamLogsRequest) GetTail() int32 {
+	if x != nil && x.Tail != nil {
+		return *x.Tail
+	}
+	return 0
+}
+
+func (x *StreamLogsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *StreamLogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+// StreamLogsResponse is one batch of log lines, all from one cell.
+type StreamLogsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lines are in the order the cell captured them.
+	Lines []*v11.LogLine `protobuf:"bytes,1,rep,name=lines,proto3" json:"lines,omitempty"`
+	// CellId is the cell the lines come from.
+	CellId        string `protobuf:"bytes,2,opt,name=cell_id,json=cellId,proto3" json:"cell_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamLogsResponse) Reset() {
+	*x = StreamLogsResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamLogsResponse) ProtoMessage() {}
+
+func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
+func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *StreamLogsResponse) GetLines() []*v11.LogLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *StreamLogsResponse) GetCellId() string {
+	if x != nil {
+		return x.CellId
+	}
+	return ""
+}
+
 var File_gavel_bbs_v1_bbs_proto protoreflect.FileDescriptor
 
 const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\n" +
-	"\x16gavel/bbs/v1/bbs.proto\x12\fgavel.bbs.v1\x1a\x19gavel/bbs/v1/events.proto\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1bgavel/models/v1/links.proto\x1a\x1agavel/models/v1/task.proto\"\x85\x01\n" +
+	"\x16gavel/bbs/v1/bbs.proto\x12\fgavel.bbs.v1\x1a\x19gavel/bbs/v1/events.proto\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\x1a!gavel/models/v1/desired_lrp.proto\x1a\x1bgavel/models/v1/links.proto\x1a\x1agavel/models/v1/task.proto\x1a\x16gavel/rep/v1/rep.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x01\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12#\n" +
 	"\rprocess_guids\x18\x02 \x03(\tR\fprocessGuids\x12\x17\n" +
@@ -3738,7 +3887,19 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x19SubscribeToEventsResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.gavel.bbs.v1.EventR\x06events\x12\x1a\n" +
-	"\bbookmark\x18\x03 \x01(\bR\bbookmark2\x8b\x18\n" +
+	"\bbookmark\x18\x03 \x01(\bR\bbookmark\"\xe4\x01\n" +
+	"\x11StreamLogsRequest\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x19\n" +
+	"\x05index\x18\x02 \x01(\x05H\x00R\x05index\x88\x01\x01\x12\x1b\n" +
+	"\ttask_guid\x18\x03 \x01(\tR\btaskGuid\x12\x17\n" +
+	"\x04tail\x18\x04 \x01(\x05H\x01R\x04tail\x88\x01\x01\x120\n" +
+	"\x05since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
+	"\x06follow\x18\x06 \x01(\bR\x06followB\b\n" +
+	"\x06_indexB\a\n" +
+	"\x05_tail\"Z\n" +
+	"\x12StreamLogsResponse\x12+\n" +
+	"\x05lines\x18\x01 \x03(\v2\x15.gavel.rep.v1.LogLineR\x05lines\x12\x17\n" +
+	"\acell_id\x18\x02 \x01(\tR\x06cellId2\xde\x18\n" +
 	"\n" +
 	"BBSService\x12U\n" +
 	"\fUpsertDomain\x12!.gavel.bbs.v1.UpsertDomainRequest\x1a\".gavel.bbs.v1.UpsertDomainResponse\x12F\n" +
@@ -3779,7 +3940,9 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x05Cells\x12\x1a.gavel.bbs.v1.CellsRequest\x1a\x1b.gavel.bbs.v1.CellsResponse\x12=\n" +
 	"\x04Tags\x12\x19.gavel.bbs.v1.TagsRequest\x1a\x1a.gavel.bbs.v1.TagsResponse\x12U\n" +
 	"\fResolveLinks\x12!.gavel.bbs.v1.ResolveLinksRequest\x1a\".gavel.bbs.v1.ResolveLinksResponse\x12f\n" +
-	"\x11SubscribeToEvents\x12&.gavel.bbs.v1.SubscribeToEventsRequest\x1a'.gavel.bbs.v1.SubscribeToEventsResponse0\x01B\xa7\x01\n" +
+	"\x11SubscribeToEvents\x12&.gavel.bbs.v1.SubscribeToEventsRequest\x1a'.gavel.bbs.v1.SubscribeToEventsResponse0\x01\x12Q\n" +
+	"\n" +
+	"StreamLogs\x12\x1f.gavel.bbs.v1.StreamLogsRequest\x1a .gavel.bbs.v1.StreamLogsResponse0\x01B\xa7\x01\n" +
 	"\x10com.gavel.bbs.v1B\bBbsProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1;bbsv1\xa2\x02\x03GBX\xaa\x02\fGavel.Bbs.V1\xca\x02\fGavel\\Bbs\\V1\xe2\x02\x18Gavel\\Bbs\\V1\\GPBMetadata\xea\x02\x0eGavel::Bbs::V1b\x06proto3"
 
 var (
@@ -3794,7 +3957,7 @@ func file_gavel_bbs_v1_bbs_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_bbs_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*Filter)(nil),                            // 0: gavel.bbs.v1.Filter
 	(*UpsertDomainRequest)(nil),               // 1: gavel.bbs.v1.UpsertDomainRequest
@@ -3863,134 +4026,142 @@ var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*ResolveLinksResponse)(nil),              // 64: gavel.bbs.v1.ResolveLinksResponse
 	(*SubscribeToEventsRequest)(nil),          // 65: gavel.bbs.v1.SubscribeToEventsRequest
 	(*SubscribeToEventsResponse)(nil),         // 66: gavel.bbs.v1.SubscribeToEventsResponse
-	nil,                                       // 67: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	(*v1.Domain)(nil),                         // 68: gavel.models.v1.Domain
-	(*v1.DesiredLRP)(nil),                     // 69: gavel.models.v1.DesiredLRP
-	(*v1.DesiredLRPUpdate)(nil),               // 70: gavel.models.v1.DesiredLRPUpdate
-	(*v1.ModificationTag)(nil),                // 71: gavel.models.v1.ModificationTag
-	(*v1.DesiredLRPSchedulingInfo)(nil),       // 72: gavel.models.v1.DesiredLRPSchedulingInfo
-	(*v1.ActualLRP)(nil),                      // 73: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPInstanceKey)(nil),           // 74: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.ActualLRPNetInfo)(nil),               // 75: gavel.models.v1.ActualLRPNetInfo
-	(*v1.PlacementError)(nil),                 // 76: gavel.models.v1.PlacementError
-	(*v1.TaskDefinition)(nil),                 // 77: gavel.models.v1.TaskDefinition
-	(*v1.Task)(nil),                           // 78: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),                   // 79: gavel.models.v1.CellPresence
-	(*v1.InstanceLinks)(nil),                  // 80: gavel.models.v1.InstanceLinks
-	(*Event)(nil),                             // 81: gavel.bbs.v1.Event
-	(*v1.ResolvedLink)(nil),                   // 82: gavel.models.v1.ResolvedLink
+	(*StreamLogsRequest)(nil),                 // 67: gavel.bbs.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),                // 68: gavel.bbs.v1.StreamLogsResponse
+	nil,                                       // 69: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	(*v1.Domain)(nil),                         // 70: gavel.models.v1.Domain
+	(*v1.DesiredLRP)(nil),                     // 71: gavel.models.v1.DesiredLRP
+	(*v1.DesiredLRPUpdate)(nil),               // 72: gavel.models.v1.DesiredLRPUpdate
+	(*v1.ModificationTag)(nil),                // 73: gavel.models.v1.ModificationTag
+	(*v1.DesiredLRPSchedulingInfo)(nil),       // 74: gavel.models.v1.DesiredLRPSchedulingInfo
+	(*v1.ActualLRP)(nil),                      // 75: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPInstanceKey)(nil),           // 76: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.ActualLRPNetInfo)(nil),               // 77: gavel.models.v1.ActualLRPNetInfo
+	(*v1.PlacementError)(nil),                 // 78: gavel.models.v1.PlacementError
+	(*v1.TaskDefinition)(nil),                 // 79: gavel.models.v1.TaskDefinition
+	(*v1.Task)(nil),                           // 80: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),                   // 81: gavel.models.v1.CellPresence
+	(*v1.InstanceLinks)(nil),                  // 82: gavel.models.v1.InstanceLinks
+	(*Event)(nil),                             // 83: gavel.bbs.v1.Event
+	(*timestamppb.Timestamp)(nil),             // 84: google.protobuf.Timestamp
+	(*v11.LogLine)(nil),                       // 85: gavel.rep.v1.LogLine
+	(*v1.ResolvedLink)(nil),                   // 86: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
-	68, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
-	69, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	70, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
-	71, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
-	69, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	70, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
+	71, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	72, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
+	73, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
+	71, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 5: gavel.bbs.v1.DesiredLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	69, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
-	69, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	71, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
+	71, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 8: gavel.bbs.v1.DesiredLRPSchedulingInfosRequest.filter:type_name -> gavel.bbs.v1.Filter
-	72, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
+	74, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
 	0,  // 10: gavel.bbs.v1.ActualLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	73, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
-	74, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	73, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	69, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	74, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	73, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	74, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	73, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	76, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	74, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	74, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	74, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
+	75, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
+	76, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	75, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	71, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	76, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	77, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	75, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	76, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	75, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	78, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	76, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	76, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	76, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	77, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	76, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	76, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	76, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	79, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
 	0,  // 29: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
-	78, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
-	78, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
-	76, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	79, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
-	67, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	80, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	80, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
+	80, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
+	78, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	81, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
+	69, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	82, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
 	0,  // 36: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	81, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	82, // 38: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	1,  // 39: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
-	3,  // 40: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
-	5,  // 41: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
-	7,  // 42: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
-	9,  // 43: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
-	11, // 44: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
-	13, // 45: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
-	15, // 46: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
-	17, // 47: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
-	19, // 48: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
-	21, // 49: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
-	23, // 50: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
-	25, // 51: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
-	27, // 52: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
-	29, // 53: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
-	31, // 54: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	33, // 55: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	35, // 56: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	37, // 57: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	39, // 58: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	41, // 59: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
-	43, // 60: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
-	45, // 61: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
-	47, // 62: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
-	49, // 63: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
-	51, // 64: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
-	53, // 65: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
-	55, // 66: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
-	57, // 67: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
-	59, // 68: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
-	61, // 69: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	63, // 70: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	65, // 71: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	2,  // 72: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 73: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 74: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 75: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 76: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 77: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 78: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 79: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 80: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 81: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 82: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 83: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 84: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 85: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 86: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 87: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 88: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 89: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 90: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 91: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 92: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 93: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 94: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 95: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 96: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 97: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 98: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 99: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 100: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 101: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 102: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	64, // 103: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	66, // 104: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	72, // [72:105] is the sub-list for method output_type
-	39, // [39:72] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	83, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	84, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	85, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	86, // 40: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	1,  // 41: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
+	3,  // 42: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
+	5,  // 43: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
+	7,  // 44: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
+	9,  // 45: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
+	11, // 46: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
+	13, // 47: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
+	15, // 48: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
+	17, // 49: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
+	19, // 50: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
+	21, // 51: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
+	23, // 52: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
+	25, // 53: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
+	27, // 54: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
+	29, // 55: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
+	31, // 56: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	33, // 57: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	35, // 58: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	37, // 59: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	39, // 60: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	41, // 61: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
+	43, // 62: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
+	45, // 63: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
+	47, // 64: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
+	49, // 65: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
+	51, // 66: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
+	53, // 67: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
+	55, // 68: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
+	57, // 69: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
+	59, // 70: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
+	61, // 71: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
+	63, // 72: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	65, // 73: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	67, // 74: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
+	2,  // 75: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,  // 76: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,  // 77: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,  // 78: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10, // 79: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12, // 80: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14, // 81: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16, // 82: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18, // 83: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20, // 84: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	22, // 85: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	24, // 86: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	26, // 87: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	28, // 88: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	30, // 89: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	32, // 90: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	34, // 91: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	36, // 92: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	38, // 93: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	40, // 94: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	42, // 95: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	44, // 96: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	46, // 97: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	48, // 98: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	50, // 99: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	52, // 100: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	54, // 101: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	56, // 102: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	58, // 103: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	60, // 104: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	62, // 105: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	64, // 106: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	66, // 107: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	68, // 108: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
+	75, // [75:109] is the sub-list for method output_type
+	41, // [41:75] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_bbs_proto_init() }
@@ -4000,13 +4171,14 @@ func file_gavel_bbs_v1_bbs_proto_init() {
 	}
 	file_gavel_bbs_v1_events_proto_init()
 	file_gavel_bbs_v1_bbs_proto_msgTypes[17].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[67].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_bbs_proto_rawDesc), len(file_gavel_bbs_v1_bbs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   68,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,6 +55,7 @@ const (
 	BBSService_Tags_FullMethodName                      = "/gavel.bbs.v1.BBSService/Tags"
 	BBSService_ResolveLinks_FullMethodName              = "/gavel.bbs.v1.BBSService/ResolveLinks"
 	BBSService_SubscribeToEvents_FullMethodName         = "/gavel.bbs.v1.BBSService/SubscribeToEvents"
+	BBSService_StreamLogs_FullMethodName                = "/gavel.bbs.v1.BBSService/StreamLogs"
 )
 
 // BBSServiceClient is the client API for BBSService service.
@@ -133,6 +134,11 @@ type BBSServiceClient interface {
 	ResolveLinks(ctx context.Context, in *ResolveLinksRequest, opts ...grpc.CallOption) (*ResolveLinksResponse, error)
 	// SubscribeToEvents streams every change after since_revision, with periodic bookmarks.
 	SubscribeToEvents(ctx context.Context, in *SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeToEventsResponse], error)
+	// StreamLogs streams the log lines of an LRP's instances (all, or one index) or of a task,
+	// proxied from the cells that hold them (users need not reach cells): each cell's lines in
+	// the order captured, in batches; with follow it then sends new lines until the client goes
+	// or no cell holds a selected container any more. For admin and read-only.
+	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
 }
 
 type bBSServiceClient struct {
@@ -482,6 +488,25 @@ func (c *bBSServiceClient) SubscribeToEvents(ctx context.Context, in *SubscribeT
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BBSService_SubscribeToEventsClient = grpc.ServerStreamingClient[SubscribeToEventsResponse]
 
+func (c *bBSServiceClient) StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BBSService_ServiceDesc.Streams[1], BBSService_StreamLogs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamLogsRequest, StreamLogsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BBSService_StreamLogsClient = grpc.ServerStreamingClient[StreamLogsResponse]
+
 // BBSServiceServer is the server API for BBSService service.
 // All implementations must embed UnimplementedBBSServiceServer
 // for forward compatibility.
@@ -558,6 +583,11 @@ type BBSServiceServer interface {
 	ResolveLinks(context.Context, *ResolveLinksRequest) (*ResolveLinksResponse, error)
 	// SubscribeToEvents streams every change after since_revision, with periodic bookmarks.
 	SubscribeToEvents(*SubscribeToEventsRequest, grpc.ServerStreamingServer[SubscribeToEventsResponse]) error
+	// StreamLogs streams the log lines of an LRP's instances (all, or one index) or of a task,
+	// proxied from the cells that hold them (users need not reach cells): each cell's lines in
+	// the order captured, in batches; with follow it then sends new lines until the client goes
+	// or no cell holds a selected container any more. For admin and read-only.
+	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
 	mustEmbedUnimplementedBBSServiceServer()
 }
 
@@ -666,6 +696,9 @@ func (UnimplementedBBSServiceServer) ResolveLinks(context.Context, *ResolveLinks
 }
 func (UnimplementedBBSServiceServer) SubscribeToEvents(*SubscribeToEventsRequest, grpc.ServerStreamingServer[SubscribeToEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method SubscribeToEvents not implemented")
+}
+func (UnimplementedBBSServiceServer) StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error {
+	return status.Error(codes.Unimplemented, "method StreamLogs not implemented")
 }
 func (UnimplementedBBSServiceServer) mustEmbedUnimplementedBBSServiceServer() {}
 func (UnimplementedBBSServiceServer) testEmbeddedByValue()                    {}
@@ -1275,6 +1308,17 @@ func _BBSService_SubscribeToEvents_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BBSService_SubscribeToEventsServer = grpc.ServerStreamingServer[SubscribeToEventsResponse]
 
+func _BBSService_StreamLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamLogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BBSServiceServer).StreamLogs(m, &grpc.GenericServerStream[StreamLogsRequest, StreamLogsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BBSService_StreamLogsServer = grpc.ServerStreamingServer[StreamLogsResponse]
+
 // BBSService_ServiceDesc is the grpc.ServiceDesc for BBSService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1415,6 +1459,11 @@ var BBSService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "SubscribeToEvents",
 			Handler:       _BBSService_SubscribeToEvents_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "StreamLogs",
+			Handler:       _BBSService_StreamLogs_Handler,
 			ServerStreams: true,
 		},
 	},
