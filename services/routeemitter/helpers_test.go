@@ -386,7 +386,9 @@ type proxy struct {
 
 func newProxy(t testing.TB, target string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A reserved port, outside the ephemeral range: up listens on it again after down, and an
+	// ephemeral port could meanwhile be handed to another listener (it was, once, in CI).
+	ln, err := net.Listen("tcp", testkit.ReservedAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
