@@ -35,7 +35,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	t.Skip("SKIPPED: no chromium, chromium-browser or google-chrome on PATH: the console's browser tests need one (Debian: apt-get install chromium; .ci/run installs it)")
+	testkit.SkipWithoutTool(t, "no chromium, chromium-browser or google-chrome on PATH: the console's browser tests need one (Debian: apt-get install chromium)")
 	return ""
 }
 

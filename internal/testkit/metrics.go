@@ -33,7 +33,7 @@ func Promtool(t testing.TB, body string) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Skip("SKIP: promtool is not on PATH (apt-get install prometheus): /metrics is not linted")
+		SkipWithoutTool(t, "promtool is not on PATH (apt-get install prometheus): /metrics is not linted")
 	}
 	cmd := exec.Command(path, "check", "metrics")
 	cmd.Stdin = strings.NewReader(body)

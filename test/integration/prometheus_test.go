@@ -36,7 +36,7 @@ func lookPath(t *testing.T, name string) string {
 	t.Helper()
 	path, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("SKIP: %s is not on PATH (apt-get install prometheus): Gavel's rules are not checked", name)
+		testkit.SkipWithoutTool(t, name+" is not on PATH (apt-get install prometheus): Gavel's rules are not checked")
 	}
 	return path
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/hostports"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/cni"
 )
@@ -25,11 +26,11 @@ func TestCNINetworkedContainer(t *testing.T) {
 	b := newTestBackend(t)
 	for _, need := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/portmap"} {
 		if _, err := os.Stat(need); err != nil {
-			t.Skipf("SKIP: %s is missing: %s", need, cni.InstallHint)
+			testkit.SkipWithoutTool(t, need+" is missing: "+cni.InstallHint)
 		}
 	}
 	if _, err := exec.LookPath("iptables"); err != nil {
-		t.Skip("SKIP: iptables is missing: apt-get install iptables")
+		testkit.SkipWithoutTool(t, "iptables is missing: apt-get install iptables")
 	}
 	const bridge, subnet = "gvocitest0", "10.253.77.0/24"
 	confDir := t.TempDir()

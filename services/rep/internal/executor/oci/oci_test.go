@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -93,8 +94,11 @@ func makeRootfs(dir string) error {
 // t.TempDir, or skips t.
 func newTestBackend(t *testing.T) *Backend {
 	t.Helper()
-	if skipReason != "" {
+	switch {
+	case testing.Short():
 		t.Skip(skipReason)
+	case skipReason != "":
+		testkit.SkipWithoutTool(t, skipReason)
 	}
 	b, err := New(Config{
 		Socket:    daemon.Socket,

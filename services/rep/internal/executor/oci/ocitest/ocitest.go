@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
 )
 
 // InstallHint is the one line a test prints when it skips for want of containerd or runc.
@@ -68,7 +70,7 @@ func containerdBinary() string {
 func New(t testing.TB) *Containerd {
 	t.Helper()
 	if m := Missing(); m != "" {
-		t.Skipf("%s (missing: %s)", InstallHint, m)
+		testkit.SkipWithoutTool(t, fmt.Sprintf("%s (missing: %s)", InstallHint, m))
 	}
 	c, err := Start()
 	if err != nil {
