@@ -46,6 +46,12 @@ func AwaitReachable(ctx context.Context, cli *clientv3.Client, bound time.Durati
 	}
 }
 
+// Connected reports whether cli has a ready connection to an etcd member now.
+func Connected(cli *clientv3.Client) bool {
+	conn := cli.ActiveConnection()
+	return conn == nil || conn.GetState() == connectivity.Ready
+}
+
 // RefusedBeforeProposal reports whether etcd refused a request before it could enter the raft
 // log (no leader, too many operations, too large): such a write is certain never to be
 // applied. Any other failure of a write that was sent leaves its outcome unknown.

@@ -27,18 +27,13 @@ type Option func(*Server)
 // WithLogs proxies StreamLogs to the cells through l; without it StreamLogs is Unimplemented.
 func WithLogs(l LogSource) Option { return func(s *Server) { s.logs = l } }
 
-// StreamLogs implements bbsv1.BBSServiceServer: it finds the cells that hold the selected
+// StreamLogs implements bbsv1.BBSServiceServer (the request is validated by the validate
+// package's interceptor, as every request is): it finds the cells that hold the selected
 // containers, opens each one's log stream, and forwards their batches as they come. The BBS
 // keeps no lines: a slow client slows only its own streams.
 func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStreamingServer[bbsv1.StreamLogsResponse]) error {
 	if s.logs == nil {
 		return rpcerr.FailedPrecondition("this BBS does not proxy logs")
-	}
-	if (r.GetProcessGuid() == "") == (r.GetTaskGuid() == "") {
-		return rpcerr.Invalid("process_guid", "exactly one of process_guid and task_guid is required")
-	}
-	if r.Index != nil && r.GetTaskGuid() != "" {
-		return rpcerr.Invalid("index", "applies to an LRP (process_guid), not a task")
 	}
 	cellIDs := s.logCells(r)
 	if len(cellIDs) == 0 {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
@@ -142,7 +141,7 @@ func newCommitter(client *clientv3.Client, unreachable time.Duration, observe fu
 	return c
 }
 
-// errUnreachable answers a request withdrawn unsent because etcd could not be reached in time.
+// unreachableError answers a request withdrawn unsent because etcd could not be reached in time.
 type unreachableError struct{ after time.Duration }
 
 func (e unreachableError) Error() string {
@@ -299,10 +298,7 @@ func (c *committer) awaitReachable(ctx context.Context) bool {
 }
 
 // connected reports whether the etcd client has a ready connection now.
-func (c *committer) connected() bool {
-	conn := c.client.ActiveConnection()
-	return conn == nil || conn.GetState() == connectivity.Ready
-}
+func (c *committer) connected() bool { return etcdx.Connected(c.client) }
 
 // send marks the still-wanted requests of reqs sent and returns them; a request withdrawn by
 // its caller is left out and never sent.

@@ -44,6 +44,15 @@ type Probe func(ctx context.Context) bool
 // DialFunc opens a connection, like net.Dialer.DialContext.
 type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
+// ForChecks builds the probes of every check in checks (ForCheck).
+func ForChecks(checks []*modelsv1.Check, addr func(containerPort uint32) string, dial DialFunc) []Probe {
+	var out []Probe
+	for _, ch := range checks {
+		out = append(out, ForCheck(ch, addr, dial))
+	}
+	return out
+}
+
 // ForCheck builds the probe of a tcp or http check. addr gives the host:port a container port
 // is reached at; dial opens the connections (nil: a plain net.Dialer).
 func ForCheck(ch *modelsv1.Check, addr func(containerPort uint32) string, dial DialFunc) Probe {

@@ -432,13 +432,8 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 		dial = nil
 	}
 	def := c.spec.Checks
-	var health, readiness []checks.Probe
-	for _, ch := range def.GetChecks() {
-		health = append(health, checks.ForCheck(ch, addr, dial))
-	}
-	for _, ch := range def.GetReadinessChecks() {
-		readiness = append(readiness, checks.ForCheck(ch, addr, dial))
-	}
+	health := checks.ForChecks(def.GetChecks(), addr, dial)
+	readiness := checks.ForChecks(def.GetReadinessChecks(), addr, dial)
 	checks.Monitor{
 		Health:       health,
 		Readiness:    readiness,

@@ -23,17 +23,11 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 		return
 	}
 	def := c.spec.Checks
-	var health []checks.Probe
-	for _, ch := range def.GetChecks() {
-		health = append(health, checks.ForCheck(ch, c.hostAddr, nil))
-	}
+	health := checks.ForChecks(def.GetChecks(), c.hostAddr, nil)
 	if len(health) == 0 && c.spec.Monitor != nil {
 		health = append(health, c.monitorActionProbe(c.spec.Monitor))
 	}
-	var readiness []checks.Probe
-	for _, ch := range def.GetReadinessChecks() {
-		readiness = append(readiness, checks.ForCheck(ch, c.hostAddr, nil))
-	}
+	readiness := checks.ForChecks(def.GetReadinessChecks(), c.hostAddr, nil)
 	checks.Monitor{
 		Health:       health,
 		Readiness:    readiness,
