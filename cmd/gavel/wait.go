@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -47,9 +49,15 @@ func (c *cli) waitLRP(ctx context.Context, guid string, timeout time.Duration) e
 		}
 		last = line
 	}
+	found := false
 	for {
 		d, err := bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
-		if err == nil {
+		if status.Code(err) == codes.NotFound && !found {
+			// With several BBS instances, the one answering may not have seen the desire yet
+			// (each serves reads from its own cache): not found until first seen is a lag.
+			err = nil
+		} else if err == nil {
+			found = true
 			var a *bbsv1.ActualLRPsResponse
 			a, err = bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{guid}}})
 			if err == nil {
