@@ -57,9 +57,11 @@ func fake(rec *recorder, name string, b behaviour) Member {
 			return nil
 		}
 		if !b.neverReady {
+			// Recorded before ready is called: once it is, Run may start
+			// the next member, whose "start" must come after this line.
+			rec.add("ready " + name)
 			ready()
 			ready() // a second call is harmless
-			rec.add("ready " + name)
 		}
 		var fail <-chan time.Time
 		if b.failAfter > 0 {
