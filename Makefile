@@ -6,7 +6,7 @@ BIN      := bin
 TESTFLAGS ?= -count=1 -timeout 20m
 BENCHFLAGS ?= -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m
 
-.PHONY: all generate build check lint fmt vet layers test test-fast test-race test-cluster image compose-certs bench bench-scale run clean
+.PHONY: all generate build check lint fmt vet layers test test-fast test-race test-cluster image compose-certs bench bench-scale bench-router run clean
 
 all: check build test
 
@@ -99,6 +99,14 @@ bench:
 ARGS ?=
 bench-scale:
 	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime 1x -count 1 -timeout 3h ./test/scale/ -args $(ARGS)
+
+## bench-router: the router side by side with HAProxy (issue 23's data-plane comparison): wrk over
+## the sample app directly, through HAProxy and through the router, plain, TLS and with 1,000
+## routes; needs haproxy and wrk (skips with one line without them). BENCH_ROUTER_FLAGS adds go
+## test flags, e.g. BENCH_ROUTER_FLAGS='-cpuprofile /tmp/router.prof' profiles the router
+BENCH_ROUTER_FLAGS ?=
+bench-router:
+	$(GO) test -run '^$$' -bench BenchmarkRouterVsHAProxy -benchtime 1x -count 1 -timeout 20m $(BENCH_ROUTER_FLAGS) ./services/router/
 
 ## run: a local cluster on the embedded default (embedded etcd and every service); DEV_FLAGS adds gavel dev flags, e.g. -plugin NAME=SOCKET
 run:
