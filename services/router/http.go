@@ -29,25 +29,28 @@ type targetKey struct{}
 
 // proxy serves HTTP requests by Host from the router's table.
 type proxy struct {
-	table        func() *table
-	redirectPort func() int
-	rp           *httputil.ReverseProxy
-	transport    *http.Transport
-	log          hclog.Logger
-	metrics      *metrics
+	table           func() *table
+	redirectPort    func() int
+	rp              *httputil.ReverseProxy
+	transport       *http.Transport // ReverseProxy's
+	pool            *backendPool    // the direct path's
+	responseTimeout time.Duration   // BackendResponseTimeout
+	log             hclog.Logger
+	metrics         *metrics
 }
 
 // newProxy builds the handler shared by the HTTP and HTTPS listeners.
 func newProxy(cfg Config, tbl func() *table, redirectPort func() int, log hclog.Logger, m *metrics) *proxy {
 	dialer := &net.Dialer{Timeout: time.Duration(cfg.BackendDialTimeout), KeepAlive: 30 * time.Second}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, &dialError{err: err}
+		}
+		return c, nil
+	}
 	transport := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dialer.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, &dialError{err: err}
-			}
-			return c, nil
-		},
+		DialContext:           dial,
 		MaxIdleConns:          0, // no global limit; bounded per backend
 		MaxIdleConnsPerHost:   cfg.BackendMaxIdleConnsPerHost,
 		IdleConnTimeout:       time.Duration(cfg.BackendIdleConnTimeout),
@@ -55,7 +58,9 @@ func newProxy(cfg Config, tbl func() *table, redirectPort func() int, log hclog.
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true, // pass Accept-Encoding and bodies through untouched
 	}
-	p := &proxy{table: tbl, redirectPort: redirectPort, transport: transport, log: log, metrics: m}
+	p := &proxy{table: tbl, redirectPort: redirectPort, transport: transport, log: log, metrics: m,
+		pool:            newBackendPool(dial, cfg.BackendMaxIdleConnsPerHost, time.Duration(cfg.BackendIdleConnTimeout)),
+		responseTimeout: time.Duration(cfg.BackendResponseTimeout)}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:      rewrite,
 		Transport:    &retryTransport{base: transport},
@@ -94,6 +99,10 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	p.metrics.proxied.Inc()
 	tgt := &proxyTarget{host: host, endpoints: r.endpoints, start: r.pick()}
+	if directEligible(req) {
+		p.serveDirect(w, req, tgt)
+		return
+	}
 	p.rp.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), targetKey{}, tgt)))
 }
 

@@ -182,6 +182,7 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 		start(l.name, r.serveHTTP(l.srv, l.ln, l.tls))
 	}
 	start("watch", r.watcher.run)
+	start("backend pool", r.proxy.pool.reap)
 	start("tcp", func(ctx context.Context) error { return r.tcp.run(ctx, r.tbl.Load) })
 	start("udp", func(ctx context.Context) error { return r.udp.run(ctx, r.tbl.Load) })
 	r.log.Info("router serving", "http", addrString(httpAddr), "https", addrString(httpsAddr), "admin", addrString(adminAddr))
