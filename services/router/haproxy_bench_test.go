@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -71,7 +72,7 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 	for i := range instances {
 		port := testkit.ReservedPort(b)
 		instances[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		startProcess(b, filepath.Join(dir, "hello"), nil, "PORT="+strconv.Itoa(port), "INSTANCE_INDEX="+strconv.Itoa(i),
+		_ = startProcess(b, filepath.Join(dir, "hello"), nil, "PORT="+strconv.Itoa(port), "INSTANCE_INDEX="+strconv.Itoa(i),
 			fmt.Sprintf("INSTANCE_GUID=bench-%d", i))
 	}
 
@@ -98,14 +99,19 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 	// HAProxy: the same three paths.
 	hp := startHAProxy(b, haproxy, dir, pki["router"], instances)
 
-	paths := []struct{ name, url string }{
-		{"one instance directly", "http://" + instances[0] + "/"},
-		{"HAProxy, http", "http://" + hp.http + "/"},
-		{"router, http", httpBase(one) + "/"},
-		{"HAProxy, https", "https://" + hp.https + "/"},
-		{"router, https", "https://" + one.HTTPSAddr().String() + "/"},
-		{fmt.Sprintf("HAProxy, http, %d routes", vsManyRoutes), "http://" + hp.many + "/"},
-		{fmt.Sprintf("router, http, %d routes", vsManyRoutes), httpBase(manyRouter) + "/"},
+	haproxyCPU := func() time.Duration { return processCPU(b, hp.pid) }
+	routerCPU := func() time.Duration { return processCPU(b, os.Getpid()) }
+	paths := []struct {
+		name, url string
+		cpu       func() time.Duration // the proxy's CPU time so far; nil for the direct path
+	}{
+		{"one instance directly", "http://" + instances[0] + "/", nil},
+		{"HAProxy, http", "http://" + hp.http + "/", haproxyCPU},
+		{"router, http", httpBase(one) + "/", routerCPU},
+		{"HAProxy, https", "https://" + hp.https + "/", haproxyCPU},
+		{"router, https", "https://" + one.HTTPSAddr().String() + "/", routerCPU},
+		{fmt.Sprintf("HAProxy, http, %d routes", vsManyRoutes), "http://" + hp.many + "/", haproxyCPU},
+		{fmt.Sprintf("router, http, %d routes", vsManyRoutes), httpBase(manyRouter) + "/", routerCPU},
 	}
 	client := caClient(b, pki["router"])
 	for _, p := range paths { // every path answers before the clock starts
@@ -118,8 +124,15 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 	for range b.N {
 		for round := range vsRounds {
 			for i, p := range paths {
+				var cpu0 time.Duration
+				if p.cpu != nil {
+					cpu0 = p.cpu()
+				}
 				r := runWrk(b, wrk, p.url)
-				b.Logf("round %d, %s: %.0f req/s, p50 %v, p99 %v", round+1, p.name, r.rps, r.p50, r.p99)
+				if p.cpu != nil && r.requests > 0 {
+					r.cpuPerReq = (p.cpu() - cpu0) / time.Duration(r.requests)
+				}
+				b.Logf("round %d, %s: %.0f req/s, p50 %v, p99 %v, proxy CPU %v/request", round+1, p.name, r.rps, r.p50, r.p99, r.cpuPerReq)
 				results[i] = append(results[i], r)
 			}
 		}
@@ -132,7 +145,7 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 		vsConnections, vsDuration, len(results[0]), vsHost, vsInstances)
 	fmt.Fprintf(&out, "load average before: %s; after: %s\n\n", loadBefore, loadAfter)
 	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "path\treq/s median [range]\tp50 median [range]\tp99 median [range]\terrors")
+	fmt.Fprintln(tw, "path\treq/s median [range]\tp50 median [range]\tp99 median [range]\tproxy CPU µs/request\terrors")
 	failed := 0
 	for i, p := range paths {
 		rs := results[i]
@@ -141,29 +154,38 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 			errs += r.errors
 		}
 		failed += errs
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", p.name,
+		cpu := "-"
+		if p.cpu != nil {
+			cpu = spread(rs, func(r wrkResult) float64 { return float64(r.cpuPerReq) / 1e3 },
+				func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) })
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", p.name,
 			spread(rs, func(r wrkResult) float64 { return r.rps }, func(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }),
 			spread(rs, func(r wrkResult) float64 { return float64(r.p50) }, fmtDur),
-			spread(rs, func(r wrkResult) float64 { return float64(r.p99) }, fmtDur), errs)
+			spread(rs, func(r wrkResult) float64 { return float64(r.p99) }, fmtDur), cpu, errs)
 	}
 	tw.Flush()
 	fmt.Fprintln(&out, "\nrouter ÷ HAProxy, per round (median [range]); goal: req/s ≥ 0.9, p99 ≤ 1.2")
 	tw = tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "pair\treq/s ratio\tp99 ratio")
+	fmt.Fprintln(tw, "pair\treq/s ratio\tp99 ratio\tCPU/request ratio")
 	for _, pair := range [][2]int{{1, 2}, {3, 4}, {5, 6}} {
 		h, r := results[pair[0]], results[pair[1]]
 		rps := make([]wrkResult, len(h))
 		p99 := make([]wrkResult, len(h))
+		cpu := make([]wrkResult, len(h))
 		for k := range h {
 			rps[k].rps = r[k].rps / h[k].rps
 			p99[k].rps = float64(r[k].p99) / float64(h[k].p99)
+			cpu[k].rps = float64(r[k].cpuPerReq) / float64(max(h[k].cpuPerReq, 1))
 		}
 		ratio := func(r wrkResult) float64 { return r.rps }
 		two := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.TrimPrefix(paths[pair[1]].name, "router, "), spread(rps, ratio, two), spread(p99, ratio, two))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.TrimPrefix(paths[pair[1]].name, "router, "),
+			spread(rps, ratio, two), spread(p99, ratio, two), spread(cpu, ratio, two))
 		if pair[0] == 1 {
 			b.ReportMetric(median(rps, ratio), "http-rps-ratio")
 			b.ReportMetric(median(p99, ratio), "http-p99-ratio")
+			b.ReportMetric(median(cpu, ratio), "http-cpu-per-request-ratio")
 		}
 	}
 	tw.Flush()
@@ -176,15 +198,18 @@ func BenchmarkRouterVsHAProxy(b *testing.B) {
 
 // wrkResult is one wrk run's throughput, latency percentiles and failures.
 type wrkResult struct {
-	rps      float64
-	p50, p99 time.Duration
-	errors   int // non-2xx/3xx answers plus socket errors
+	rps       float64
+	requests  int
+	p50, p99  time.Duration
+	errors    int           // non-2xx/3xx answers plus socket errors
+	cpuPerReq time.Duration // the proxy process's CPU time (user and system) per request
 }
 
 // The parts of wrk's report that runWrk reads.
 var (
 	wrkPercentile = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$`)
 	wrkRPS        = regexp.MustCompile(`(?m)^Requests/sec:\s+([\d.]+)`)
+	wrkRequests   = regexp.MustCompile(`(?m)^\s+(\d+) requests in `)
 	wrkNon2xx     = regexp.MustCompile(`(?m)^\s+Non-2xx or 3xx responses:\s+(\d+)`)
 	wrkSocket     = regexp.MustCompile(`(?m)^\s+Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
 )
@@ -206,10 +231,13 @@ func runWrk(b *testing.B, wrk, url string) wrkResult {
 		b.Fatalf("wrk %s: no Requests/sec in\n%s", url, out)
 	}
 	r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	if m := wrkRequests.FindSubmatch(out); m != nil {
+		r.requests, _ = strconv.Atoi(string(m[1]))
+	}
 	for _, m := range wrkPercentile.FindAllSubmatch(out, -1) {
 		v, _ := strconv.ParseFloat(string(m[2]), 64)
 		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[string(m[3])]
-		d := time.Duration(v * float64(unit))
+		d := time.Duration(math.Round(v * float64(unit)))
 		if string(m[1]) == "50" {
 			r.p50 = d
 		} else {
@@ -235,6 +263,7 @@ func runWrk(b *testing.B, wrk, url string) wrkResult {
 // haproxyAddrs are the frontends of the benchmark's HAProxy.
 type haproxyAddrs struct {
 	http, https, many string
+	pid               int
 }
 
 // startHAProxy runs HAProxy until the benchmark ends, with a config in dir: a frontend on
@@ -298,13 +327,13 @@ backend hello
 	if err := os.WriteFile(filepath.Join(dir, "hosts.map"), []byte(hosts.String()), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	startProcess(b, haproxy, []string{"-db", "-f", cfgFile})
+	a.pid = startProcess(b, haproxy, []string{"-db", "-f", cfgFile})
 	return a
 }
 
-// startProcess runs path with args and env added to the benchmark's environment until the
+// startProcess runs path with args and returns its pid and env added to the benchmark's environment until the
 // benchmark ends, then kills it and waits for it.
-func startProcess(b *testing.B, path string, args []string, env ...string) {
+func startProcess(b *testing.B, path string, args []string, env ...string) int {
 	b.Helper()
 	var stderr bytes.Buffer
 	cmd := exec.Command(path, args...)
@@ -320,6 +349,7 @@ func startProcess(b *testing.B, path string, args []string, env ...string) {
 			b.Logf("%s: %s", filepath.Base(path), stderr.String())
 		}
 	})
+	return cmd.Process.Pid
 }
 
 // waitOK waits until a GET of url with Host vsHost through client answers 200.
@@ -368,6 +398,25 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], ", ")
+}
+
+// processCPU is the user plus system CPU time process pid has used, from /proc (clock ticks
+// of 10 ms).
+func processCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command (in parentheses, which may hold spaces): utime and stime are
+	// the 12th and 13th.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 13 {
+		b.Fatalf("/proc/%d/stat: %q", pid, stat)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // median is the median of f over rs.

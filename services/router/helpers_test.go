@@ -16,11 +16,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
@@ -58,7 +60,10 @@ func startFake(t testing.TB, addr, id string, routes ...*routeemitterv1.Route) *
 	if err != nil {
 		t.Fatalf("fake route-emitter listen: %v", err)
 	}
-	f := &fakeEmitter{addr: ln.Addr().String(), srv: grpc.NewServer(), id: id, version: 1,
+	// The route-emitter's keepalive policy (grpcx), so the router's 10 s pings are welcome on
+	// long runs (bench-router) as they are in production.
+	srv := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcx.KeepaliveMinTime, PermitWithoutStream: true}))
+	f := &fakeEmitter{addr: ln.Addr().String(), srv: srv, id: id, version: 1,
 		routes: map[string]*routeemitterv1.Route{}, subs: map[*fakeSub]struct{}{}}
 	for _, r := range routes {
 		f.routes[routeKey(r)] = r
