@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -270,9 +271,10 @@ func removeHopByHop(h http.Header) {
 // hop-by-hop header, a header the client's Connection names, or one the router sets itself.
 func skipRequestHeader(k string, connection []string) bool {
 	switch k {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-		"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-		"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return true
+	}
+	if slices.Contains(hopHeaders, k) {
 		return true
 	}
 	for _, f := range connection {
