@@ -23,10 +23,12 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/layout"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/reppool"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
@@ -447,6 +449,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer func() { _ = s.reps.Close() }() // closing idle connections at exit cannot fail usefully
 	defer s.transformers.Close()
 	members := []lifecycle.Member{
+		{Name: "layout", Runner: lifecycle.RunFunc(s.runLayout)},
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
 		// Stops after the API and convergence, which queue its work.
@@ -468,6 +471,41 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	})})
 	return lifecycle.Run(ctx, s.log, members...)
 }
+
+// runLayout brings the store to the layout this BBS knows before anything else starts: it
+// refuses a newer store (naming both versions), runs the migrations when the store is older
+// (or waits while another instance runs them), and then, while the BBS serves, stops it as soon
+// as a newer release begins migrating the store.
+// An unreachable etcd or a failed batch is retried (a migration resumes where it stopped).
+func (s *Service) runLayout(ctx context.Context, ready func()) error {
+	err := retry.Do(ctx, layoutRetry, 0, func() error {
+		err := layout.Upgrade(ctx, s.etcd, layout.Options{
+			Service:    store.LayoutService,
+			Current:    store.LayoutVersion,
+			Migrations: store.Migrations(s.keyring),
+			LockTTL:    time.Duration(s.cfg.LockTTL),
+			Logger:     s.log.Named("layout"),
+		})
+		var tooNew *layout.TooNewError
+		if errors.As(err, &tooNew) {
+			return retry.Permanent(err)
+		}
+		return err
+	}, func(err error, next time.Duration) {
+		s.log.Warn("bringing the store layout up to date failed; retrying", "error", err, "backoff", next)
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ready()
+	return layout.Watch(ctx, s.etcd, store.LayoutService, store.LayoutVersion)
+}
+
+// layoutRetry is the wait between failed attempts to bring the store layout up to date.
+var layoutRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
 // converges on the timer and whenever a cell disappears, and re-encrypts the records not
