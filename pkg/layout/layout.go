@@ -343,3 +343,34 @@ func watchFrom(ctx context.Context, client *clientv3.Client, service string, cur
 	}
 	return errors.New("layout watch closed")
 }
+
+// upgradeRetry is the wait between failed attempts of Serve's Upgrade.
+var upgradeRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// Serve is a service's layout member (pkg/lifecycle): it brings the store up to date with
+// Upgrade, retrying while etcd is unreachable or a batch fails (a migration resumes where it
+// stopped), and returns a *TooNewError at once; then it calls ready and, until ctx ends,
+// returns a *TooNewError as soon as a newer release begins migrating the store (Watch), so the
+// service stops rather than serve a layout it does not know. It returns nil when ctx ends.
+func Serve(ctx context.Context, client *clientv3.Client, o Options, ready func()) error {
+	err := retry.Do(ctx, upgradeRetry, 0, func() error {
+		err := Upgrade(ctx, client, o)
+		var tooNew *TooNewError
+		if errors.As(err, &tooNew) {
+			return retry.Permanent(err)
+		}
+		return err
+	}, func(err error, next time.Duration) {
+		if o.Logger != nil {
+			o.Logger.Warn("bringing the store layout up to date failed; retrying", "error", err, "backoff", next)
+		}
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ready()
+	return Watch(ctx, client, o.Service, o.Current)
+}

@@ -28,7 +28,6 @@ import (
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/reppool"
-	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/sealing"
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
@@ -472,40 +471,17 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	return lifecycle.Run(ctx, s.log, members...)
 }
 
-// runLayout brings the store to the layout this BBS knows before anything else starts: it
-// refuses a newer store (naming both versions), runs the migrations when the store is older
-// (or waits while another instance runs them), and then, while the BBS serves, stops it as soon
-// as a newer release begins migrating the store.
-// An unreachable etcd or a failed batch is retried (a migration resumes where it stopped).
+// runLayout brings the store to the layout this BBS knows before anything else starts, and
+// stops the BBS when a newer release begins migrating it (layout.Serve).
 func (s *Service) runLayout(ctx context.Context, ready func()) error {
-	err := retry.Do(ctx, layoutRetry, 0, func() error {
-		err := layout.Upgrade(ctx, s.etcd, layout.Options{
-			Service:    store.LayoutService,
-			Current:    store.LayoutVersion,
-			Migrations: store.Migrations(s.keyring),
-			LockTTL:    time.Duration(s.cfg.LockTTL),
-			Logger:     s.log.Named("layout"),
-		})
-		var tooNew *layout.TooNewError
-		if errors.As(err, &tooNew) {
-			return retry.Permanent(err)
-		}
-		return err
-	}, func(err error, next time.Duration) {
-		s.log.Warn("bringing the store layout up to date failed; retrying", "error", err, "backoff", next)
-	})
-	if ctx.Err() != nil {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	ready()
-	return layout.Watch(ctx, s.etcd, store.LayoutService, store.LayoutVersion)
+	return layout.Serve(ctx, s.etcd, layout.Options{
+		Service:    store.LayoutService,
+		Current:    store.LayoutVersion,
+		Migrations: store.Migrations(s.keyring),
+		LockTTL:    time.Duration(s.cfg.LockTTL),
+		Logger:     s.log.Named("layout"),
+	}, ready)
 }
-
-// layoutRetry is the wait between failed attempts to bring the store layout up to date.
-var layoutRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
 // converges on the timer and whenever a cell disappears, and re-encrypts the records not
