@@ -542,3 +542,7 @@ func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
 
 // Addr is the API's bound address once Run has called ready.
 func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// LayoutVersion is the version of the key layout this BBS reads and writes (pkg/layout): it
+// migrates an older store before serving and refuses a newer one.
+const LayoutVersion = store.LayoutVersion

@@ -190,6 +190,10 @@ type options struct {
 // Config.Plugins (tests and embedding); a nil tr keeps the chain.
 func WithTransformer(tr Transformer) Option { return func(o *options) { o.transformer = tr } }
 
+// LayoutVersion is the version of the key layout this nsync reads and writes (pkg/layout): it
+// migrates an older store before serving and refuses a newer one.
+const LayoutVersion = store.LayoutVersion
+
 // LeaderService is the election nsync instances campaign in (key /gavel/v1/lock/nsync); the
 // leader runs the bulk loop. Every instance serves the API.
 const LeaderService = "nsync"
