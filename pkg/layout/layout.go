@@ -7,7 +7,7 @@
 // resumes. A store without the key is at version Base, the layout of the releases before
 // versioning. At start-up every instance calls Upgrade: it refuses a store newer than the code
 // (naming both versions), returns at once when the store is current, and otherwise takes the
-// service's migration lock (an etcd mutex on a session lease), so that exactly one instance
+// service's migration lock (a key under a lease), so that exactly one instance
 // migrates while the others wait, then finds the version current and serves. Migrations run in
 // order, one bounded batch per transaction; each batch's changes and the new resume point are
 // committed together, guarded by the layout key's revision, so a migration interrupted at any
@@ -24,7 +24,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/retry"
@@ -90,7 +89,7 @@ type Options struct {
 	Current int
 	// Migrations are the steps from Base to Current, one per version, in order.
 	Migrations []Migration
-	// LockTTL is the migration lock's session lease: how long after a migrating instance dies
+	// LockTTL is the migration lock's lease: how long after a migrating instance dies
 	// another may take over (default 10s).
 	LockTTL time.Duration
 	// Logger receives a line per migration started and done.
@@ -192,24 +191,13 @@ func Upgrade(ctx context.Context, client *clientv3.Client, o Options) error {
 	if s.Version == o.Current && s.Migrating == 0 {
 		return nil
 	}
-	session, err := concurrency.NewSession(client, concurrency.WithTTL(max(1, int(o.LockTTL/time.Second))), concurrency.WithContext(ctx))
-	if err != nil {
-		return fmt.Errorf("layout %s: migration lock session: %w", o.Service, err)
-	}
-	defer func() {
-		// Revoke the lease (the lock goes with it) even when ctx has ended; a process killed
-		// instead leaves the lock to expire with its lease.
-		session.Orphan()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_, _ = client.Revoke(rctx, session.Lease())
-	}()
-	mu := concurrency.NewMutex(session, etcdx.LockKey(lockService(o.Service)))
 	o.Logger.Info("store layout is older than this release; taking the migration lock", "stored", s.Version, "code", o.Current)
-	if err := mu.Lock(ctx); err != nil {
+	unlock, err := lock(ctx, client, etcdx.LockKey(lockService(o.Service)), o.LockTTL)
+	if err != nil {
 		return fmt.Errorf("layout %s: migration lock: %w", o.Service, err)
 	}
-	// The holder's writes are guarded by the layout key's revision too: a holder whose session
+	defer unlock()
+	// The holder's writes are guarded by the layout key's revision too: a holder whose lease
 	// expired while it was paused fails its next batch rather than race the new holder.
 	return migrate(ctx, client, o)
 }
@@ -373,4 +361,78 @@ func Serve(ctx context.Context, client *clientv3.Client, o Options, ready func()
 	}
 	ready()
 	return Watch(ctx, client, o.Service, o.Current)
+}
+
+// lock takes key for this process: a key under a lease of ttl, written only when absent, kept
+// alive while held; while another holds it, lock waits for the key's deletion (its holder's
+// unlock, or its lease expiring when the holder died). unlock revokes the lease, even after
+// ctx ended. It keeps the lease alive with single keep-alive calls rather than the client's
+// keep-alive stream, whose goroutines would outlive the lock in the client.
+func lock(ctx context.Context, client *clientv3.Client, key string, ttl time.Duration) (unlock func(), err error) {
+	secs := max(1, int64(ttl/time.Second))
+	grant, err := client.Grant(ctx, secs)
+	if err != nil {
+		return nil, fmt.Errorf("grant lease: %w", err)
+	}
+	lease := grant.ID
+	revoke := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_, _ = client.Revoke(rctx, lease)
+	}
+	for {
+		resp, err := client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, fmt.Sprintf("%x", int64(lease)), clientv3.WithLease(lease))).Commit()
+		if err != nil {
+			revoke()
+			return nil, err
+		}
+		if resp.Succeeded {
+			break
+		}
+		if err := waitDeleted(ctx, client, key, resp.Header.Revision); err != nil {
+			revoke()
+			return nil, err
+		}
+		if _, err := client.KeepAliveOnce(ctx, lease); err != nil {
+			revoke()
+			return nil, fmt.Errorf("keep lease alive: %w", err)
+		}
+	}
+	kctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Duration(secs) * time.Second / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-t.C:
+				_, _ = client.KeepAliveOnce(kctx, lease) // a failure shows as a lost guard on the next batch
+			}
+		}
+	}()
+	return func() {
+		stop()
+		<-done
+		revoke()
+	}, nil
+}
+
+// waitDeleted returns once key, present at rev, is deleted (or after a second, so that the
+// waiter's lease is kept alive), or ctx ends.
+func waitDeleted(ctx context.Context, client *clientv3.Client, key string, rev int64) error {
+	wctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), time.Second)
+	defer cancel()
+	for resp := range client.Watch(wctx, key, clientv3.WithRev(rev+1), clientv3.WithFilterPut()) {
+		if err := resp.Err(); err != nil {
+			break
+		}
+		if len(resp.Events) > 0 {
+			return nil
+		}
+	}
+	return ctx.Err()
 }
