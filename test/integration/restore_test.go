@@ -215,5 +215,24 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 		}
 		return len(state) == 0, strings.Join(state, "; ")
 	}, "the LRPs removed after the backup started again")
+	// No duplicates: one instance record per LRP of the backup, none of the LRPs added since.
+	resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]int{}
+	for _, a := range resp.GetActualLrps() {
+		records[a.GetKey().GetProcessGuid()]++
+	}
+	for _, g := range orig {
+		if records[g] != 1 {
+			t.Errorf("%s has %d instance records, want 1", g, records[g])
+		}
+	}
+	for _, g := range added {
+		if records[g] != 0 {
+			t.Errorf("%s (desired after the backup) has %d instance records", g, records[g])
+		}
+	}
 	t.Logf("restarts of the 17 unchanged LRPs: %d", restarts)
 }
