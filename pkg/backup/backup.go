@@ -118,39 +118,35 @@ func Save(ctx context.Context, client *clientv3.Client, path string) (Manifest, 
 	return m, nil
 }
 
-// sealedPrefixes are the prefixes of the records that may be sealed (BBS run infos and tasks,
-// nsync apps); keyLabels reads their values for the labels.
-var sealedPrefixes = []string{etcdx.Root + "desired/run/", etcdx.Root + "task/", etcdx.Root + "nsync/app/"}
-
-// keyLabels lists the key labels the sealed records are sealed under, page by page at one
-// revision.
+// keyLabels lists the key labels the sealed records are sealed under, reading every value under
+// etcdx.Root page by page at one revision: a sealed envelope starts with a zero byte, which no
+// clear record does (protobuf, JSON, names), so the envelope headers say it without knowing
+// which services seal what.
 func keyLabels(ctx context.Context, client *clientv3.Client) ([]string, int64, error) {
 	seen := map[string]bool{}
 	var rev int64
-	for _, prefix := range sealedPrefixes {
-		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
-		for {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(1000)}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err := client.Get(ctx, key, opts...)
-			if err != nil {
-				return nil, 0, fmt.Errorf("read %s: %w", prefix, err)
-			}
-			if rev == 0 {
-				rev = resp.Header.Revision
-			}
-			for _, kv := range resp.Kvs {
-				if label, sealed, err := sealing.LabelOf(kv.Value); err == nil && sealed {
-					seen[label] = true
-				}
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
-			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	key, end := etcdx.Root, clientv3.GetPrefixRangeEnd(etcdx.Root)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(1000)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
 		}
+		resp, err := client.Get(ctx, key, opts...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read %s: %w", etcdx.Root, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if label, sealed, err := sealing.LabelOf(kv.Value); err == nil && sealed {
+				seen[label] = true
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 	labels := make([]string, 0, len(seen))
 	for l := range seen {
