@@ -91,7 +91,7 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		&cobra.Group{ID: "task", Title: "Tasks:"},
 		&cobra.Group{ID: "cluster", Title: "Cells, domains and routing:"},
 		&cobra.Group{ID: "apps", Title: "Apps and placement pools (nsync):"},
-		&cobra.Group{ID: "local", Title: "Local cluster and certificates:"},
+		&cobra.Group{ID: "local", Title: "Local cluster, certificates, keys and backups:"},
 	)
 	for _, cmd := range append(c.lrpCommands(), c.linksCommand()) {
 		cmd.GroupID = "lrp"
@@ -112,7 +112,7 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		cmd.GroupID = "apps"
 		root.AddCommand(cmd)
 	}
-	for _, cmd := range []*cobra.Command{c.devCommand(), c.certsCommand(), c.keysCommand()} {
+	for _, cmd := range []*cobra.Command{c.devCommand(), c.certsCommand(), c.keysCommand(), c.backupCommand(), c.restoreCommand()} {
 		cmd.GroupID = "local"
 		root.AddCommand(cmd)
 	}

@@ -23,6 +23,7 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/layout"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -447,6 +448,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer func() { _ = s.reps.Close() }() // closing idle connections at exit cannot fail usefully
 	defer s.transformers.Close()
 	members := []lifecycle.Member{
+		{Name: "layout", Runner: lifecycle.RunFunc(s.runLayout)},
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
 		// Stops after the API and convergence, which queue its work.
@@ -467,6 +469,18 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		})
 	})})
 	return lifecycle.Run(ctx, s.log, members...)
+}
+
+// runLayout brings the store to the layout this BBS knows before anything else starts, and
+// stops the BBS when a newer release begins migrating it (layout.Serve).
+func (s *Service) runLayout(ctx context.Context, ready func()) error {
+	return layout.Serve(ctx, s.etcd, layout.Options{
+		Service:    store.LayoutService,
+		Current:    store.LayoutVersion,
+		Migrations: store.Migrations(s.keyring),
+		LockTTL:    time.Duration(s.cfg.LockTTL),
+		Logger:     s.log.Named("layout"),
+	}, ready)
 }
 
 // runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
@@ -528,3 +542,7 @@ func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
 
 // Addr is the API's bound address once Run has called ready.
 func (s *Service) Addr() net.Addr { return s.server.Addr() }
+
+// LayoutVersion is the version of the key layout this BBS reads and writes (pkg/layout): it
+// migrates an older store before serving and refuses a newer one.
+const LayoutVersion = store.LayoutVersion

@@ -242,7 +242,7 @@ func TestRemoveDesiredLRP(t *testing.T) {
 	_, err = env.Client.RemoveDesiredLRP(ctx, &bbsv1.RemoveDesiredLRPRequest{ProcessGuid: "web"})
 	wantCode(t, err, codes.NotFound)
 	keys, _ := env.Etcd.Get(ctx, store.Root, clientPrefix()...)
-	if len(keys.Kvs) != 0 {
+	if len(keys.Kvs) != 1 || string(keys.Kvs[0].Key) != "/gavel/v1/layout/bbs" { // the layout version stays
 		t.Fatalf("keys left in etcd: %v", keys.Kvs)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/layout"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -189,6 +190,10 @@ type options struct {
 // Config.Plugins (tests and embedding); a nil tr keeps the chain.
 func WithTransformer(tr Transformer) Option { return func(o *options) { o.transformer = tr } }
 
+// LayoutVersion is the version of the key layout this nsync reads and writes (pkg/layout): it
+// migrates an older store before serving and refuses a newer one.
+const LayoutVersion = store.LayoutVersion
+
 // LeaderService is the election nsync instances campaign in (key /gavel/v1/lock/nsync); the
 // leader runs the bulk loop. Every instance serves the API.
 const LeaderService = "nsync"
@@ -271,11 +276,16 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 }
 
 // Run serves the API and campaigns for the bulk loop until ctx ends; ready is called once the
-// API is serving. It first reads every app record once: one the keyring cannot open (sealed
+// API is serving. It first brings its store's layout up to date (layout.Serve: the migrations,
+// or a refusal of a store newer than the code), then reads every app record once: one the keyring cannot open (sealed
 // under a label it lacks) stops nsync before it serves, naming the label.
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer s.chain.Close()
 	return lifecycle.Run(ctx, s.log, append(s.metrics.Members(),
+		lifecycle.Member{Name: "layout", Runner: lifecycle.RunFunc(func(ctx context.Context, ready func()) error {
+			return layout.Serve(ctx, s.etcd, layout.Options{Service: store.LayoutService, Current: store.LayoutVersion,
+				Migrations: store.Migrations(s.keyring), LockTTL: time.Duration(s.cfg.LockTTL), Logger: s.log.Named("layout")}, ready)
+		})},
 		lifecycle.Member{Name: "keys", Runner: lifecycle.RunFunc(s.checkKeys)},
 		lifecycle.Member{Name: "bulk", Runner: lifecycle.RunFunc(s.runBulk)},
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {

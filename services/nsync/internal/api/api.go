@@ -33,7 +33,7 @@ func (s *Server) DesireApp(ctx context.Context, req *nsyncv1.DesireAppRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.DesireAppResponse{App: app, ProcessGuid: pg}, nil
+	return &nsyncv1.DesireAppResponse{App: appFor(ctx, app), ProcessGuid: pg}, nil
 }
 
 // UpdateApp implements nsyncv1.NsyncServiceServer.
@@ -42,7 +42,7 @@ func (s *Server) UpdateApp(ctx context.Context, req *nsyncv1.UpdateAppRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.UpdateAppResponse{App: app}, nil
+	return &nsyncv1.UpdateAppResponse{App: appFor(ctx, app)}, nil
 }
 
 // RestartApp implements nsyncv1.NsyncServiceServer.
@@ -51,7 +51,7 @@ func (s *Server) RestartApp(ctx context.Context, req *nsyncv1.RestartAppRequest)
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.RestartAppResponse{App: app, ProcessGuid: pg}, nil
+	return &nsyncv1.RestartAppResponse{App: appFor(ctx, app), ProcessGuid: pg}, nil
 }
 
 // StopApp implements nsyncv1.NsyncServiceServer.
@@ -68,7 +68,7 @@ func (s *Server) Apps(ctx context.Context, req *nsyncv1.AppsRequest) (*nsyncv1.A
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.AppsResponse{Apps: apps}, nil
+	return &nsyncv1.AppsResponse{Apps: appInfosFor(ctx, apps)}, nil
 }
 
 // RunTask implements nsyncv1.NsyncServiceServer.

@@ -143,6 +143,16 @@ func ValidateApp(field string, app *nsyncv1.App, l models.Limits) error {
 	if app.GetDiskMb() <= 0 {
 		e.Add(sub("disk_mb"), "must be positive, got %d", app.GetDiskMb())
 	}
+	seen := map[string]bool{}
+	for i, name := range app.GetSecretEnv() {
+		f := fmt.Sprintf("%s[%d]", sub("secret_env"), i)
+		if _, ok := app.GetEnv()[name]; !ok {
+			e.Add(f, "names %q, which is not in env", name)
+		} else if seen[name] {
+			e.Add(f, "names %q twice", name)
+		}
+		seen[name] = true
+	}
 	if err := ValidateRoutes(sub("routes"), app.GetRoutes()); err != nil {
 		e.Merge(sub("routes"), err)
 	}
@@ -231,7 +241,7 @@ func LRP(app *nsyncv1.App, version int64, w Work) (*modelsv1.DesiredLRP, error) 
 		Annotation:          app.GetName(),
 		Routes:              routes,
 		Ports:               slices.Clone(app.GetPorts()),
-		Env:                 env(app.GetEnv()),
+		Env:                 env(app),
 		Action:              runAction(app.GetCommand()),
 		CheckDefinition:     checks(app),
 		StartTimeoutMs:      app.GetHealthCheck().GetTimeoutMs(),
@@ -262,7 +272,7 @@ func Task(app *nsyncv1.App, req *nsyncv1.RunTaskRequest, w Work) *modelsv1.Task 
 			Properties:          props,
 			Labels:              map[string]string{LabelApp: app.GetGuid(), LabelSpace: app.GetSpaceGuid()},
 			Annotation:          req.GetName(),
-			Env:                 env(app.GetEnv()),
+			Env:                 env(app),
 			LogGuid:             app.GetGuid(),
 		},
 	}
@@ -279,11 +289,29 @@ func cloneConstraint(c *modelsv1.PlacementConstraint) *modelsv1.PlacementConstra
 	return proto.Clone(c).(*modelsv1.PlacementConstraint)
 }
 
-// env is the app's environment sorted by name, so that the same app builds the same LRP.
-func env(m map[string]string) []*modelsv1.EnvironmentVariable {
+// env is the app's environment sorted by name, so that the same app builds the same LRP; the
+// entries secret_env names are marked secret.
+func env(app *nsyncv1.App) []*modelsv1.EnvironmentVariable {
+	m := app.GetEnv()
 	var out []*modelsv1.EnvironmentVariable
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		out = append(out, &modelsv1.EnvironmentVariable{Name: k, Value: m[k]})
+		out = append(out, &modelsv1.EnvironmentVariable{Name: k, Value: m[k], Secret: slices.Contains(app.GetSecretEnv(), k)})
+	}
+	return out
+}
+
+// RedactApp returns app with the values secret_env names replaced by models.Redacted, for a
+// caller without the read-secrets capability: app itself when it has no secret value, else a
+// copy (the record is never changed).
+func RedactApp(app *nsyncv1.App) *nsyncv1.App {
+	if !slices.ContainsFunc(app.GetSecretEnv(), func(k string) bool { v, ok := app.GetEnv()[k]; return ok && v != "" && v != models.Redacted }) {
+		return app
+	}
+	out := proto.Clone(app).(*nsyncv1.App)
+	for _, k := range out.GetSecretEnv() {
+		if _, ok := out.Env[k]; ok {
+			out.Env[k] = models.Redacted
+		}
 	}
 	return out
 }

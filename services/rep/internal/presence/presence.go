@@ -135,7 +135,7 @@ func (p *Presence) Run(ctx context.Context, ready func()) error {
 }
 
 // resume waits until etcd answers and finds out whether lease still lives. If it does, it
-// makes sure the presence key is there under it and returns the lease and the key's revision;
+// makes sure the presence key is there under it and returns the lease and the revision to watch the key from;
 // if the lease is gone, it returns lease 0 (the cell registers anew).
 func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3.LeaseID, int64, error) {
 	var rev int64
@@ -157,7 +157,9 @@ func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3
 			return fmt.Errorf("get %s: %w", key, err)
 		}
 		if len(get.Kvs) == 1 && clientv3.LeaseID(get.Kvs[0].Lease) == lease {
-			rev = get.Kvs[0].ModRevision
+			// Watch from the read's revision, not the key's: after a restore from a backup the
+			// key's revision is older than the compacted history, and a watch from it fails.
+			rev = get.Header.Revision
 			p.log.Info("cell presence lease still alive, keeping it", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", ttl.TTL)
 			return nil
 		}

@@ -247,7 +247,11 @@ type App struct {
 	// HealthCheck says how instances are checked.
 	HealthCheck *HealthCheck `protobuf:"bytes,13,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
 	// Version is the running version, counted from 1; set by nsync.
-	Version       int64 `protobuf:"varint,14,opt,name=version,proto3" json:"version,omitempty"`
+	Version int64 `protobuf:"varint,14,opt,name=version,proto3" json:"version,omitempty"`
+	// SecretEnv names the entries of env whose values are secret: the LRPs and tasks nsync
+	// desires mark them secret (gavel.models.v1.EnvironmentVariable.secret), and nsync's answers
+	// show "<redacted>" for them to callers without the read-secrets capability.
+	SecretEnv     []string `protobuf:"bytes,15,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +382,13 @@ func (x *App) GetVersion() int64 {
 		return x.Version
 	}
 	return 0
+}
+
+func (x *App) GetSecretEnv() []string {
+	if x != nil {
+		return x.SecretEnv
+	}
+	return nil
 }
 
 // AppRecord is what nsync stores for an app (binary protobuf under its own etcd prefix).
@@ -2049,7 +2060,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_PORT\x10\x01\x12\r\n" +
 	"\tTYPE_HTTP\x10\x02\x12\x10\n" +
-	"\fTYPE_PROCESS\x10\x03\"\xfb\x03\n" +
+	"\fTYPE_PROCESS\x10\x03\"\x9a\x04\n" +
 	"\x03App\x12\x12\n" +
 	"\x04guid\x18\x01 \x01(\tR\x04guid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
@@ -2066,7 +2077,9 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x05ports\x18\v \x03(\rR\x05ports\x12.\n" +
 	"\x06routes\x18\f \x01(\v2\x16.google.protobuf.ValueR\x06routes\x12>\n" +
 	"\fhealth_check\x18\r \x01(\v2\x1b.gavel.nsync.v1.HealthCheckR\vhealthCheck\x12\x18\n" +
-	"\aversion\x18\x0e \x01(\x03R\aversion\x1a6\n" +
+	"\aversion\x18\x0e \x01(\x03R\aversion\x12\x1d\n" +
+	"\n" +
+	"secret_env\x18\x0f \x03(\tR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x04\n" +
