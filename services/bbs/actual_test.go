@@ -512,3 +512,49 @@ func TestCrashRestartPolicy(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition)
 	lrpWantRevision(t, env, rev, "claiming a CRASHED instance")
 }
+
+// TestStartReportsAnInstanceTheStoreDoesNotKnow: a cell reporting a running container whose slot
+// has no record (after a restore from a backup, say) gets NotFound without a domain; with one,
+// the BBS records it RUNNING in that domain (an extra instance until desired), and a slot held by
+// another container still refuses the report.
+func TestStartReportsAnInstanceTheStoreDoesNotKnow(t *testing.T) {
+	env := bbstest.Start(t)
+	lrpRegisterCell(t, env, "cell-a", "z1")
+	ik, net := lrpInstKey("inst-a", "cell-a"), lrpNetInfo(61001)
+	req := &bbsv1.StartActualLRPRequest{ProcessGuid: "restored", Index: 2, InstanceKey: ik, NetInfo: net, Routable: true}
+	_, err := env.Client.StartActualLRP(ctxT(t), req)
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("start of an unknown slot without a domain = %v, want NotFound", err)
+	}
+	if got := lrpStored(t, env, "restored", 2, lrpOrdinary); got != nil {
+		t.Fatalf("a refused start stored %v", got)
+	}
+	bad := proto.Clone(req).(*bbsv1.StartActualLRPRequest)
+	bad.Domain = "bad domain"
+	if _, err := env.Client.StartActualLRP(ctxT(t), bad); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "domain") {
+		t.Fatalf("start with a bad domain = %v, want InvalidArgument naming domain", err)
+	}
+
+	req.Domain = "apps"
+	resp, err := env.Client.StartActualLRP(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("report of an unknown running instance: %v", err)
+	}
+	a := resp.GetActualLrp()
+	if a.GetState() != lrpRunning || a.GetKey().GetDomain() != "apps" || a.GetInstanceKey().GetInstanceGuid() != "inst-a" ||
+		a.GetZone() != "z1" || !proto.Equal(a.GetNetInfo(), net) || !a.GetRoutable() {
+		t.Fatalf("recorded %v, want RUNNING in domain apps as inst-a in z1", a)
+	}
+	if got := lrpStored(t, env, "restored", 2, lrpOrdinary); !proto.Equal(got, a) {
+		t.Fatalf("stored %v, answered %v", got, a)
+	}
+	// Reported again by the same container: no change. By another: refused.
+	if _, err := env.Client.StartActualLRP(ctxT(t), req); err != nil {
+		t.Fatalf("second report: %v", err)
+	}
+	other := proto.Clone(req).(*bbsv1.StartActualLRPRequest)
+	other.InstanceKey = lrpInstKey("inst-b", "cell-a")
+	if _, err := env.Client.StartActualLRP(ctxT(t), other); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("report by another container = %v, want FailedPrecondition", err)
+	}
+}

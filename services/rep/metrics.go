@@ -65,7 +65,7 @@ func newServiceMetrics(stats func() cell.Stats) *serviceMetrics {
 	for _, e := range []string{"on_create", "on_destroy"} {
 		m.hookFailures.WithLabelValues(e)
 	}
-	for _, f := range []string{cell.FixRemoveRecord, cell.FixFailTask, cell.FixStopContainer} {
+	for _, f := range []string{cell.FixRemoveRecord, cell.FixFailTask, cell.FixStopContainer, cell.FixReportContainer} {
 		m.fixes.WithLabelValues(f)
 	}
 	return m

@@ -451,7 +451,8 @@ func TestTaskHookGetsProperties(t *testing.T) {
 }
 
 // TestBulk: the bulk loop removes a record naming this cell without a container, fails a task
-// without a container, and stops a container whose record is gone.
+// without a container, stops a container whose slot another container holds, and reports a
+// running container whose slot has no record at all (the BBS records it again).
 func TestBulk(t *testing.T) {
 	env := bbstest.Start(t)
 	r := startRep(t, env, func(c *rep.Config) { c.BulkInterval = rep.Duration(200 * time.Millisecond) })
@@ -471,6 +472,13 @@ func TestBulk(t *testing.T) {
 	if _, err := env.Client.RemoveActualLRP(ctxT(t), &bbsv1.RemoveActualLRPRequest{ProcessGuid: "lost", InstanceKey: a.GetInstanceKey()}); err != nil {
 		t.Fatalf("remove behind the rep's back: %v", err)
 	}
+	// The slot of "lost" is taken by another container before the bulk loop looks: the rep
+	// cannot report its own, and stops it.
+	other := &modelsv1.ActualLRPInstanceKey{InstanceGuid: "other", CellId: "cell-elsewhere"}
+	if _, err := env.Client.StartActualLRP(ctxT(t), &bbsv1.StartActualLRPRequest{ProcessGuid: "lost", InstanceKey: other,
+		NetInfo: a.GetNetInfo(), Domain: d.GetDomain()}); err != nil {
+		t.Fatalf("another container takes the slot: %v", err)
+	}
 
 	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
 		got := actual(t, env, "orphan", 0, ordinary)
@@ -484,8 +492,25 @@ func TestBulk(t *testing.T) {
 		st := state(t, r)
 		return len(st.GetLrps()) == 0, fmt.Sprint(st.GetLrps())
 	}, "orphaned container stopped")
-	if got := actual(t, env, "lost", 0, ordinary); got != nil {
+	if got := actual(t, env, "lost", 0, ordinary); got.GetInstanceKey().GetInstanceGuid() != "other" {
 		t.Fatalf("stopping the orphaned container wrote %v", got)
+	}
+
+	// A running container whose record is gone altogether (a store restored from an older
+	// backup) is reported, not stopped: the BBS records it again, same container.
+	k := desiredLRP("kept", 1)
+	desire(t, env, k)
+	perform(t, r, []*repv1.LRPInstance{lrpWork(k, 0)}, nil)
+	ka := waitRunning(t, env, r, "kept", 0)
+	if _, err := env.Client.RemoveActualLRP(ctxT(t), &bbsv1.RemoveActualLRPRequest{ProcessGuid: "kept", InstanceKey: ka.GetInstanceKey()}); err != nil {
+		t.Fatalf("remove behind the rep's back: %v", err)
+	}
+	testkit.EventuallyState(t, 5*time.Second, func() (bool, string) {
+		got := actual(t, env, "kept", 0, ordinary)
+		return got.GetState() == modelsv1.ActualLRP_STATE_RUNNING && proto.Equal(got.GetInstanceKey(), ka.GetInstanceKey()), fmt.Sprint(got)
+	}, "running container reported again")
+	if st := state(t, r); len(st.GetLrps()) != 1 {
+		t.Fatalf("cell holds %v, want the kept instance", st.GetLrps())
 	}
 }
 

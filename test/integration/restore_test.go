@@ -52,8 +52,10 @@ func startEtcdAt(t *testing.T, dir, client, peer string) *etcdembed.Server {
 // re-lists (the restored revisions are marked compacted), and the cluster converges to the
 // restored desired state: the 17 LRPs unchanged since the backup keep their instance guid and
 // process (zero restarts), the 3 removed after the backup are desired again and run again, and
-// the 5 desired after the backup are unknown to the restored store: the reps stop their
-// containers, as they stop any container the BBS does not know.
+// the 5 desired after the backup are unknown to the restored store but not silently killed: the
+// reps report them and the BBS records them as extra instances, which domain freshness decides —
+// the 3 in domain "it" (fresh in the restored store) are retired by convergence, the 2 in domain
+// "late" (created after the backup, so stale in the restored store) keep running, same process.
 func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 	starts := t.TempDir() // <guid> files: one line per process start
 	var cells []devcluster.Cell
@@ -78,8 +80,9 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 	if _, err := c.BBS.UpsertDomain(ctx, &bbsv1.UpsertDomainRequest{Domain: "it", TtlSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
-	desire := func(guid string) {
+	desire := func(guid, domain string) {
 		d := desiredLRP(guid, "preloaded:x", 1, nil)
+		d.Domain = domain
 		d.Ports = nil
 		d.Action = &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/sh",
 			Args: []string{"-c", fmt.Sprintf("echo $$ >> %s; exec sleep 600", filepath.Join(starts, guid))}}}}
@@ -122,7 +125,7 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 	var orig, added []string
 	for i := range 20 {
 		orig = append(orig, fmt.Sprintf("lrp-%02d", i))
-		desire(orig[i])
+		desire(orig[i], "it")
 	}
 	t.Log("cluster up; 20 LRPs desired")
 	before := waitRunning("the 20 LRPs running", orig...)
@@ -141,11 +144,19 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 		t.Fatalf("backup manifest %+v", m)
 	}
 
+	if _, err := c.BBS.UpsertDomain(ctx, &bbsv1.UpsertDomainRequest{Domain: "late", TtlSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 5 {
 		added = append(added, fmt.Sprintf("new-%d", i))
-		desire(added[i])
+		domain := "it"
+		if i >= 3 {
+			domain = "late"
+		}
+		desire(added[i], domain)
 	}
-	waitRunning("the 5 LRPs desired after the backup running", added...)
+	addedBefore := waitRunning("the 5 LRPs desired after the backup running", added...)
+	retiredExtras, keptExtras := added[:3], added[3:]
 	t.Log("5 more running")
 	removed := orig[:3]
 	for _, g := range removed {
@@ -177,22 +188,36 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 	t.Log("restored etcd started")
 
 	// The restored desired state: the 20 of the backup. The 3 removed since run again; the 5
-	// added since are unknown to the store and their containers stop.
+	// added since are reported as extra: those of the fresh domain are retired, those of the
+	// stale one keep running as they were.
 	after := waitRunning("the 20 LRPs of the backup running again", orig...)
 	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
 		r := running()
-		n := 0
-		for _, g := range added {
+		var state []string
+		for _, g := range retiredExtras {
 			if r[g] != "" {
-				n++
+				state = append(state, g+" (fresh domain) still running")
+			}
+		}
+		for _, g := range keptExtras {
+			if r[g] != addedBefore[g] {
+				state = append(state, fmt.Sprintf("%s (stale domain): instance %q, want the one running before the restore %q", g, r[g], addedBefore[g]))
 			}
 		}
 		resp, err := c.BBS.DesiredLRPs(ctx, &bbsv1.DesiredLRPsRequest{})
 		if err != nil {
 			return false, err.Error()
 		}
-		return n == 0 && len(resp.GetDesiredLrps()) == 20, fmt.Sprintf("%d LRPs added after the backup running, %d desired", n, len(resp.GetDesiredLrps()))
-	}, "the store as it was at the backup")
+		if len(resp.GetDesiredLrps()) != 20 {
+			state = append(state, fmt.Sprintf("%d desired", len(resp.GetDesiredLrps())))
+		}
+		return len(state) == 0, strings.Join(state, "; ")
+	}, "the store as it was at the backup, with the stale domain's extras kept")
+	for _, g := range keptExtras {
+		if p := pids(g); len(p) != 1 {
+			t.Errorf("%s (stale domain, reported as extra): process starts %v, want one", g, p)
+		}
+	}
 	restarts := 0
 	for _, g := range orig[3:] {
 		if after[g] != before[g] {
@@ -215,7 +240,8 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 		}
 		return len(state) == 0, strings.Join(state, "; ")
 	}, "the LRPs removed after the backup started again")
-	// No duplicates: one instance record per LRP of the backup, none of the LRPs added since.
+	// No duplicates: one instance record per LRP of the backup and per kept extra, none of the
+	// retired extras.
 	resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -229,9 +255,14 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 			t.Errorf("%s has %d instance records, want 1", g, records[g])
 		}
 	}
-	for _, g := range added {
+	for _, g := range retiredExtras {
 		if records[g] != 0 {
-			t.Errorf("%s (desired after the backup) has %d instance records", g, records[g])
+			t.Errorf("%s (desired after the backup, fresh domain) has %d instance records", g, records[g])
+		}
+	}
+	for _, g := range keptExtras {
+		if records[g] != 1 {
+			t.Errorf("%s (desired after the backup, stale domain) has %d instance records, want 1", g, records[g])
 		}
 	}
 	t.Logf("restarts of the 17 unchanged LRPs: %d", restarts)

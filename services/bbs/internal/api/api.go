@@ -167,7 +167,7 @@ func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequ
 
 // StartActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) StartActualLRP(ctx context.Context, r *bbsv1.StartActualLRPRequest) (*bbsv1.StartActualLRPResponse, error) {
-	a, err := s.actual.StartActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo(), r.GetRoutable())
+	a, err := s.actual.StartActualLRP(ctx, r.GetProcessGuid(), r.GetIndex(), r.GetInstanceKey(), r.GetNetInfo(), r.GetRoutable(), r.GetDomain())
 	if err != nil {
 		return nil, err
 	}

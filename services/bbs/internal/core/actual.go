@@ -101,12 +101,29 @@ func (c *ActualLRPs) ClaimActualLRP(ctx context.Context, guid string, index int3
 
 // StartActualLRP marks an instance RUNNING in the given container with its network info. It is
 // legal from UNCLAIMED, from CLAIMED by the same container, and again while RUNNING in the same
-// container (to update network info or routability).
-func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool) (*modelsv1.ActualLRP, error) {
+// container (to update network info or routability). With a domain, a slot the store has no
+// record of is recorded RUNNING in that domain (a cell reporting a container the store does not
+// know, after a restore): an extra instance until it is desired, which convergence retires only
+// while its domain is fresh.
+func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo, routable bool, domain string) (*modelsv1.ActualLRP, error) {
 	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
-		a, err := ordinaryLRP(t, guid, index)
+		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil {
 			return nil, err
+		}
+		if a == nil {
+			if domain == "" {
+				return nil, rpcerr.NotFound("%s not found", describe(guid, index))
+			}
+			c.log.Info("recording an instance the store did not know", "process_guid", guid, "index", index,
+				"domain", domain, "instance_guid", ik.GetInstanceGuid(), "cell_id", ik.GetCellId())
+			a = &modelsv1.ActualLRP{
+				Key:             &modelsv1.ActualLRPKey{ProcessGuid: guid, Index: index, Domain: domain},
+				State:           unclaimed,
+				Presence:        ordinary,
+				Since:           c.now(),
+				ModificationTag: newTag(),
+			}
 		}
 		switch a.GetState() {
 		case unclaimed:

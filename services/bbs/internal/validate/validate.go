@@ -58,6 +58,9 @@ func (v Validator) Request(req any) error {
 		slot(e, r.GetProcessGuid(), r.GetIndex())
 		e.Merge("instance_key", models.ValidateInstanceKey("instance_key", r.GetInstanceKey()))
 		e.Merge("net_info", models.ValidateNetInfo("net_info", r.GetNetInfo()))
+		if r.GetDomain() != "" {
+			e.Merge("domain", models.ValidateDomain("domain", r.GetDomain()))
+		}
 	case *bbsv1.CrashActualLRPRequest:
 		slot(e, r.GetProcessGuid(), r.GetIndex())
 		e.Merge("instance_key", models.ValidateInstanceKey("instance_key", r.GetInstanceKey()))

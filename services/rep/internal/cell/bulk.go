@@ -38,7 +38,9 @@ func (c *Cell) Bulk(interval time.Duration) func(ctx context.Context, ready func
 // Reconcile compares the BBS records naming this cell with the containers it holds:
 // a CLAIMED or RUNNING instance record (ordinary or evacuating) whose container is not here is
 // removed, a RUNNING task without a container is completed as failed ("container vanished"),
-// and a started container whose record is gone or names another container is stopped.
+// a running LRP container whose slot has no record at all is reported to the BBS (an extra
+// instance, see reportUnknown), and any other started container whose record is gone or names
+// another container is stopped.
 func (c *Cell) Reconcile(ctx context.Context) error {
 	start := time.Now()
 	err := c.reconcile(ctx)
@@ -112,11 +114,45 @@ func (c *Cell) reconcile(ctx context.Context) error {
 		if named[ctr.guid] {
 			continue
 		}
+		if c.reportUnknown(ctx, ctr) {
+			continue
+		}
 		c.log.Info("stopping a container the BBS does not know", "container", ctr.describe())
 		c.obs.ReconcileFixed(FixStopContainer)
 		go c.stop(ctr)
 	}
 	return errors.Join(errs...)
+}
+
+// reportUnknown reports a running LRP instance whose slot the BBS has no record of (the store
+// was restored from a backup taken before it was desired, say) instead of stopping it: the BBS
+// records it in its domain as an extra instance, which convergence retires only while the
+// domain is fresh (Diego's rule), so a restore never silently kills work. It reports whether
+// the BBS took the instance; a slot held by another instance, or any failure, leaves the
+// container to be stopped.
+func (c *Cell) reportUnknown(ctx context.Context, ctr *container) bool {
+	c.mu.Lock()
+	running := ctr.kind == executor.KindLRP && ctr.phase == phaseRunning && !ctr.stopping && !c.evacuating
+	net, routable := ctr.netInfo, ctr.routable
+	c.mu.Unlock()
+	if !running || net == nil || ctr.key.GetDomain() == "" {
+		return false
+	}
+	key := ctr.key
+	err := c.call(ctx, "report unknown actual lrp", func(ctx context.Context) error {
+		_, err := c.bbs.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{
+			ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ctr.instanceKey(c.cfg.CellID),
+			NetInfo: net, Routable: routable, Domain: key.GetDomain(),
+		})
+		return err
+	})
+	if err != nil {
+		c.log.Info("the BBS did not take a container it does not know", "container", ctr.describe(), "error", err)
+		return false
+	}
+	c.log.Info("reported a running container the BBS did not know; it is an extra instance until desired", "container", ctr.describe())
+	c.obs.ReconcileFixed(FixReportContainer)
+	return true
 }
 
 // holdsKey reports whether the cell holds the container guid for the instance slot key.

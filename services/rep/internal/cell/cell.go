@@ -195,6 +195,7 @@ type container struct {
 	phase    phase
 	claimed  bool // LRP claimed / task started in the BBS
 	healthy  bool // LRP reported RUNNING (or healthy during evacuation)
+	routable bool // LRP: the routability last reported
 	stopping bool // the rep stops it itself: its end is not a crash or a completion
 	exec     executor.Container
 	netInfo  *modelsv1.ActualLRPNetInfo

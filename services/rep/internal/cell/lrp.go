@@ -212,6 +212,7 @@ func (c *Cell) reportRunning(ctx context.Context, ctr *container, log hclog.Logg
 		ctr.healthy = true
 		ctr.netInfo = net
 	}
+	ctr.routable = routable
 	skip := ctr.stopping || c.evacuating
 	c.mu.Unlock()
 	if skip {

@@ -15,6 +15,9 @@ const (
 	FixFailTask = "fail_task"
 	// FixStopContainer stops a container the BBS does not know.
 	FixStopContainer = "stop_container"
+	// FixReportContainer reports a running instance the BBS has no record of (recorded as
+	// an extra instance, see Cell.Reconcile).
+	FixReportContainer = "report_container"
 )
 
 // Observer is told what the cell does, for metrics. Its methods are called from the cell's
@@ -33,7 +36,7 @@ type Observer interface {
 	// Reconciled is called after every bulk reconcile with its duration; err is its failure.
 	Reconciled(d time.Duration, err error)
 	// ReconcileFixed is called for every repair of the bulk loop (FixRemoveRecord,
-	// FixFailTask, FixStopContainer).
+	// FixFailTask, FixStopContainer, FixReportContainer).
 	ReconcileFixed(fix string)
 }
 

@@ -1151,7 +1151,12 @@ type StartActualLRPRequest struct {
 	// NetInfo is where the instance is reached.
 	NetInfo *v1.ActualLRPNetInfo `protobuf:"bytes,4,opt,name=net_info,json=netInfo,proto3" json:"net_info,omitempty"`
 	// Routable says whether readiness checks pass.
-	Routable      bool `protobuf:"varint,5,opt,name=routable,proto3" json:"routable,omitempty"`
+	Routable bool `protobuf:"varint,5,opt,name=routable,proto3" json:"routable,omitempty"`
+	// Domain, when set, asks the BBS to record the instance even if it has no record of its slot:
+	// a cell reports a container the store does not know (after a restore from a backup, say).
+	// The new record is RUNNING in this domain; without a desired LRP it is an extra instance,
+	// which convergence retires only while its domain is fresh. Unset, a missing slot is NotFound.
+	Domain        string `protobuf:"bytes,6,opt,name=domain,proto3" json:"domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1219,6 +1224,13 @@ func (x *StartActualLRPRequest) GetRoutable() bool {
 		return x.Routable
 	}
 	return false
+}
+
+func (x *StartActualLRPRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
 }
 
 // StartActualLRPResponse is the answer of StartActualLRP.
@@ -3756,13 +3768,14 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\n" +
 	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\x12<\n" +
 	"\vdesired_lrp\x18\x02 \x01(\v2\x1b.gavel.models.v1.DesiredLRPR\n" +
-	"desiredLrp\"\xf4\x01\n" +
+	"desiredLrp\"\x8c\x02\n" +
 	"\x15StartActualLRPRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12H\n" +
 	"\finstance_key\x18\x03 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x12<\n" +
 	"\bnet_info\x18\x04 \x01(\v2!.gavel.models.v1.ActualLRPNetInfoR\anetInfo\x12\x1a\n" +
-	"\broutable\x18\x05 \x01(\bR\broutable\"S\n" +
+	"\broutable\x18\x05 \x01(\bR\broutable\x12\x16\n" +
+	"\x06domain\x18\x06 \x01(\tR\x06domain\"S\n" +
 	"\x16StartActualLRPResponse\x129\n" +
 	"\n" +
 	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\"\xbf\x01\n" +
