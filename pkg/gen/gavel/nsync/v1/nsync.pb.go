@@ -84,6 +84,135 @@ func (AppState) EnumDescriptor() ([]byte, []int) {
 	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{0}
 }
 
+// DeploymentStrategy is how a deployment replaces the old version's instances.
+type DeploymentStrategy int32
+
+const (
+	// DEPLOYMENT_STRATEGY_UNSPECIFIED is rolling.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_UNSPECIFIED DeploymentStrategy = 0
+	// DEPLOYMENT_STRATEGY_ROLLING starts max_in_flight new instances at a time and retires as
+	// many old ones once the new ones are healthy.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_ROLLING DeploymentStrategy = 1
+	// DEPLOYMENT_STRATEGY_CANARY starts canaries new instances next to every old one, pauses
+	// once they are healthy until promoted (then rolls) or cancelled.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_CANARY DeploymentStrategy = 2
+	// DEPLOYMENT_STRATEGY_RECREATE stops every old instance before starting the new ones
+	// (downtime; only when asked).
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_RECREATE DeploymentStrategy = 3
+)
+
+// Enum value maps for DeploymentStrategy.
+var (
+	DeploymentStrategy_name = map[int32]string{
+		0: "DEPLOYMENT_STRATEGY_UNSPECIFIED",
+		1: "DEPLOYMENT_STRATEGY_ROLLING",
+		2: "DEPLOYMENT_STRATEGY_CANARY",
+		3: "DEPLOYMENT_STRATEGY_RECREATE",
+	}
+	DeploymentStrategy_value = map[string]int32{
+		"DEPLOYMENT_STRATEGY_UNSPECIFIED": 0,
+		"DEPLOYMENT_STRATEGY_ROLLING":     1,
+		"DEPLOYMENT_STRATEGY_CANARY":      2,
+		"DEPLOYMENT_STRATEGY_RECREATE":    3,
+	}
+)
+
+func (x DeploymentStrategy) Enum() *DeploymentStrategy {
+	p := new(DeploymentStrategy)
+	*p = x
+	return p
+}
+
+func (x DeploymentStrategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeploymentStrategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[1].Descriptor()
+}
+
+func (DeploymentStrategy) Type() protoreflect.EnumType {
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[1]
+}
+
+func (x DeploymentStrategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeploymentStrategy.Descriptor instead.
+func (DeploymentStrategy) EnumDescriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{1}
+}
+
+// DeploymentState is where a deployment is.
+type DeploymentState int32
+
+const (
+	// DEPLOYMENT_STATE_UNSPECIFIED is never stored.
+	DeploymentState_DEPLOYMENT_STATE_UNSPECIFIED DeploymentState = 0
+	// DEPLOYMENT_STATE_RUNNING is under way.
+	DeploymentState_DEPLOYMENT_STATE_RUNNING DeploymentState = 1
+	// DEPLOYMENT_STATE_PAUSED waits for promote or cancel (canary).
+	DeploymentState_DEPLOYMENT_STATE_PAUSED DeploymentState = 2
+	// DEPLOYMENT_STATE_SUCCEEDED finished: every instance runs the new version.
+	DeploymentState_DEPLOYMENT_STATE_SUCCEEDED DeploymentState = 3
+	// DEPLOYMENT_STATE_FAILED failed (see message); with auto_revert a revert deployment follows.
+	DeploymentState_DEPLOYMENT_STATE_FAILED DeploymentState = 4
+	// DEPLOYMENT_STATE_CANCELLED was cancelled (or superseded); a revert deployment follows.
+	DeploymentState_DEPLOYMENT_STATE_CANCELLED DeploymentState = 5
+	// DEPLOYMENT_STATE_QUEUED waits for the active deployment to end.
+	DeploymentState_DEPLOYMENT_STATE_QUEUED DeploymentState = 6
+)
+
+// Enum value maps for DeploymentState.
+var (
+	DeploymentState_name = map[int32]string{
+		0: "DEPLOYMENT_STATE_UNSPECIFIED",
+		1: "DEPLOYMENT_STATE_RUNNING",
+		2: "DEPLOYMENT_STATE_PAUSED",
+		3: "DEPLOYMENT_STATE_SUCCEEDED",
+		4: "DEPLOYMENT_STATE_FAILED",
+		5: "DEPLOYMENT_STATE_CANCELLED",
+		6: "DEPLOYMENT_STATE_QUEUED",
+	}
+	DeploymentState_value = map[string]int32{
+		"DEPLOYMENT_STATE_UNSPECIFIED": 0,
+		"DEPLOYMENT_STATE_RUNNING":     1,
+		"DEPLOYMENT_STATE_PAUSED":      2,
+		"DEPLOYMENT_STATE_SUCCEEDED":   3,
+		"DEPLOYMENT_STATE_FAILED":      4,
+		"DEPLOYMENT_STATE_CANCELLED":   5,
+		"DEPLOYMENT_STATE_QUEUED":      6,
+	}
+)
+
+func (x DeploymentState) Enum() *DeploymentState {
+	p := new(DeploymentState)
+	*p = x
+	return p
+}
+
+func (x DeploymentState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeploymentState) Descriptor() protoreflect.EnumDescriptor {
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[2].Descriptor()
+}
+
+func (DeploymentState) Type() protoreflect.EnumType {
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[2]
+}
+
+func (x DeploymentState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeploymentState.Descriptor instead.
+func (DeploymentState) EnumDescriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{2}
+}
+
 // Type is the kind of check.
 type HealthCheck_Type int32
 
@@ -125,11 +254,11 @@ func (x HealthCheck_Type) String() string {
 }
 
 func (HealthCheck_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_gavel_nsync_v1_nsync_proto_enumTypes[1].Descriptor()
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[3].Descriptor()
 }
 
 func (HealthCheck_Type) Type() protoreflect.EnumType {
-	return &file_gavel_nsync_v1_nsync_proto_enumTypes[1]
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[3]
 }
 
 func (x HealthCheck_Type) Number() protoreflect.EnumNumber {
@@ -406,8 +535,17 @@ type AppRecord struct {
 	DrainingVersion int64 `protobuf:"varint,10,opt,name=draining_version,json=drainingVersion,proto3" json:"draining_version,omitempty"`
 	// DrainUntilUnixMs is when the draining version is removed.
 	DrainUntilUnixMs int64 `protobuf:"varint,11,opt,name=drain_until_unix_ms,json=drainUntilUnixMs,proto3" json:"drain_until_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Deployment is the active deployment (state RUNNING or PAUSED), if any.
+	Deployment *Deployment `protobuf:"bytes,12,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Queued is the deployment that starts once the active one (cancelled to make way for it) is
+	// over; a later change replaces it.
+	Queued *Deployment `protobuf:"bytes,13,opt,name=queued,proto3" json:"queued,omitempty"`
+	// Deployments are the app's finished deployments, newest first (at most 10).
+	Deployments []*Deployment `protobuf:"bytes,14,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	// Versions are the app's recent versions with their definitions, newest first (at most 10).
+	Versions      []*AppVersion `protobuf:"bytes,15,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppRecord) Reset() {
@@ -517,6 +655,1139 @@ func (x *AppRecord) GetDrainUntilUnixMs() int64 {
 	return 0
 }
 
+func (x *AppRecord) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *AppRecord) GetQueued() *Deployment {
+	if x != nil {
+		return x.Queued
+	}
+	return nil
+}
+
+func (x *AppRecord) GetDeployments() []*Deployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+func (x *AppRecord) GetVersions() []*AppVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+// AppVersion is one version of an app's definition.
+type AppVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version is the version number (the LRP's process guid is <app guid>-v<version>).
+	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// App is the definition of the version (instances and routes are the app's, not the
+	// version's: they change in place).
+	App *App `protobuf:"bytes,2,opt,name=app,proto3" json:"app,omitempty"`
+	// Rootfs is the rootfs the version is desired with.
+	Rootfs string `protobuf:"bytes,3,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// PlacementConstraint is the constraint the version is desired with.
+	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,4,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
+	// CreatedUnixMs is when the version was recorded.
+	CreatedUnixMs int64 `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Healthy is set once every instance of the version ran healthy (it served the app).
+	Healthy       bool `protobuf:"varint,6,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersion) Reset() {
+	*x = AppVersion{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersion) ProtoMessage() {}
+
+func (x *AppVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersion.ProtoReflect.Descriptor instead.
+func (*AppVersion) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AppVersion) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *AppVersion) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *AppVersion) GetRootfs() string {
+	if x != nil {
+		return x.Rootfs
+	}
+	return ""
+}
+
+func (x *AppVersion) GetPlacementConstraint() *v1.PlacementConstraint {
+	if x != nil {
+		return x.PlacementConstraint
+	}
+	return nil
+}
+
+func (x *AppVersion) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *AppVersion) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+// DeploymentOptions say how a deployment proceeds; zero fields take their defaults.
+type DeploymentOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Strategy is rolling unless set.
+	Strategy DeploymentStrategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=gavel.nsync.v1.DeploymentStrategy" json:"strategy,omitempty"`
+	// MaxInFlight is how many new instances may start before old ones stop (default 1).
+	MaxInFlight int32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Canaries is how many canaries a canary deployment starts (default 1).
+	Canaries int32 `protobuf:"varint,3,opt,name=canaries,proto3" json:"canaries,omitempty"`
+	// MinHealthyTimeMs is how long new instances must stay ready before old ones are retired
+	// (default 0: as soon as they are ready).
+	MinHealthyTimeMs int64 `protobuf:"varint,4,opt,name=min_healthy_time_ms,json=minHealthyTimeMs,proto3" json:"min_healthy_time_ms,omitempty"`
+	// ProgressDeadlineMs is how long a deployment may go without progress before it fails
+	// (default nsync's progress_deadline).
+	ProgressDeadlineMs int64 `protobuf:"varint,5,opt,name=progress_deadline_ms,json=progressDeadlineMs,proto3" json:"progress_deadline_ms,omitempty"`
+	// NoAutoRevert keeps a failed deployment where it stopped instead of reverting to the last
+	// healthy version (auto_revert is on by default).
+	NoAutoRevert  bool `protobuf:"varint,6,opt,name=no_auto_revert,json=noAutoRevert,proto3" json:"no_auto_revert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentOptions) Reset() {
+	*x = DeploymentOptions{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentOptions) ProtoMessage() {}
+
+func (x *DeploymentOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentOptions.ProtoReflect.Descriptor instead.
+func (*DeploymentOptions) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeploymentOptions) GetStrategy() DeploymentStrategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return DeploymentStrategy_DEPLOYMENT_STRATEGY_UNSPECIFIED
+}
+
+func (x *DeploymentOptions) GetMaxInFlight() int32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetCanaries() int32 {
+	if x != nil {
+		return x.Canaries
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetMinHealthyTimeMs() int64 {
+	if x != nil {
+		return x.MinHealthyTimeMs
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetProgressDeadlineMs() int64 {
+	if x != nil {
+		return x.ProgressDeadlineMs
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetNoAutoRevert() bool {
+	if x != nil {
+		return x.NoAutoRevert
+	}
+	return false
+}
+
+// Deployment is the rollout of one version of an app to another.
+type Deployment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id identifies the deployment: "<app guid>-d<n>".
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// AppGuid names the app.
+	AppGuid string `protobuf:"bytes,2,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	// FromVersion is the version being replaced.
+	FromVersion int64 `protobuf:"varint,3,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
+	// ToVersion is the version being rolled out.
+	ToVersion int64 `protobuf:"varint,4,opt,name=to_version,json=toVersion,proto3" json:"to_version,omitempty"`
+	// Options are the deployment's options with their defaults filled in.
+	Options *DeploymentOptions `protobuf:"bytes,5,opt,name=options,proto3" json:"options,omitempty"`
+	// State is where the deployment is.
+	State DeploymentState `protobuf:"varint,6,opt,name=state,proto3,enum=gavel.nsync.v1.DeploymentState" json:"state,omitempty"`
+	// Message says why it failed, was cancelled or paused.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// RevertOf is the id of the deployment this one reverts (empty: not a revert).
+	RevertOf string `protobuf:"bytes,8,opt,name=revert_of,json=revertOf,proto3" json:"revert_of,omitempty"`
+	// Promoted is set once a canary deployment was promoted.
+	Promoted bool `protobuf:"varint,9,opt,name=promoted,proto3" json:"promoted,omitempty"`
+	// NewDesired is the instance count desired of the new version's LRP.
+	NewDesired int32 `protobuf:"varint,10,opt,name=new_desired,json=newDesired,proto3" json:"new_desired,omitempty"`
+	// OldDesired is the instance count desired of the old version's LRP.
+	OldDesired int32 `protobuf:"varint,11,opt,name=old_desired,json=oldDesired,proto3" json:"old_desired,omitempty"`
+	// NewHealthy counts new instances that stayed ready for min_healthy_time (as of the last step).
+	NewHealthy int32 `protobuf:"varint,12,opt,name=new_healthy,json=newHealthy,proto3" json:"new_healthy,omitempty"`
+	// OldLeft counts old instances still present (as last observed).
+	OldLeft int32 `protobuf:"varint,13,opt,name=old_left,json=oldLeft,proto3" json:"old_left,omitempty"`
+	// ReadyObserved is the ready new instances last observed; ReadySinceUnixMs is since when.
+	ReadyObserved int32 `protobuf:"varint,14,opt,name=ready_observed,json=readyObserved,proto3" json:"ready_observed,omitempty"`
+	// ReadySinceUnixMs is when ready_observed was first seen.
+	ReadySinceUnixMs int64 `protobuf:"varint,15,opt,name=ready_since_unix_ms,json=readySinceUnixMs,proto3" json:"ready_since_unix_ms,omitempty"`
+	// CreatedUnixMs is when the deployment was recorded.
+	CreatedUnixMs int64 `protobuf:"varint,16,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// ProgressUnixMs is when it last made progress (the progress deadline counts from it).
+	ProgressUnixMs int64 `protobuf:"varint,17,opt,name=progress_unix_ms,json=progressUnixMs,proto3" json:"progress_unix_ms,omitempty"`
+	// FinishedUnixMs is when it ended.
+	FinishedUnixMs int64 `protobuf:"varint,18,opt,name=finished_unix_ms,json=finishedUnixMs,proto3" json:"finished_unix_ms,omitempty"`
+	// PlacementError is the last placement failure of a new instance.
+	PlacementError *v1.PlacementError `protobuf:"bytes,19,opt,name=placement_error,json=placementError,proto3" json:"placement_error,omitempty"`
+	// CancelRequested is set by CancelDeployment (or a superseding change); the leader's loop
+	// cancels the deployment.
+	CancelRequested bool `protobuf:"varint,20,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Deployment) Reset() {
+	*x = Deployment{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Deployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Deployment) ProtoMessage() {}
+
+func (x *Deployment) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
+func (*Deployment) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Deployment) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Deployment) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+func (x *Deployment) GetFromVersion() int64 {
+	if x != nil {
+		return x.FromVersion
+	}
+	return 0
+}
+
+func (x *Deployment) GetToVersion() int64 {
+	if x != nil {
+		return x.ToVersion
+	}
+	return 0
+}
+
+func (x *Deployment) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+func (x *Deployment) GetState() DeploymentState {
+	if x != nil {
+		return x.State
+	}
+	return DeploymentState_DEPLOYMENT_STATE_UNSPECIFIED
+}
+
+func (x *Deployment) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Deployment) GetRevertOf() string {
+	if x != nil {
+		return x.RevertOf
+	}
+	return ""
+}
+
+func (x *Deployment) GetPromoted() bool {
+	if x != nil {
+		return x.Promoted
+	}
+	return false
+}
+
+func (x *Deployment) GetNewDesired() int32 {
+	if x != nil {
+		return x.NewDesired
+	}
+	return 0
+}
+
+func (x *Deployment) GetOldDesired() int32 {
+	if x != nil {
+		return x.OldDesired
+	}
+	return 0
+}
+
+func (x *Deployment) GetNewHealthy() int32 {
+	if x != nil {
+		return x.NewHealthy
+	}
+	return 0
+}
+
+func (x *Deployment) GetOldLeft() int32 {
+	if x != nil {
+		return x.OldLeft
+	}
+	return 0
+}
+
+func (x *Deployment) GetReadyObserved() int32 {
+	if x != nil {
+		return x.ReadyObserved
+	}
+	return 0
+}
+
+func (x *Deployment) GetReadySinceUnixMs() int64 {
+	if x != nil {
+		return x.ReadySinceUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetProgressUnixMs() int64 {
+	if x != nil {
+		return x.ProgressUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetFinishedUnixMs() int64 {
+	if x != nil {
+		return x.FinishedUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetPlacementError() *v1.PlacementError {
+	if x != nil {
+		return x.PlacementError
+	}
+	return nil
+}
+
+func (x *Deployment) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
+}
+
+// DeployAppRequest is the request of DeployApp.
+type DeployAppRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// App is the app's new definition; its version is assigned by nsync.
+	App *App `protobuf:"bytes,1,opt,name=app,proto3" json:"app,omitempty"`
+	// Options say how a new version is rolled out.
+	Options       *DeploymentOptions `protobuf:"bytes,2,opt,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeployAppRequest) Reset() {
+	*x = DeployAppRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeployAppRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeployAppRequest) ProtoMessage() {}
+
+func (x *DeployAppRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeployAppRequest.ProtoReflect.Descriptor instead.
+func (*DeployAppRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeployAppRequest) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *DeployAppRequest) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// DeployAppResponse is the answer of DeployApp.
+type DeployAppResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// App is the recorded (serving) app.
+	App *App `protobuf:"bytes,1,opt,name=app,proto3" json:"app,omitempty"`
+	// Deployment is the deployment started (or queued); unset when the app was created or
+	// changed in place.
+	Deployment *Deployment `protobuf:"bytes,2,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Outcome says what happened: "created", "updated in place", "unchanged", "deploying" or
+	// "queued".
+	Outcome       string `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeployAppResponse) Reset() {
+	*x = DeployAppResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeployAppResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeployAppResponse) ProtoMessage() {}
+
+func (x *DeployAppResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeployAppResponse.ProtoReflect.Descriptor instead.
+func (*DeployAppResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeployAppResponse) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *DeployAppResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *DeployAppResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+// GetDeploymentRequest is the request of GetDeployment.
+type GetDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeploymentRequest) Reset() {
+	*x = GetDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeploymentRequest) ProtoMessage() {}
+
+func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GetDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// GetDeploymentResponse is the answer of GetDeployment.
+type GetDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the active deployment, or the latest finished one.
+	Deployment *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Queued is the deployment waiting for the active one to end, if any.
+	Queued        *Deployment `protobuf:"bytes,2,opt,name=queued,proto3" json:"queued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeploymentResponse) Reset() {
+	*x = GetDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeploymentResponse) ProtoMessage() {}
+
+func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*GetDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *GetDeploymentResponse) GetQueued() *Deployment {
+	if x != nil {
+		return x.Queued
+	}
+	return nil
+}
+
+// ListDeploymentsRequest is the request of ListDeployments.
+type ListDeploymentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeploymentsRequest) Reset() {
+	*x = ListDeploymentsRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeploymentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeploymentsRequest) ProtoMessage() {}
+
+func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
+func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListDeploymentsRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// ListDeploymentsResponse is the answer of ListDeployments.
+type ListDeploymentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployments are the queued, active and recent deployments, newest first.
+	Deployments   []*Deployment `protobuf:"bytes,1,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeploymentsResponse) Reset() {
+	*x = ListDeploymentsResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeploymentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeploymentsResponse) ProtoMessage() {}
+
+func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
+func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListDeploymentsResponse) GetDeployments() []*Deployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+// PromoteDeploymentRequest is the request of PromoteDeployment.
+type PromoteDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteDeploymentRequest) Reset() {
+	*x = PromoteDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteDeploymentRequest) ProtoMessage() {}
+
+func (x *PromoteDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*PromoteDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PromoteDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// PromoteDeploymentResponse is the answer of PromoteDeployment.
+type PromoteDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the promoted deployment.
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteDeploymentResponse) Reset() {
+	*x = PromoteDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteDeploymentResponse) ProtoMessage() {}
+
+func (x *PromoteDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*PromoteDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PromoteDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// CancelDeploymentRequest is the request of CancelDeployment.
+type CancelDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelDeploymentRequest) Reset() {
+	*x = CancelDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelDeploymentRequest) ProtoMessage() {}
+
+func (x *CancelDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*CancelDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CancelDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// CancelDeploymentResponse is the answer of CancelDeployment.
+type CancelDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the deployment whose cancellation was requested.
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelDeploymentResponse) Reset() {
+	*x = CancelDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelDeploymentResponse) ProtoMessage() {}
+
+func (x *CancelDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*CancelDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CancelDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// RollbackAppRequest is the request of RollbackApp.
+type RollbackAppRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	// Version is the version whose definition is deployed again; zero means the latest healthy
+	// version before the serving one.
+	Version int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Options say how it is rolled out.
+	Options       *DeploymentOptions `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackAppRequest) Reset() {
+	*x = RollbackAppRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackAppRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackAppRequest) ProtoMessage() {}
+
+func (x *RollbackAppRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackAppRequest.ProtoReflect.Descriptor instead.
+func (*RollbackAppRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RollbackAppRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+func (x *RollbackAppRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RollbackAppRequest) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// RollbackAppResponse is the answer of RollbackApp.
+type RollbackAppResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the deployment started (or queued).
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackAppResponse) Reset() {
+	*x = RollbackAppResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackAppResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackAppResponse) ProtoMessage() {}
+
+func (x *RollbackAppResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackAppResponse.ProtoReflect.Descriptor instead.
+func (*RollbackAppResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RollbackAppResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// AppVersionsRequest is the request of AppVersions.
+type AppVersionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersionsRequest) Reset() {
+	*x = AppVersionsRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersionsRequest) ProtoMessage() {}
+
+func (x *AppVersionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersionsRequest.ProtoReflect.Descriptor instead.
+func (*AppVersionsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AppVersionsRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// AppVersionsResponse is the answer of AppVersions.
+type AppVersionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Versions are the app's recent versions, newest first.
+	Versions      []*AppVersion `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersionsResponse) Reset() {
+	*x = AppVersionsResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersionsResponse) ProtoMessage() {}
+
+func (x *AppVersionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersionsResponse.ProtoReflect.Descriptor instead.
+func (*AppVersionsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AppVersionsResponse) GetVersions() []*AppVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
 // AppInfo is an app with what runs of it.
 type AppInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -550,7 +1821,7 @@ type AppInfo struct {
 
 func (x *AppInfo) Reset() {
 	*x = AppInfo{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +1833,7 @@ func (x *AppInfo) String() string {
 func (*AppInfo) ProtoMessage() {}
 
 func (x *AppInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +1846,7 @@ func (x *AppInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppInfo.ProtoReflect.Descriptor instead.
 func (*AppInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{3}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AppInfo) GetApp() *App {
@@ -666,7 +1937,7 @@ type DesireAppRequest struct {
 
 func (x *DesireAppRequest) Reset() {
 	*x = DesireAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +1949,7 @@ func (x *DesireAppRequest) String() string {
 func (*DesireAppRequest) ProtoMessage() {}
 
 func (x *DesireAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +1962,7 @@ func (x *DesireAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireAppRequest.ProtoReflect.Descriptor instead.
 func (*DesireAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{4}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DesireAppRequest) GetApp() *App {
@@ -714,7 +1985,7 @@ type DesireAppResponse struct {
 
 func (x *DesireAppResponse) Reset() {
 	*x = DesireAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +1997,7 @@ func (x *DesireAppResponse) String() string {
 func (*DesireAppResponse) ProtoMessage() {}
 
 func (x *DesireAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +2010,7 @@ func (x *DesireAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireAppResponse.ProtoReflect.Descriptor instead.
 func (*DesireAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{5}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DesireAppResponse) GetApp() *App {
@@ -771,7 +2042,7 @@ type UpdateAppRequest struct {
 
 func (x *UpdateAppRequest) Reset() {
 	*x = UpdateAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +2054,7 @@ func (x *UpdateAppRequest) String() string {
 func (*UpdateAppRequest) ProtoMessage() {}
 
 func (x *UpdateAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +2067,7 @@ func (x *UpdateAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAppRequest.ProtoReflect.Descriptor instead.
 func (*UpdateAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{6}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateAppRequest) GetGuid() string {
@@ -831,7 +2102,7 @@ type UpdateAppResponse struct {
 
 func (x *UpdateAppResponse) Reset() {
 	*x = UpdateAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +2114,7 @@ func (x *UpdateAppResponse) String() string {
 func (*UpdateAppResponse) ProtoMessage() {}
 
 func (x *UpdateAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +2127,7 @@ func (x *UpdateAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAppResponse.ProtoReflect.Descriptor instead.
 func (*UpdateAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{7}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UpdateAppResponse) GetApp() *App {
@@ -877,7 +2148,7 @@ type RestartAppRequest struct {
 
 func (x *RestartAppRequest) Reset() {
 	*x = RestartAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +2160,7 @@ func (x *RestartAppRequest) String() string {
 func (*RestartAppRequest) ProtoMessage() {}
 
 func (x *RestartAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +2173,7 @@ func (x *RestartAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartAppRequest.ProtoReflect.Descriptor instead.
 func (*RestartAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{8}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RestartAppRequest) GetGuid() string {
@@ -925,7 +2196,7 @@ type RestartAppResponse struct {
 
 func (x *RestartAppResponse) Reset() {
 	*x = RestartAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +2208,7 @@ func (x *RestartAppResponse) String() string {
 func (*RestartAppResponse) ProtoMessage() {}
 
 func (x *RestartAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +2221,7 @@ func (x *RestartAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartAppResponse.ProtoReflect.Descriptor instead.
 func (*RestartAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{9}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RestartAppResponse) GetApp() *App {
@@ -980,7 +2251,7 @@ type StopAppRequest struct {
 
 func (x *StopAppRequest) Reset() {
 	*x = StopAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +2263,7 @@ func (x *StopAppRequest) String() string {
 func (*StopAppRequest) ProtoMessage() {}
 
 func (x *StopAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +2276,7 @@ func (x *StopAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopAppRequest.ProtoReflect.Descriptor instead.
 func (*StopAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{10}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StopAppRequest) GetGuid() string {
@@ -1031,7 +2302,7 @@ type StopAppResponse struct {
 
 func (x *StopAppResponse) Reset() {
 	*x = StopAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +2314,7 @@ func (x *StopAppResponse) String() string {
 func (*StopAppResponse) ProtoMessage() {}
 
 func (x *StopAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +2327,7 @@ func (x *StopAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopAppResponse.ProtoReflect.Descriptor instead.
 func (*StopAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{11}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{28}
 }
 
 // AppsRequest is the request of Apps.
@@ -1072,7 +2343,7 @@ type AppsRequest struct {
 
 func (x *AppsRequest) Reset() {
 	*x = AppsRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +2355,7 @@ func (x *AppsRequest) String() string {
 func (*AppsRequest) ProtoMessage() {}
 
 func (x *AppsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +2368,7 @@ func (x *AppsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppsRequest.ProtoReflect.Descriptor instead.
 func (*AppsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{12}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AppsRequest) GetSpaceGuid() string {
@@ -1125,7 +2396,7 @@ type AppsResponse struct {
 
 func (x *AppsResponse) Reset() {
 	*x = AppsResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +2408,7 @@ func (x *AppsResponse) String() string {
 func (*AppsResponse) ProtoMessage() {}
 
 func (x *AppsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +2421,7 @@ func (x *AppsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppsResponse.ProtoReflect.Descriptor instead.
 func (*AppsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{13}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AppsResponse) GetApps() []*AppInfo {
@@ -1181,7 +2452,7 @@ type RunTaskRequest struct {
 
 func (x *RunTaskRequest) Reset() {
 	*x = RunTaskRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +2464,7 @@ func (x *RunTaskRequest) String() string {
 func (*RunTaskRequest) ProtoMessage() {}
 
 func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +2477,7 @@ func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskRequest.ProtoReflect.Descriptor instead.
 func (*RunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{14}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RunTaskRequest) GetTaskGuid() string {
@@ -1262,7 +2533,7 @@ type RunTaskResponse struct {
 
 func (x *RunTaskResponse) Reset() {
 	*x = RunTaskResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +2545,7 @@ func (x *RunTaskResponse) String() string {
 func (*RunTaskResponse) ProtoMessage() {}
 
 func (x *RunTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +2558,7 @@ func (x *RunTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskResponse.ProtoReflect.Descriptor instead.
 func (*RunTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{15}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RunTaskResponse) GetTaskGuid() string {
@@ -1312,7 +2583,7 @@ type PlacementPool struct {
 
 func (x *PlacementPool) Reset() {
 	*x = PlacementPool{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +2595,7 @@ func (x *PlacementPool) String() string {
 func (*PlacementPool) ProtoMessage() {}
 
 func (x *PlacementPool) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +2608,7 @@ func (x *PlacementPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPool.ProtoReflect.Descriptor instead.
 func (*PlacementPool) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{16}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PlacementPool) GetName() string {
@@ -1376,7 +2647,7 @@ type PlacementPoolInfo struct {
 
 func (x *PlacementPoolInfo) Reset() {
 	*x = PlacementPoolInfo{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +2659,7 @@ func (x *PlacementPoolInfo) String() string {
 func (*PlacementPoolInfo) ProtoMessage() {}
 
 func (x *PlacementPoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +2672,7 @@ func (x *PlacementPoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolInfo.ProtoReflect.Descriptor instead.
 func (*PlacementPoolInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{17}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PlacementPoolInfo) GetPool() *PlacementPool {
@@ -1436,7 +2707,7 @@ type CreatePlacementPoolRequest struct {
 
 func (x *CreatePlacementPoolRequest) Reset() {
 	*x = CreatePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +2719,7 @@ func (x *CreatePlacementPoolRequest) String() string {
 func (*CreatePlacementPoolRequest) ProtoMessage() {}
 
 func (x *CreatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +2732,7 @@ func (x *CreatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{18}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreatePlacementPoolRequest) GetPool() *PlacementPool {
@@ -1480,7 +2751,7 @@ type CreatePlacementPoolResponse struct {
 
 func (x *CreatePlacementPoolResponse) Reset() {
 	*x = CreatePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +2763,7 @@ func (x *CreatePlacementPoolResponse) String() string {
 func (*CreatePlacementPoolResponse) ProtoMessage() {}
 
 func (x *CreatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +2776,7 @@ func (x *CreatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{19}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{36}
 }
 
 // UpdatePlacementPoolRequest is the request of UpdatePlacementPool.
@@ -1519,7 +2790,7 @@ type UpdatePlacementPoolRequest struct {
 
 func (x *UpdatePlacementPoolRequest) Reset() {
 	*x = UpdatePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +2802,7 @@ func (x *UpdatePlacementPoolRequest) String() string {
 func (*UpdatePlacementPoolRequest) ProtoMessage() {}
 
 func (x *UpdatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +2815,7 @@ func (x *UpdatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{20}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UpdatePlacementPoolRequest) GetPool() *PlacementPool {
@@ -1563,7 +2834,7 @@ type UpdatePlacementPoolResponse struct {
 
 func (x *UpdatePlacementPoolResponse) Reset() {
 	*x = UpdatePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +2846,7 @@ func (x *UpdatePlacementPoolResponse) String() string {
 func (*UpdatePlacementPoolResponse) ProtoMessage() {}
 
 func (x *UpdatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +2859,7 @@ func (x *UpdatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{21}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{38}
 }
 
 // DeletePlacementPoolRequest is the request of DeletePlacementPool.
@@ -1604,7 +2875,7 @@ type DeletePlacementPoolRequest struct {
 
 func (x *DeletePlacementPoolRequest) Reset() {
 	*x = DeletePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +2887,7 @@ func (x *DeletePlacementPoolRequest) String() string {
 func (*DeletePlacementPoolRequest) ProtoMessage() {}
 
 func (x *DeletePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +2900,7 @@ func (x *DeletePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*DeletePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{22}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeletePlacementPoolRequest) GetName() string {
@@ -1655,7 +2926,7 @@ type DeletePlacementPoolResponse struct {
 
 func (x *DeletePlacementPoolResponse) Reset() {
 	*x = DeletePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +2938,7 @@ func (x *DeletePlacementPoolResponse) String() string {
 func (*DeletePlacementPoolResponse) ProtoMessage() {}
 
 func (x *DeletePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +2951,7 @@ func (x *DeletePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{23}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{40}
 }
 
 // PlacementPoolsRequest is the request of PlacementPools.
@@ -1692,7 +2963,7 @@ type PlacementPoolsRequest struct {
 
 func (x *PlacementPoolsRequest) Reset() {
 	*x = PlacementPoolsRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +2975,7 @@ func (x *PlacementPoolsRequest) String() string {
 func (*PlacementPoolsRequest) ProtoMessage() {}
 
 func (x *PlacementPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +2988,7 @@ func (x *PlacementPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolsRequest.ProtoReflect.Descriptor instead.
 func (*PlacementPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{24}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{41}
 }
 
 // PlacementPoolsResponse is the answer of PlacementPools.
@@ -1733,7 +3004,7 @@ type PlacementPoolsResponse struct {
 
 func (x *PlacementPoolsResponse) Reset() {
 	*x = PlacementPoolsResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +3016,7 @@ func (x *PlacementPoolsResponse) String() string {
 func (*PlacementPoolsResponse) ProtoMessage() {}
 
 func (x *PlacementPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +3029,7 @@ func (x *PlacementPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolsResponse.ProtoReflect.Descriptor instead.
 func (*PlacementPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{25}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PlacementPoolsResponse) GetPools() []*PlacementPoolInfo {
@@ -1788,7 +3059,7 @@ type BindPlacementPoolRequest struct {
 
 func (x *BindPlacementPoolRequest) Reset() {
 	*x = BindPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +3071,7 @@ func (x *BindPlacementPoolRequest) String() string {
 func (*BindPlacementPoolRequest) ProtoMessage() {}
 
 func (x *BindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +3084,7 @@ func (x *BindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*BindPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{26}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BindPlacementPoolRequest) GetSpaceGuid() string {
@@ -1839,7 +3110,7 @@ type BindPlacementPoolResponse struct {
 
 func (x *BindPlacementPoolResponse) Reset() {
 	*x = BindPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +3122,7 @@ func (x *BindPlacementPoolResponse) String() string {
 func (*BindPlacementPoolResponse) ProtoMessage() {}
 
 func (x *BindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +3135,7 @@ func (x *BindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*BindPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{27}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{44}
 }
 
 // UnbindPlacementPoolRequest is the request of UnbindPlacementPool.
@@ -1878,7 +3149,7 @@ type UnbindPlacementPoolRequest struct {
 
 func (x *UnbindPlacementPoolRequest) Reset() {
 	*x = UnbindPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +3161,7 @@ func (x *UnbindPlacementPoolRequest) String() string {
 func (*UnbindPlacementPoolRequest) ProtoMessage() {}
 
 func (x *UnbindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +3174,7 @@ func (x *UnbindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*UnbindPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{28}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UnbindPlacementPoolRequest) GetSpaceGuid() string {
@@ -1922,7 +3193,7 @@ type UnbindPlacementPoolResponse struct {
 
 func (x *UnbindPlacementPoolResponse) Reset() {
 	*x = UnbindPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +3205,7 @@ func (x *UnbindPlacementPoolResponse) String() string {
 func (*UnbindPlacementPoolResponse) ProtoMessage() {}
 
 func (x *UnbindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +3218,7 @@ func (x *UnbindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*UnbindPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{29}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{46}
 }
 
 // SetDefaultPlacementPoolRequest is the request of SetDefaultPlacementPool.
@@ -1961,7 +3232,7 @@ type SetDefaultPlacementPoolRequest struct {
 
 func (x *SetDefaultPlacementPoolRequest) Reset() {
 	*x = SetDefaultPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +3244,7 @@ func (x *SetDefaultPlacementPoolRequest) String() string {
 func (*SetDefaultPlacementPoolRequest) ProtoMessage() {}
 
 func (x *SetDefaultPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +3257,7 @@ func (x *SetDefaultPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDefaultPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetDefaultPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{30}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SetDefaultPlacementPoolRequest) GetPool() string {
@@ -2005,7 +3276,7 @@ type SetDefaultPlacementPoolResponse struct {
 
 func (x *SetDefaultPlacementPoolResponse) Reset() {
 	*x = SetDefaultPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +3288,7 @@ func (x *SetDefaultPlacementPoolResponse) String() string {
 func (*SetDefaultPlacementPoolResponse) ProtoMessage() {}
 
 func (x *SetDefaultPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +3301,7 @@ func (x *SetDefaultPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDefaultPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*SetDefaultPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{31}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{48}
 }
 
 var File_gavel_nsync_v1_nsync_proto protoreflect.FileDescriptor
@@ -2069,7 +3340,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\aversion\x18\x0e \x01(\x03R\aversion\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x06\n" +
 	"\tAppRecord\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12W\n" +
@@ -2083,7 +3354,99 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"last_error\x18\t \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\tlastError\x12)\n" +
 	"\x10draining_version\x18\n" +
 	" \x01(\x03R\x0fdrainingVersion\x12-\n" +
-	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\"\xee\x03\n" +
+	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\x12:\n" +
+	"\n" +
+	"deployment\x18\f \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x122\n" +
+	"\x06queued\x18\r \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\x06queued\x12<\n" +
+	"\vdeployments\x18\x0e \x03(\v2\x1a.gavel.nsync.v1.DeploymentR\vdeployments\x126\n" +
+	"\bversions\x18\x0f \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\x80\x02\n" +
+	"\n" +
+	"AppVersion\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12%\n" +
+	"\x03app\x18\x02 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12\x16\n" +
+	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12W\n" +
+	"\x14placement_constraint\x18\x04 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x18\n" +
+	"\ahealthy\x18\x06 \x01(\bR\ahealthy\"\x9a\x02\n" +
+	"\x11DeploymentOptions\x12>\n" +
+	"\bstrategy\x18\x01 \x01(\x0e2\".gavel.nsync.v1.DeploymentStrategyR\bstrategy\x12\"\n" +
+	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\x12\x1a\n" +
+	"\bcanaries\x18\x03 \x01(\x05R\bcanaries\x12-\n" +
+	"\x13min_healthy_time_ms\x18\x04 \x01(\x03R\x10minHealthyTimeMs\x120\n" +
+	"\x14progress_deadline_ms\x18\x05 \x01(\x03R\x12progressDeadlineMs\x12$\n" +
+	"\x0eno_auto_revert\x18\x06 \x01(\bR\fnoAutoRevert\"\x85\x06\n" +
+	"\n" +
+	"Deployment\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bapp_guid\x18\x02 \x01(\tR\aappGuid\x12!\n" +
+	"\ffrom_version\x18\x03 \x01(\x03R\vfromVersion\x12\x1d\n" +
+	"\n" +
+	"to_version\x18\x04 \x01(\x03R\ttoVersion\x12;\n" +
+	"\aoptions\x18\x05 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\x125\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1f.gavel.nsync.v1.DeploymentStateR\x05state\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
+	"\trevert_of\x18\b \x01(\tR\brevertOf\x12\x1a\n" +
+	"\bpromoted\x18\t \x01(\bR\bpromoted\x12\x1f\n" +
+	"\vnew_desired\x18\n" +
+	" \x01(\x05R\n" +
+	"newDesired\x12\x1f\n" +
+	"\vold_desired\x18\v \x01(\x05R\n" +
+	"oldDesired\x12\x1f\n" +
+	"\vnew_healthy\x18\f \x01(\x05R\n" +
+	"newHealthy\x12\x19\n" +
+	"\bold_left\x18\r \x01(\x05R\aoldLeft\x12%\n" +
+	"\x0eready_observed\x18\x0e \x01(\x05R\rreadyObserved\x12-\n" +
+	"\x13ready_since_unix_ms\x18\x0f \x01(\x03R\x10readySinceUnixMs\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x10 \x01(\x03R\rcreatedUnixMs\x12(\n" +
+	"\x10progress_unix_ms\x18\x11 \x01(\x03R\x0eprogressUnixMs\x12(\n" +
+	"\x10finished_unix_ms\x18\x12 \x01(\x03R\x0efinishedUnixMs\x12H\n" +
+	"\x0fplacement_error\x18\x13 \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\x0eplacementError\x12)\n" +
+	"\x10cancel_requested\x18\x14 \x01(\bR\x0fcancelRequested\"v\n" +
+	"\x10DeployAppRequest\x12%\n" +
+	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12;\n" +
+	"\aoptions\x18\x02 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\"\x90\x01\n" +
+	"\x11DeployAppResponse\x12%\n" +
+	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12:\n" +
+	"\n" +
+	"deployment\x18\x02 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\"1\n" +
+	"\x14GetDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"\x87\x01\n" +
+	"\x15GetDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x122\n" +
+	"\x06queued\x18\x02 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\x06queued\"3\n" +
+	"\x16ListDeploymentsRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"W\n" +
+	"\x17ListDeploymentsResponse\x12<\n" +
+	"\vdeployments\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.DeploymentR\vdeployments\"5\n" +
+	"\x18PromoteDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"W\n" +
+	"\x19PromoteDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"4\n" +
+	"\x17CancelDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"V\n" +
+	"\x18CancelDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"\x86\x01\n" +
+	"\x12RollbackAppRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\x12;\n" +
+	"\aoptions\x18\x03 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\"Q\n" +
+	"\x13RollbackAppResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"/\n" +
+	"\x12AppVersionsRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"M\n" +
+	"\x13AppVersionsResponse\x126\n" +
+	"\bversions\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\xee\x03\n" +
 	"\aAppInfo\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12!\n" +
@@ -2174,7 +3537,20 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x15APP_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11APP_STATE_STARTED\x10\x01\x12\x15\n" +
 	"\x11APP_STATE_STOPPED\x10\x02\x12\x15\n" +
-	"\x11APP_STATE_DELETED\x10\x032\xe9\t\n" +
+	"\x11APP_STATE_DELETED\x10\x03*\x9c\x01\n" +
+	"\x12DeploymentStrategy\x12#\n" +
+	"\x1fDEPLOYMENT_STRATEGY_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bDEPLOYMENT_STRATEGY_ROLLING\x10\x01\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STRATEGY_CANARY\x10\x02\x12 \n" +
+	"\x1cDEPLOYMENT_STRATEGY_RECREATE\x10\x03*\xe8\x01\n" +
+	"\x0fDeploymentState\x12 \n" +
+	"\x1cDEPLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18DEPLOYMENT_STATE_RUNNING\x10\x01\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_PAUSED\x10\x02\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STATE_SUCCEEDED\x10\x03\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_FAILED\x10\x04\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STATE_CANCELLED\x10\x05\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_QUEUED\x10\x062\xfe\x0e\n" +
 	"\fNsyncService\x12P\n" +
 	"\tDesireApp\x12 .gavel.nsync.v1.DesireAppRequest\x1a!.gavel.nsync.v1.DesireAppResponse\x12P\n" +
 	"\tUpdateApp\x12 .gavel.nsync.v1.UpdateAppRequest\x1a!.gavel.nsync.v1.UpdateAppResponse\x12S\n" +
@@ -2189,7 +3565,14 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x0ePlacementPools\x12%.gavel.nsync.v1.PlacementPoolsRequest\x1a&.gavel.nsync.v1.PlacementPoolsResponse\x12h\n" +
 	"\x11BindPlacementPool\x12(.gavel.nsync.v1.BindPlacementPoolRequest\x1a).gavel.nsync.v1.BindPlacementPoolResponse\x12n\n" +
 	"\x13UnbindPlacementPool\x12*.gavel.nsync.v1.UnbindPlacementPoolRequest\x1a+.gavel.nsync.v1.UnbindPlacementPoolResponse\x12z\n" +
-	"\x17SetDefaultPlacementPool\x12..gavel.nsync.v1.SetDefaultPlacementPoolRequest\x1a/.gavel.nsync.v1.SetDefaultPlacementPoolResponseB\xb7\x01\n" +
+	"\x17SetDefaultPlacementPool\x12..gavel.nsync.v1.SetDefaultPlacementPoolRequest\x1a/.gavel.nsync.v1.SetDefaultPlacementPoolResponse\x12P\n" +
+	"\tDeployApp\x12 .gavel.nsync.v1.DeployAppRequest\x1a!.gavel.nsync.v1.DeployAppResponse\x12\\\n" +
+	"\rGetDeployment\x12$.gavel.nsync.v1.GetDeploymentRequest\x1a%.gavel.nsync.v1.GetDeploymentResponse\x12b\n" +
+	"\x0fListDeployments\x12&.gavel.nsync.v1.ListDeploymentsRequest\x1a'.gavel.nsync.v1.ListDeploymentsResponse\x12h\n" +
+	"\x11PromoteDeployment\x12(.gavel.nsync.v1.PromoteDeploymentRequest\x1a).gavel.nsync.v1.PromoteDeploymentResponse\x12e\n" +
+	"\x10CancelDeployment\x12'.gavel.nsync.v1.CancelDeploymentRequest\x1a(.gavel.nsync.v1.CancelDeploymentResponse\x12V\n" +
+	"\vRollbackApp\x12\".gavel.nsync.v1.RollbackAppRequest\x1a#.gavel.nsync.v1.RollbackAppResponse\x12V\n" +
+	"\vAppVersions\x12\".gavel.nsync.v1.AppVersionsRequest\x1a#.gavel.nsync.v1.AppVersionsResponseB\xb7\x01\n" +
 	"\x12com.gavel.nsync.v1B\n" +
 	"NsyncProtoP\x01Z;github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1;nsyncv1\xa2\x02\x03GNX\xaa\x02\x0eGavel.Nsync.V1\xca\x02\x0eGavel\\Nsync\\V1\xe2\x02\x1aGavel\\Nsync\\V1\\GPBMetadata\xea\x02\x10Gavel::Nsync::V1b\x06proto3"
 
@@ -2205,103 +3588,158 @@ func file_gavel_nsync_v1_nsync_proto_rawDescGZIP() []byte {
 	return file_gavel_nsync_v1_nsync_proto_rawDescData
 }
 
-var file_gavel_nsync_v1_nsync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_gavel_nsync_v1_nsync_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_gavel_nsync_v1_nsync_proto_goTypes = []any{
 	(AppState)(0),                           // 0: gavel.nsync.v1.AppState
-	(HealthCheck_Type)(0),                   // 1: gavel.nsync.v1.HealthCheck.Type
-	(*HealthCheck)(nil),                     // 2: gavel.nsync.v1.HealthCheck
-	(*App)(nil),                             // 3: gavel.nsync.v1.App
-	(*AppRecord)(nil),                       // 4: gavel.nsync.v1.AppRecord
-	(*AppInfo)(nil),                         // 5: gavel.nsync.v1.AppInfo
-	(*DesireAppRequest)(nil),                // 6: gavel.nsync.v1.DesireAppRequest
-	(*DesireAppResponse)(nil),               // 7: gavel.nsync.v1.DesireAppResponse
-	(*UpdateAppRequest)(nil),                // 8: gavel.nsync.v1.UpdateAppRequest
-	(*UpdateAppResponse)(nil),               // 9: gavel.nsync.v1.UpdateAppResponse
-	(*RestartAppRequest)(nil),               // 10: gavel.nsync.v1.RestartAppRequest
-	(*RestartAppResponse)(nil),              // 11: gavel.nsync.v1.RestartAppResponse
-	(*StopAppRequest)(nil),                  // 12: gavel.nsync.v1.StopAppRequest
-	(*StopAppResponse)(nil),                 // 13: gavel.nsync.v1.StopAppResponse
-	(*AppsRequest)(nil),                     // 14: gavel.nsync.v1.AppsRequest
-	(*AppsResponse)(nil),                    // 15: gavel.nsync.v1.AppsResponse
-	(*RunTaskRequest)(nil),                  // 16: gavel.nsync.v1.RunTaskRequest
-	(*RunTaskResponse)(nil),                 // 17: gavel.nsync.v1.RunTaskResponse
-	(*PlacementPool)(nil),                   // 18: gavel.nsync.v1.PlacementPool
-	(*PlacementPoolInfo)(nil),               // 19: gavel.nsync.v1.PlacementPoolInfo
-	(*CreatePlacementPoolRequest)(nil),      // 20: gavel.nsync.v1.CreatePlacementPoolRequest
-	(*CreatePlacementPoolResponse)(nil),     // 21: gavel.nsync.v1.CreatePlacementPoolResponse
-	(*UpdatePlacementPoolRequest)(nil),      // 22: gavel.nsync.v1.UpdatePlacementPoolRequest
-	(*UpdatePlacementPoolResponse)(nil),     // 23: gavel.nsync.v1.UpdatePlacementPoolResponse
-	(*DeletePlacementPoolRequest)(nil),      // 24: gavel.nsync.v1.DeletePlacementPoolRequest
-	(*DeletePlacementPoolResponse)(nil),     // 25: gavel.nsync.v1.DeletePlacementPoolResponse
-	(*PlacementPoolsRequest)(nil),           // 26: gavel.nsync.v1.PlacementPoolsRequest
-	(*PlacementPoolsResponse)(nil),          // 27: gavel.nsync.v1.PlacementPoolsResponse
-	(*BindPlacementPoolRequest)(nil),        // 28: gavel.nsync.v1.BindPlacementPoolRequest
-	(*BindPlacementPoolResponse)(nil),       // 29: gavel.nsync.v1.BindPlacementPoolResponse
-	(*UnbindPlacementPoolRequest)(nil),      // 30: gavel.nsync.v1.UnbindPlacementPoolRequest
-	(*UnbindPlacementPoolResponse)(nil),     // 31: gavel.nsync.v1.UnbindPlacementPoolResponse
-	(*SetDefaultPlacementPoolRequest)(nil),  // 32: gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	(*SetDefaultPlacementPoolResponse)(nil), // 33: gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	nil,                                     // 34: gavel.nsync.v1.App.EnvEntry
-	(*structpb.Value)(nil),                  // 35: google.protobuf.Value
-	(*v1.PlacementConstraint)(nil),          // 36: gavel.models.v1.PlacementConstraint
-	(*v1.PlacementError)(nil),               // 37: gavel.models.v1.PlacementError
+	(DeploymentStrategy)(0),                 // 1: gavel.nsync.v1.DeploymentStrategy
+	(DeploymentState)(0),                    // 2: gavel.nsync.v1.DeploymentState
+	(HealthCheck_Type)(0),                   // 3: gavel.nsync.v1.HealthCheck.Type
+	(*HealthCheck)(nil),                     // 4: gavel.nsync.v1.HealthCheck
+	(*App)(nil),                             // 5: gavel.nsync.v1.App
+	(*AppRecord)(nil),                       // 6: gavel.nsync.v1.AppRecord
+	(*AppVersion)(nil),                      // 7: gavel.nsync.v1.AppVersion
+	(*DeploymentOptions)(nil),               // 8: gavel.nsync.v1.DeploymentOptions
+	(*Deployment)(nil),                      // 9: gavel.nsync.v1.Deployment
+	(*DeployAppRequest)(nil),                // 10: gavel.nsync.v1.DeployAppRequest
+	(*DeployAppResponse)(nil),               // 11: gavel.nsync.v1.DeployAppResponse
+	(*GetDeploymentRequest)(nil),            // 12: gavel.nsync.v1.GetDeploymentRequest
+	(*GetDeploymentResponse)(nil),           // 13: gavel.nsync.v1.GetDeploymentResponse
+	(*ListDeploymentsRequest)(nil),          // 14: gavel.nsync.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),         // 15: gavel.nsync.v1.ListDeploymentsResponse
+	(*PromoteDeploymentRequest)(nil),        // 16: gavel.nsync.v1.PromoteDeploymentRequest
+	(*PromoteDeploymentResponse)(nil),       // 17: gavel.nsync.v1.PromoteDeploymentResponse
+	(*CancelDeploymentRequest)(nil),         // 18: gavel.nsync.v1.CancelDeploymentRequest
+	(*CancelDeploymentResponse)(nil),        // 19: gavel.nsync.v1.CancelDeploymentResponse
+	(*RollbackAppRequest)(nil),              // 20: gavel.nsync.v1.RollbackAppRequest
+	(*RollbackAppResponse)(nil),             // 21: gavel.nsync.v1.RollbackAppResponse
+	(*AppVersionsRequest)(nil),              // 22: gavel.nsync.v1.AppVersionsRequest
+	(*AppVersionsResponse)(nil),             // 23: gavel.nsync.v1.AppVersionsResponse
+	(*AppInfo)(nil),                         // 24: gavel.nsync.v1.AppInfo
+	(*DesireAppRequest)(nil),                // 25: gavel.nsync.v1.DesireAppRequest
+	(*DesireAppResponse)(nil),               // 26: gavel.nsync.v1.DesireAppResponse
+	(*UpdateAppRequest)(nil),                // 27: gavel.nsync.v1.UpdateAppRequest
+	(*UpdateAppResponse)(nil),               // 28: gavel.nsync.v1.UpdateAppResponse
+	(*RestartAppRequest)(nil),               // 29: gavel.nsync.v1.RestartAppRequest
+	(*RestartAppResponse)(nil),              // 30: gavel.nsync.v1.RestartAppResponse
+	(*StopAppRequest)(nil),                  // 31: gavel.nsync.v1.StopAppRequest
+	(*StopAppResponse)(nil),                 // 32: gavel.nsync.v1.StopAppResponse
+	(*AppsRequest)(nil),                     // 33: gavel.nsync.v1.AppsRequest
+	(*AppsResponse)(nil),                    // 34: gavel.nsync.v1.AppsResponse
+	(*RunTaskRequest)(nil),                  // 35: gavel.nsync.v1.RunTaskRequest
+	(*RunTaskResponse)(nil),                 // 36: gavel.nsync.v1.RunTaskResponse
+	(*PlacementPool)(nil),                   // 37: gavel.nsync.v1.PlacementPool
+	(*PlacementPoolInfo)(nil),               // 38: gavel.nsync.v1.PlacementPoolInfo
+	(*CreatePlacementPoolRequest)(nil),      // 39: gavel.nsync.v1.CreatePlacementPoolRequest
+	(*CreatePlacementPoolResponse)(nil),     // 40: gavel.nsync.v1.CreatePlacementPoolResponse
+	(*UpdatePlacementPoolRequest)(nil),      // 41: gavel.nsync.v1.UpdatePlacementPoolRequest
+	(*UpdatePlacementPoolResponse)(nil),     // 42: gavel.nsync.v1.UpdatePlacementPoolResponse
+	(*DeletePlacementPoolRequest)(nil),      // 43: gavel.nsync.v1.DeletePlacementPoolRequest
+	(*DeletePlacementPoolResponse)(nil),     // 44: gavel.nsync.v1.DeletePlacementPoolResponse
+	(*PlacementPoolsRequest)(nil),           // 45: gavel.nsync.v1.PlacementPoolsRequest
+	(*PlacementPoolsResponse)(nil),          // 46: gavel.nsync.v1.PlacementPoolsResponse
+	(*BindPlacementPoolRequest)(nil),        // 47: gavel.nsync.v1.BindPlacementPoolRequest
+	(*BindPlacementPoolResponse)(nil),       // 48: gavel.nsync.v1.BindPlacementPoolResponse
+	(*UnbindPlacementPoolRequest)(nil),      // 49: gavel.nsync.v1.UnbindPlacementPoolRequest
+	(*UnbindPlacementPoolResponse)(nil),     // 50: gavel.nsync.v1.UnbindPlacementPoolResponse
+	(*SetDefaultPlacementPoolRequest)(nil),  // 51: gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	(*SetDefaultPlacementPoolResponse)(nil), // 52: gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	nil,                                     // 53: gavel.nsync.v1.App.EnvEntry
+	(*structpb.Value)(nil),                  // 54: google.protobuf.Value
+	(*v1.PlacementConstraint)(nil),          // 55: gavel.models.v1.PlacementConstraint
+	(*v1.PlacementError)(nil),               // 56: gavel.models.v1.PlacementError
 }
 var file_gavel_nsync_v1_nsync_proto_depIdxs = []int32{
-	1,  // 0: gavel.nsync.v1.HealthCheck.type:type_name -> gavel.nsync.v1.HealthCheck.Type
-	34, // 1: gavel.nsync.v1.App.env:type_name -> gavel.nsync.v1.App.EnvEntry
-	35, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
-	2,  // 3: gavel.nsync.v1.App.health_check:type_name -> gavel.nsync.v1.HealthCheck
-	3,  // 4: gavel.nsync.v1.AppRecord.app:type_name -> gavel.nsync.v1.App
+	3,  // 0: gavel.nsync.v1.HealthCheck.type:type_name -> gavel.nsync.v1.HealthCheck.Type
+	53, // 1: gavel.nsync.v1.App.env:type_name -> gavel.nsync.v1.App.EnvEntry
+	54, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
+	4,  // 3: gavel.nsync.v1.App.health_check:type_name -> gavel.nsync.v1.HealthCheck
+	5,  // 4: gavel.nsync.v1.AppRecord.app:type_name -> gavel.nsync.v1.App
 	0,  // 5: gavel.nsync.v1.AppRecord.state:type_name -> gavel.nsync.v1.AppState
-	36, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	36, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	37, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
-	3,  // 9: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
-	0,  // 10: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
-	37, // 11: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
-	36, // 12: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	3,  // 13: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
-	3,  // 14: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
-	35, // 15: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
-	3,  // 16: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
-	3,  // 17: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
-	5,  // 18: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
-	18, // 19: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
-	18, // 20: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	18, // 21: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	19, // 22: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
-	6,  // 23: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
-	8,  // 24: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
-	10, // 25: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
-	12, // 26: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
-	14, // 27: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
-	16, // 28: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
-	20, // 29: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
-	22, // 30: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
-	24, // 31: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
-	26, // 32: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
-	28, // 33: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
-	30, // 34: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
-	32, // 35: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	7,  // 36: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
-	9,  // 37: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
-	11, // 38: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
-	13, // 39: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
-	15, // 40: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
-	17, // 41: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
-	21, // 42: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
-	23, // 43: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
-	25, // 44: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
-	27, // 45: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
-	29, // 46: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
-	31, // 47: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
-	33, // 48: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	55, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	55, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	56, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
+	9,  // 9: gavel.nsync.v1.AppRecord.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 10: gavel.nsync.v1.AppRecord.queued:type_name -> gavel.nsync.v1.Deployment
+	9,  // 11: gavel.nsync.v1.AppRecord.deployments:type_name -> gavel.nsync.v1.Deployment
+	7,  // 12: gavel.nsync.v1.AppRecord.versions:type_name -> gavel.nsync.v1.AppVersion
+	5,  // 13: gavel.nsync.v1.AppVersion.app:type_name -> gavel.nsync.v1.App
+	55, // 14: gavel.nsync.v1.AppVersion.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	1,  // 15: gavel.nsync.v1.DeploymentOptions.strategy:type_name -> gavel.nsync.v1.DeploymentStrategy
+	8,  // 16: gavel.nsync.v1.Deployment.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	2,  // 17: gavel.nsync.v1.Deployment.state:type_name -> gavel.nsync.v1.DeploymentState
+	56, // 18: gavel.nsync.v1.Deployment.placement_error:type_name -> gavel.models.v1.PlacementError
+	5,  // 19: gavel.nsync.v1.DeployAppRequest.app:type_name -> gavel.nsync.v1.App
+	8,  // 20: gavel.nsync.v1.DeployAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	5,  // 21: gavel.nsync.v1.DeployAppResponse.app:type_name -> gavel.nsync.v1.App
+	9,  // 22: gavel.nsync.v1.DeployAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 23: gavel.nsync.v1.GetDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 24: gavel.nsync.v1.GetDeploymentResponse.queued:type_name -> gavel.nsync.v1.Deployment
+	9,  // 25: gavel.nsync.v1.ListDeploymentsResponse.deployments:type_name -> gavel.nsync.v1.Deployment
+	9,  // 26: gavel.nsync.v1.PromoteDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 27: gavel.nsync.v1.CancelDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	8,  // 28: gavel.nsync.v1.RollbackAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	9,  // 29: gavel.nsync.v1.RollbackAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	7,  // 30: gavel.nsync.v1.AppVersionsResponse.versions:type_name -> gavel.nsync.v1.AppVersion
+	5,  // 31: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
+	0,  // 32: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
+	56, // 33: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
+	55, // 34: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	5,  // 35: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
+	5,  // 36: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
+	54, // 37: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
+	5,  // 38: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
+	5,  // 39: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
+	24, // 40: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
+	37, // 41: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 42: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 43: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	38, // 44: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
+	25, // 45: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
+	27, // 46: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
+	29, // 47: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
+	31, // 48: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
+	33, // 49: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
+	35, // 50: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
+	39, // 51: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
+	41, // 52: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
+	43, // 53: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
+	45, // 54: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
+	47, // 55: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
+	49, // 56: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
+	51, // 57: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	10, // 58: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
+	12, // 59: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
+	14, // 60: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
+	16, // 61: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
+	18, // 62: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
+	20, // 63: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
+	22, // 64: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
+	26, // 65: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
+	28, // 66: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
+	30, // 67: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
+	32, // 68: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
+	34, // 69: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
+	36, // 70: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
+	40, // 71: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
+	42, // 72: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
+	44, // 73: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
+	46, // 74: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
+	48, // 75: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
+	50, // 76: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
+	52, // 77: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	11, // 78: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
+	13, // 79: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
+	15, // 80: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
+	17, // 81: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
+	19, // 82: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
+	21, // 83: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
+	23, // 84: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
+	65, // [65:85] is the sub-list for method output_type
+	45, // [45:65] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_gavel_nsync_v1_nsync_proto_init() }
@@ -2309,14 +3747,14 @@ func file_gavel_nsync_v1_nsync_proto_init() {
 	if File_gavel_nsync_v1_nsync_proto != nil {
 		return
 	}
-	file_gavel_nsync_v1_nsync_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gavel_nsync_v1_nsync_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_nsync_v1_nsync_proto_rawDesc), len(file_gavel_nsync_v1_nsync_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   33,
+			NumEnums:      4,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
