@@ -3,6 +3,7 @@ package nsync_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,10 +13,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gavel-sched/gavel/internal/devcluster"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/services/nsync"
+	"github.com/gavel-sched/gavel/services/rep"
 )
 
 // deployEnv is the nsync environment with a fast deployment loop.
@@ -390,4 +393,66 @@ func TestDeployBadInputStoresNothing(t *testing.T) {
 	if _, ok := e.desired(t, "bad-v2"); ok {
 		t.Error("a refused deploy desired bad-v2")
 	}
+}
+
+// TestDeployLosesTheCanarysCell cuts the cell of the only new instance (a paused canary) off
+// from etcd and promotes: the deployment never hangs — it replaces the instance elsewhere and
+// completes, or fails and reverts — and ends with exactly the app's instances running.
+func TestDeployLosesTheCanarysCell(t *testing.T) {
+	e := newEnvWith(t, func(c *devcluster.Config) {
+		c.CellsPerHost = 1
+		for i := range c.Cells {
+			c.Cells[i].Config.LeaseTTL = rep.Duration(2 * time.Second)
+		}
+	}, func(c *nsync.Config) { c.DeployPoll = nsync.Duration(50 * time.Millisecond) }, nil)
+	e.startNsync(t)
+	a := app("lost", "space-a", 4)
+	e.started(t, a)
+	a.Command = "/bin/app --v2"
+	d := e.deploy(t, a, &nsyncv1.DeploymentOptions{Strategy: nsyncv1.DeploymentStrategy_DEPLOYMENT_STRATEGY_CANARY, ProgressDeadlineMs: 15_000})
+	e.waitState(t, "lost", d.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_PAUSED)
+	cells := e.waitRunning(t, "lost-v2", 1)
+	var host int
+	if _, err := fmt.Sscanf(cells[0], "cell-%d", &host); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cluster.DisconnectHost(host - 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the lost cell gone", func() (bool, string) {
+		resp, err := e.bbs.Cells(context.Background(), &bbsv1.CellsRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range resp.GetCells() {
+			if c.GetCellId() == cells[0] {
+				return false, "still present"
+			}
+		}
+		return true, ""
+	})
+	if _, err := e.nsync.PromoteDeployment(ctxT(t), &nsyncv1.PromoteDeploymentRequest{AppGuid: "lost"}); err != nil {
+		t.Fatal(err)
+	}
+	var serving string
+	waitFor(t, 45*time.Second, "the deployment (or its revert) to succeed", func() (bool, string) {
+		list, err := e.nsync.ListDeployments(ctxT(t), &nsyncv1.ListDeploymentsRequest{AppGuid: "lost"})
+		if err != nil {
+			return false, err.Error()
+		}
+		last := list.GetDeployments()[0]
+		done := last.GetState() == nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED && (last.GetId() == d.GetId() || last.GetRevertOf() == d.GetId())
+		serving = fmt.Sprintf("lost-v%d", last.GetToVersion())
+		return done, fmt.Sprint(list.GetDeployments())
+	})
+	t.Logf("ended serving %s: %v", serving, e.deployment(t, "lost", d.GetId()))
+	waitFor(t, 30*time.Second, "4 instances of "+serving+", none on the lost cell", func() (bool, string) {
+		running, s := e.running(t, serving)
+		return len(running) == 4 && !slices.Contains(running, cells[0]), s
+	})
+	waitFor(t, 10*time.Second, "one version left", func() (bool, string) {
+		_, v1 := e.desired(t, "lost-v1")
+		_, v2 := e.desired(t, "lost-v2")
+		return v1 != v2, fmt.Sprintf("v1 desired %v, v2 desired %v", v1, v2)
+	})
 }
