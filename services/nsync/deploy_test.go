@@ -456,3 +456,41 @@ func TestDeployLosesTheCanarysCell(t *testing.T) {
 		return v1 != v2, fmt.Sprintf("v1 desired %v, v2 desired %v", v1, v2)
 	})
 }
+
+// TestChangeSupersedesADeployment deploys v2 slowly, then v3 while v2 rolls: v2's deployment is
+// cancelled and reverted, v3 waits queued and then rolls out from v1; a rollback then deploys
+// the last version that served before v3 (v1) again as v4.
+func TestChangeSupersedesADeployment(t *testing.T) {
+	e := deployEnv(t)
+	a := app("sup", "space-a", 3)
+	e.started(t, a)
+	a.Command = "/bin/app --v2"
+	d2 := e.deploy(t, a, &nsyncv1.DeploymentOptions{MinHealthyTimeMs: 1000})
+	a.Command = "/bin/app --v3"
+	resp, err := e.nsync.DeployApp(ctxT(t), &nsyncv1.DeployAppRequest{App: a})
+	if err != nil || resp.GetOutcome() != "queued" || resp.GetDeployment().GetToVersion() != 3 {
+		t.Fatalf("a change during a deployment: %v %v, want queued v3", resp, err)
+	}
+	d3 := resp.GetDeployment()
+	cancelled := e.waitState(t, "sup", d2.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_CANCELLED)
+	if !strings.Contains(cancelled.GetMessage(), "superseded by "+d3.GetId()) {
+		t.Errorf("cancelled %q, want superseded", cancelled.GetMessage())
+	}
+	done := e.waitState(t, "sup", d3.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED)
+	if done.GetFromVersion() != 1 || done.GetToVersion() != 3 {
+		t.Errorf("v3 rolled from v%d to v%d, want v1 to v3", done.GetFromVersion(), done.GetToVersion())
+	}
+	e.waitRunning(t, "sup-v3", 3)
+	for _, pg := range []string{"sup-v1", "sup-v2"} {
+		waitFor(t, 10*time.Second, pg+" gone", func() (bool, string) { _, ok := e.desired(t, pg); return !ok, pg + " desired" })
+	}
+
+	rb, err := e.nsync.RollbackApp(ctxT(t), &nsyncv1.RollbackAppRequest{AppGuid: "sup"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, "sup", rb.GetDeployment().GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED)
+	if got := e.serving(t, "sup"); got.GetVersion() != 4 || got.GetCommand() != "/bin/app --port 8080" {
+		t.Errorf("after the rollback: version %d command %q, want v4 with v1's command", got.GetVersion(), got.GetCommand())
+	}
+}

@@ -181,7 +181,7 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 		return nil, "", err
 	}
 	rec := &nsyncv1.AppRecord{App: app, State: nsyncv1.AppState_APP_STATE_STARTED, Rootfs: rootfs, PlacementConstraint: constraint}
-	rec.Versions = []*nsyncv1.AppVersion{{Version: app.GetVersion(), App: app, Rootfs: rootfs, PlacementConstraint: constraint, CreatedUnixMs: c.cfg.Now().UnixMilli()}}
+	rec.Versions = []*nsyncv1.AppVersion{{Version: app.GetVersion(), App: app, Rootfs: rootfs, PlacementConstraint: constraint, CreatedUnixMs: c.cfg.Now().UnixMilli(), Healthy: true}}
 	_, err = c.store.CreateApp(ctx, rec)
 	if errors.Is(err, rpcerr.ErrAlreadyExists) {
 		// A deleted app's record stays until its LRPs are gone: a new app of the same guid

@@ -697,7 +697,8 @@ type AppVersion struct {
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,4,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
 	// CreatedUnixMs is when the version was recorded.
 	CreatedUnixMs int64 `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	// Healthy is set once every instance of the version ran healthy (it served the app).
+	// Healthy is set once the version served the app: the app's first version, or the target of
+	// a deployment that succeeded (every instance ran healthy).
 	Healthy       bool `protobuf:"varint,6,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
