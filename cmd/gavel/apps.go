@@ -55,6 +55,10 @@ func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []strin
 		if a.GetPendingVersion() != 0 {
 			notes = append(notes, fmt.Sprintf("restarting to v%d", a.GetPendingVersion()))
 		}
+		if d := a.GetDeployment(); d != nil {
+			notes = append(notes, fmt.Sprintf("%s v%d→v%d %s: %d/%d new healthy, %d old left", d.GetId(), d.GetFromVersion(), d.GetToVersion(),
+				strings.ToLower(strings.TrimPrefix(d.GetState().String(), "DEPLOYMENT_STATE_")), d.GetNewHealthy(), d.GetNewDesired(), d.GetOldLeft()))
+		}
 		if pe := a.GetPlacementError(); pe.GetMessage() != "" {
 			notes = append(notes, strings.TrimPrefix(pe.GetCode().String(), "CODE_")+": "+pe.GetMessage())
 		}

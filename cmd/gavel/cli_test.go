@@ -458,6 +458,9 @@ func testDeployCommands(t *testing.T, e *env) {
 	if !strings.Contains(r.stderr, "PAUSED") {
 		t.Errorf("canary push --wait:\n%s", r.stderr)
 	}
+	if r := e.ok(t, "apps"); !strings.Contains(r.stdout, "web-app-d2 v2→v3 paused: 1/1 new healthy") {
+		t.Errorf("apps during a paused canary:\n%s", r.stdout)
+	}
 	e.ok(t, "app", "promote", "--wait", "web-app")
 	if r := e.run(t, "app", "promote", "web-app"); r.code != exitConflict {
 		t.Errorf("promote without a paused deployment: exit %d, want %d\n%s", r.code, exitConflict, r.stderr)

@@ -451,6 +451,7 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 			PlacementError:      rec.GetLastError(),
 			RestartToApply:      !models.SameConstraint(rec.GetPlacementConstraint(), build.Constraint(pools.For(app.GetSpaceGuid()))),
 			CountsUnknown:       countsUnknown,
+			Deployment:          rec.GetDeployment(),
 		}
 		if rec.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
 			info.ProcessGuid = build.ProcessGuid(app.GetGuid(), app.GetVersion())

@@ -1816,6 +1816,8 @@ type AppInfo struct {
 	// CountsUnknown is set when the BBS could not be reached: running, crashed and the
 	// instances' placement errors are unknown (left zero); everything else is nsync's own record.
 	CountsUnknown bool `protobuf:"varint,11,opt,name=counts_unknown,json=countsUnknown,proto3" json:"counts_unknown,omitempty"`
+	// Deployment is the app's active deployment, if any.
+	Deployment    *Deployment `protobuf:"bytes,12,opt,name=deployment,proto3" json:"deployment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1925,6 +1927,13 @@ func (x *AppInfo) GetCountsUnknown() bool {
 		return x.CountsUnknown
 	}
 	return false
+}
+
+func (x *AppInfo) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
 }
 
 // DesireAppRequest is the request of DesireApp.
@@ -3447,7 +3456,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x12AppVersionsRequest\x12\x19\n" +
 	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"M\n" +
 	"\x13AppVersionsResponse\x126\n" +
-	"\bversions\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\xee\x03\n" +
+	"\bversions\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\xaa\x04\n" +
 	"\aAppInfo\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12!\n" +
@@ -3460,7 +3469,10 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x10restart_to_apply\x18\t \x01(\bR\x0erestartToApply\x12'\n" +
 	"\x0fpending_version\x18\n" +
 	" \x01(\x03R\x0ependingVersion\x12%\n" +
-	"\x0ecounts_unknown\x18\v \x01(\bR\rcountsUnknown\"9\n" +
+	"\x0ecounts_unknown\x18\v \x01(\bR\rcountsUnknown\x12:\n" +
+	"\n" +
+	"deployment\x18\f \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"9\n" +
 	"\x10DesireAppRequest\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\"]\n" +
 	"\x11DesireAppResponse\x12%\n" +
@@ -3686,61 +3698,62 @@ var file_gavel_nsync_v1_nsync_proto_depIdxs = []int32{
 	0,  // 32: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
 	56, // 33: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
 	55, // 34: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	5,  // 35: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
-	5,  // 36: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
-	54, // 37: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
-	5,  // 38: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
-	5,  // 39: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
-	24, // 40: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
-	37, // 41: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
-	37, // 42: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	37, // 43: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	38, // 44: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
-	25, // 45: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
-	27, // 46: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
-	29, // 47: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
-	31, // 48: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
-	33, // 49: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
-	35, // 50: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
-	39, // 51: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
-	41, // 52: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
-	43, // 53: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
-	45, // 54: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
-	47, // 55: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
-	49, // 56: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
-	51, // 57: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	10, // 58: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
-	12, // 59: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
-	14, // 60: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
-	16, // 61: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
-	18, // 62: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
-	20, // 63: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
-	22, // 64: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
-	26, // 65: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
-	28, // 66: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
-	30, // 67: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
-	32, // 68: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
-	34, // 69: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
-	36, // 70: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
-	40, // 71: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
-	42, // 72: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
-	44, // 73: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
-	46, // 74: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
-	48, // 75: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
-	50, // 76: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
-	52, // 77: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	11, // 78: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
-	13, // 79: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
-	15, // 80: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
-	17, // 81: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
-	19, // 82: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
-	21, // 83: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
-	23, // 84: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
-	65, // [65:85] is the sub-list for method output_type
-	45, // [45:65] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	9,  // 35: gavel.nsync.v1.AppInfo.deployment:type_name -> gavel.nsync.v1.Deployment
+	5,  // 36: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
+	5,  // 37: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
+	54, // 38: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
+	5,  // 39: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
+	5,  // 40: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
+	24, // 41: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
+	37, // 42: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 43: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 44: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	38, // 45: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
+	25, // 46: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
+	27, // 47: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
+	29, // 48: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
+	31, // 49: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
+	33, // 50: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
+	35, // 51: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
+	39, // 52: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
+	41, // 53: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
+	43, // 54: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
+	45, // 55: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
+	47, // 56: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
+	49, // 57: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
+	51, // 58: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	10, // 59: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
+	12, // 60: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
+	14, // 61: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
+	16, // 62: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
+	18, // 63: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
+	20, // 64: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
+	22, // 65: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
+	26, // 66: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
+	28, // 67: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
+	30, // 68: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
+	32, // 69: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
+	34, // 70: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
+	36, // 71: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
+	40, // 72: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
+	42, // 73: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
+	44, // 74: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
+	46, // 75: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
+	48, // 76: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
+	50, // 77: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
+	52, // 78: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	11, // 79: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
+	13, // 80: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
+	15, // 81: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
+	17, // 82: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
+	19, // 83: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
+	21, // 84: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
+	23, // 85: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
+	66, // [66:86] is the sub-list for method output_type
+	46, // [46:66] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_gavel_nsync_v1_nsync_proto_init() }
