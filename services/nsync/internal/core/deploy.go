@@ -201,51 +201,91 @@ func (c *Core) kickDeployments() {
 }
 
 // RunDeployments drives every deployment while ctx (the leadership) lasts: a step every
-// deploy poll, and at once when this instance records a new deployment.
+// deploy poll, and at once when this instance records a new deployment. The apps with a
+// deployment are found by listing every record at the start, on a kick and every
+// fullListEvery polls; in between only those apps are read.
 func (c *Core) RunDeployments(ctx context.Context) {
 	synced := map[string]bool{} // deployments whose counts this leader has applied at the BBS
 	t := time.NewTicker(c.cfg.DeployPoll)
 	defer t.Stop()
-	for {
-		if err := c.AdvanceDeployments(ctx, synced); err != nil && ctx.Err() == nil {
+	var deploying []string // nil: list every record
+	for polls := 0; ; polls++ {
+		if polls%fullListEvery == 0 {
+			deploying = nil
+		}
+		next, err := c.AdvanceDeployments(ctx, synced, deploying)
+		if err != nil && ctx.Err() == nil {
 			c.log.Warn("deployment step incomplete", "error", err)
 		}
+		deploying = next
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-c.kick:
+			deploying = nil // a new deployment (or promote/cancel) may be on an app not in the list
 		}
 	}
 }
 
-// AdvanceDeployments moves every app's deployment one step (serialized with the bulk pass, so
-// that neither applies counts the other has already moved past). synced holds the deployments
-// whose counts this leader applied at the BBS; a deployment not in it gets its counts applied
-// again (a new leader resuming mid-way).
-func (c *Core) AdvanceDeployments(ctx context.Context, synced map[string]bool) error {
+// fullListEvery is how many deploy polls pass between full listings of the app records (a
+// deployment recorded by another nsync instance is found within this many polls).
+const fullListEvery = 20
+
+// AdvanceDeployments moves the deployment of every app in guids (nil: of every app with one)
+// one step, serialized with the bulk pass so that neither applies counts the other has already
+// moved past. synced holds the deployments whose counts this leader applied at the BBS; a
+// deployment not in it gets its counts applied again (a new leader resuming mid-way). It
+// returns the apps that still have a deployment (active or queued).
+func (c *Core) AdvanceDeployments(ctx context.Context, synced map[string]bool, guids []string) ([]string, error) {
 	c.leaderMu.Lock()
 	defer c.leaderMu.Unlock()
-	recs, _, err := c.store.Apps(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, r := range recs {
-		if r.Record.GetDeployment() == nil && r.Record.GetQueued() == nil {
-			continue
+	if guids == nil {
+		recs, _, err := c.store.Apps(ctx)
+		if err != nil {
+			return nil, err
 		}
-		if err := c.advanceDeployment(ctx, r.Record.GetApp().GetGuid(), synced); err != nil && !errors.Is(err, rpcerr.ErrAborted) {
-			errs = append(errs, fmt.Errorf("deployment of %s: %w", r.Record.GetApp().GetGuid(), err))
+		guids = []string{}
+		for _, r := range recs {
+			if r.Record.GetDeployment() != nil || r.Record.GetQueued() != nil {
+				guids = append(guids, r.Record.GetApp().GetGuid())
+			}
 		}
 	}
-	return errors.Join(errs...)
+	var (
+		errs []error
+		left = []string{}
+	)
+	for _, guid := range guids {
+		still, err := c.advanceDeployment(ctx, guid, synced)
+		if err != nil && !errors.Is(err, rpcerr.ErrAborted) {
+			errs = append(errs, fmt.Errorf("deployment of %s: %w", guid, err))
+		}
+		if still || err != nil {
+			left = append(left, guid)
+		}
+	}
+	return left, errors.Join(errs...)
 }
 
 // advanceDeployment records the next step of app guid's deployment (one compare-and-swap of
 // its record), then applies it at the BBS.
-func (c *Core) advanceDeployment(ctx context.Context, guid string, synced map[string]bool) error {
+func (c *Core) advanceDeployment(ctx context.Context, guid string, synced map[string]bool) (bool, error) {
+	err := c.stepDeployment(ctx, guid, synced)
+	cur, gerr := c.store.GetApp(ctx, guid)
+	still := gerr == nil && (cur.Record.GetDeployment() != nil || cur.Record.GetQueued() != nil)
+	if rpcerr.Code(gerr) == codes.NotFound {
+		return false, nil
+	}
+	return still, err
+}
+
+// stepDeployment is one step of advanceDeployment.
+func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[string]bool) error {
 	cur, err := c.store.GetApp(ctx, guid)
+	if rpcerr.Code(err) == codes.NotFound {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
