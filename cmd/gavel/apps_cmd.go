@@ -3,6 +3,7 @@ package main
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -58,7 +59,7 @@ func (c *cli) nsyncCommands() []*cobra.Command {
 	sub := func(use, short string, args cobra.PositionalArgs, build func([]string) []string) *cobra.Command {
 		return &cobra.Command{Use: use, Short: short, Args: args,
 			RunE: run(func(ns nsyncv1.NsyncServiceClient, cmd *cobra.Command, args []string) error {
-				return appCommand(cmd.Context(), ns, build(args), c.out)
+				return appCommand(cmd.Context(), ns, build(args), c.out, c.err)
 			})}
 	}
 	var del bool
@@ -70,8 +71,51 @@ func (c *cli) nsyncCommands() []*cobra.Command {
 		return append([]string{"task", "--"}, a...)
 	})
 	task.Flags().SetInterspersed(false)
+	var dep struct {
+		strategy              string
+		maxInFlight, canaries int
+		minHealthy, deadline  time.Duration
+		noRevert, wait        bool
+		timeout               time.Duration
+		version               int64
+	}
+	// deployFlags adds the deployment flags to cmd and passes them on to appCommand.
+	deployFlags := func(cmd *cobra.Command, canary bool) *cobra.Command {
+		cmd.Flags().StringVar(&dep.strategy, "strategy", "", "rolling (default), canary, or recreate (stops every old instance first: downtime)")
+		cmd.Flags().IntVar(&dep.maxInFlight, "max-in-flight", 0, "new instances started before old ones stop (default 1)")
+		if canary {
+			cmd.Flags().IntVar(&dep.canaries, "canaries", 0, "canaries of a canary deployment (default 1)")
+		}
+		cmd.Flags().DurationVar(&dep.minHealthy, "min-healthy-time", 0, "how long new instances stay ready before old ones go")
+		cmd.Flags().DurationVar(&dep.deadline, "progress-deadline", 0, "how long without progress before the deployment fails (default nsync's)")
+		cmd.Flags().BoolVar(&dep.noRevert, "no-auto-revert", false, "do not revert a failed deployment (its new version is removed)")
+		cmd.Flags().BoolVar(&dep.wait, "wait", false, "follow the deployment to its end: progress (new healthy / old left) and the exit code")
+		cmd.Flags().DurationVar(&dep.timeout, "timeout", 10*time.Minute, "how long --wait waits")
+		return cmd
+	}
+	depArgs := func(verb string, a []string) []string {
+		out := []string{verb, "-strategy", dep.strategy, "-max-in-flight", strconv.Itoa(dep.maxInFlight), "-canaries", strconv.Itoa(dep.canaries),
+			"-min-healthy-time", dep.minHealthy.String(), "-progress-deadline", dep.deadline.String(), "-no-auto-revert=" + strconv.FormatBool(dep.noRevert),
+			"-wait=" + strconv.FormatBool(dep.wait), "-timeout", dep.timeout.String(), "-version", strconv.FormatInt(dep.version, 10)}
+		return append(out, a...)
+	}
+	push := deployFlags(sub("push FILE", "Desire an app from YAML or JSON (an nsync App; - reads stdin); an existing app's changed definition is rolled out as a deployment", cobra.ExactArgs(1), func(a []string) []string { return depArgs("push", a) }), true)
+	rollback := deployFlags(sub("rollback GUID", "Deploy an earlier version's definition again (default: the last healthy one before the serving one)", cobra.ExactArgs(1), func(a []string) []string { return depArgs("rollback", a) }), false)
+	rollback.Flags().Int64Var(&dep.version, "version", 0, "the version to roll back to")
+	waitOnly := func(verb, short string) *cobra.Command {
+		cmd := sub(verb+" GUID", short, cobra.ExactArgs(1), func(a []string) []string {
+			return append([]string{verb, "-wait=" + strconv.FormatBool(dep.wait), "-timeout", dep.timeout.String()}, a...)
+		})
+		cmd.Flags().BoolVar(&dep.wait, "wait", false, "follow the deployment to its end")
+		cmd.Flags().DurationVar(&dep.timeout, "timeout", 10*time.Minute, "how long --wait waits")
+		return cmd
+	}
 	app.AddCommand(
-		sub("push FILE", "Desire an app from YAML or JSON (an nsync App; - reads stdin)", cobra.ExactArgs(1), func(a []string) []string { return append([]string{"push"}, a...) }),
+		push, rollback,
+		sub("deployments GUID", "List an app's deployments: active, queued and recent", cobra.ExactArgs(1), func(a []string) []string { return append([]string{"deployments"}, a...) }),
+		sub("versions GUID", "List an app's recent versions with their definitions", cobra.ExactArgs(1), func(a []string) []string { return append([]string{"versions"}, a...) }),
+		waitOnly("promote", "Continue a canary deployment paused after its canaries became healthy"),
+		waitOnly("cancel", "Cancel an app's deployment: it reverts to the serving version by the same steps"),
 		sub("scale GUID N", "Set an app's instances", cobra.ExactArgs(2), func(a []string) []string { return append([]string{"scale"}, a...) }),
 		sub("restart GUID", "Restart an app at its next version (zero downtime; applies a changed pool)", cobra.ExactArgs(1), func(a []string) []string { return append([]string{"restart"}, a...) }),
 		stop, task,

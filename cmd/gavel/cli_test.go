@@ -370,6 +370,7 @@ func TestNsyncCommands(t *testing.T) {
 		r := e.run(t, "apps")
 		return r.code == 0 && strings.Contains(r.stdout, "2/2"), r.stdout + r.stderr
 	}, "the app scaled")
+	testDeployCommands(t, e)
 	if r := e.run(t, "pools", "delete", "staging"); r.code != exitConflict || !strings.Contains(r.stderr, "space-a") {
 		t.Fatalf("pools delete of a bound pool: exit %d\n%s", r.code, r.stderr)
 	}
@@ -430,5 +431,51 @@ func TestExamplesParse(t *testing.T) {
 		if d.GetProcessGuid() == "" || !strings.HasPrefix(string(routes["cf-router"]), `[{"port": 8080, "routes": [`) {
 			t.Fatalf("%s: %v routes %q", path, &d, routes)
 		}
+	}
+}
+
+// testDeployCommands rolls web-app (2 instances) out through the CLI: a rolling push with
+// --wait, a canary paused then promoted, promote without a paused deployment, a crashing
+// version that fails and reverts (exit 1), and the deployment list.
+func testDeployCommands(t *testing.T, e *env) {
+	t.Helper()
+	base, err := os.ReadFile("testdata/nsync-app.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := func(name, extra string) string {
+		p := filepath.Join(t.TempDir(), name+".yaml")
+		if err := os.WriteFile(p, []byte(strings.Replace(string(base), "instances: 1", "instances: 2", 1)+extra), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	r := e.ok(t, "app", "push", "--wait", version("v2", "env: {RELEASE: two}\n"))
+	if !strings.Contains(r.stderr, "SUCCEEDED: 2/2 new healthy, 0 old left") {
+		t.Errorf("push --wait progress:\n%s", r.stderr)
+	}
+	r = e.ok(t, "app", "push", "--canaries", "1", "--wait", version("v3", "env: {RELEASE: three}\n"))
+	if !strings.Contains(r.stderr, "PAUSED") {
+		t.Errorf("canary push --wait:\n%s", r.stderr)
+	}
+	if r := e.ok(t, "apps"); !strings.Contains(r.stdout, "web-app-d2 v2→v3 paused: 1/1 new healthy") {
+		t.Errorf("apps during a paused canary:\n%s", r.stdout)
+	}
+	e.ok(t, "app", "promote", "--wait", "web-app")
+	if r := e.run(t, "app", "promote", "web-app"); r.code != exitConflict {
+		t.Errorf("promote without a paused deployment: exit %d, want %d\n%s", r.code, exitConflict, r.stderr)
+	}
+	crash := version("v4", "env: {RELEASE: four}\nhealth_check: {type: TYPE_PORT, timeout_ms: 1}\n")
+	if r := e.run(t, "app", "push", "--wait", "--progress-deadline", "20s", crash); r.code != exitError || !strings.Contains(r.stderr, "crashed") || !strings.Contains(r.stderr, "revert") {
+		t.Errorf("push of a crashing version: exit %d, want %d\n%s", r.code, exitError, r.stderr)
+	}
+	r = e.ok(t, "app", "deployments", "web-app")
+	for _, want := range []string{"web-app-d1", "SUCCEEDED", "FAILED", "revert of web-app-d3"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("app deployments lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if r := e.run(t, "app", "push", "--strategy", "sideways", version("v5", "")); r.code != exitUsage {
+		t.Errorf("push --strategy sideways: exit %d, want %d", r.code, exitUsage)
 	}
 }

@@ -60,6 +60,12 @@ func startEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer)
 // newEnv is startEnv without starting nsync: the cluster, the proxy and e.cfg.
 func newEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer) *env {
 	t.Helper()
+	return newEnvWith(t, nil, configure, tr)
+}
+
+// newEnvWith is newEnv with cluster adjusting the cluster's configuration first.
+func newEnvWith(t *testing.T, cluster func(*devcluster.Config), configure func(*nsync.Config), tr nsync.Transformer) *env {
+	t.Helper()
 	var cells []devcluster.Cell
 	for i, tags := range cellTags {
 		cfg := rep.Default()
@@ -70,10 +76,14 @@ func newEnv(t *testing.T, configure func(*nsync.Config), tr nsync.Transformer) *
 		cfg.Sim.StartLatency = rep.Duration(20 * time.Millisecond)
 		cells = append(cells, devcluster.Cell{Config: cfg})
 	}
-	c := devcluster.New(devcluster.Config{
+	dc := devcluster.Config{
 		Dir: t.TempDir(), BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
 		UnsafeNoFsync: true, Cells: cells, Logger: logtest.New(t),
-	})
+	}
+	if cluster != nil {
+		cluster(&dc)
+	}
+	c := devcluster.New(dc)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() { done <- c.Run(ctx, func() { close(ready) }) }()

@@ -17,6 +17,7 @@ type serviceMetrics struct {
 	passTime   prometheus.Histogram
 	reconciled *prometheus.CounterVec
 	restarts   *prometheus.CounterVec
+	deploys    *prometheus.CounterVec
 	// toReencrypt is what the leader's last re-encryption step left to do.
 	toReencrypt prometheus.Gauge
 }
@@ -35,10 +36,12 @@ func newServiceMetrics() *serviceMetrics {
 			"LRPs the bulk loop changed at the BBS, by action: desired (missing), updated (drifted), removed (unknown)."), []string{"action"}),
 		restarts: prometheus.NewCounterVec(opts("restarts_total",
 			"Finished zero-downtime restarts, by outcome: completed, cell_mismatch or timed_out."), []string{"outcome"}),
+		deploys: prometheus.NewCounterVec(opts("deployments_total",
+			"Finished deployments, by outcome: succeeded, failed or cancelled."), []string{"outcome"}),
 		toReencrypt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gavel", Subsystem: "nsync", Name: "records_to_reencrypt",
 			Help: "App records not yet sealed under the active encryption key, as of the leader's last re-encryption step (zero elsewhere)."}),
 	}
-	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts, m.toReencrypt, bbsclient.Metrics())
+	m.registry.MustRegister(m.passes, m.passTime, m.reconciled, m.restarts, m.deploys, m.toReencrypt, bbsclient.Metrics())
 	for _, r := range []string{"complete", "incomplete"} {
 		m.passes.WithLabelValues(r)
 	}
@@ -47,6 +50,9 @@ func newServiceMetrics() *serviceMetrics {
 	}
 	for _, o := range []string{"completed", "cell_mismatch", "timed_out"} {
 		m.restarts.WithLabelValues(o)
+	}
+	for _, o := range []string{"succeeded", "failed", "cancelled"} {
+		m.deploys.WithLabelValues(o)
 	}
 	return m
 }
@@ -70,3 +76,6 @@ func (m *serviceMetrics) Reconciled(desired, updated, removed int) {
 
 // Restart implements core.Observer.
 func (m *serviceMetrics) Restart(outcome string) { m.restarts.WithLabelValues(outcome).Inc() }
+
+// Deployment implements core.Observer.
+func (m *serviceMetrics) Deployment(outcome string) { m.deploys.WithLabelValues(outcome).Inc() }

@@ -69,6 +69,11 @@ type Config struct {
 	// RouteDrain is how long a restart's old version keeps running without routes before it
 	// is removed: long enough for routers to drop it and for its requests in flight to finish.
 	RouteDrain Duration `json:"route_drain"`
+	// ProgressDeadline is how long a deployment may go without progress (a new instance
+	// healthy, an old one retired) before it fails; a deploy's progress_deadline_ms overrides it.
+	ProgressDeadline Duration `json:"progress_deadline"`
+	// DeployPoll is how often the leader steps every deployment.
+	DeployPoll Duration `json:"deploy_poll"`
 	// Plugins is the transformer chain every LRP and task nsync builds passes through, in
 	// order, before it is validated and sent to the BBS (CF apps only; the BBS has its own
 	// chain for everything). See pkg/transform and docs/plugins.md.
@@ -88,16 +93,18 @@ type Duration = config.Duration
 // Default is the configuration of an nsync next to a local BBS and etcd.
 func Default() Config {
 	return Config{
-		Base:           serviceconfig.DefaultBase("127.0.0.1:8895"),
-		Etcd:           serviceconfig.DefaultEtcd(),
-		Election:       serviceconfig.DefaultElection(),
-		Config:         bbsclient.Default(),
-		Stacks:         map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4"},
-		BulkInterval:   Duration(30 * time.Second),
-		DomainTTL:      Duration(2 * time.Minute),
-		RestartTimeout: Duration(2 * time.Minute),
-		RouteDrain:     Duration(5 * time.Second),
-		MaxInstances:   models.DefaultMaxInstances,
+		Base:             serviceconfig.DefaultBase("127.0.0.1:8895"),
+		Etcd:             serviceconfig.DefaultEtcd(),
+		Election:         serviceconfig.DefaultElection(),
+		Config:           bbsclient.Default(),
+		Stacks:           map[string]string{"cflinuxfs4": "preloaded:cflinuxfs4"},
+		BulkInterval:     Duration(30 * time.Second),
+		DomainTTL:        Duration(2 * time.Minute),
+		RestartTimeout:   Duration(2 * time.Minute),
+		RouteDrain:       Duration(5 * time.Second),
+		ProgressDeadline: Duration(5 * time.Minute),
+		DeployPoll:       Duration(250 * time.Millisecond),
+		MaxInstances:     models.DefaultMaxInstances,
 	}
 }
 
@@ -130,6 +137,8 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(&c.DomainTTL, "domain-ttl", "how long cf-apps stays fresh after a complete bulk pass")
 	fs.Var(&c.RestartTimeout, "restart-timeout", "how long a restart waits for the new version to run")
 	fs.Var(&c.RouteDrain, "route-drain", "how long a restarted app's old version runs unrouted before it is removed")
+	fs.Var(&c.ProgressDeadline, "progress-deadline", "how long a deployment may go without progress before it fails")
+	fs.Var(&c.DeployPoll, "deploy-poll", "how often the leader steps every deployment")
 }
 
 // Validate reports every problem that would stop nsync from starting.
@@ -150,7 +159,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"route_drain", c.RouteDrain}} {
+	}{{"bulk_interval", c.BulkInterval}, {"domain_ttl", c.DomainTTL}, {"restart_timeout", c.RestartTimeout}, {"route_drain", c.RouteDrain}, {"progress_deadline", c.ProgressDeadline}, {"deploy_poll", c.DeployPoll}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", d.name))
 		}
@@ -250,14 +259,16 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		tr = chain
 	}
 	c := core.New(st, bbs, core.Config{
-		Stacks:         build.Stacks(cfg.Stacks),
-		Limits:         limits,
-		Transformer:    tr,
-		RestartTimeout: time.Duration(cfg.RestartTimeout),
-		RouteDrain:     time.Duration(cfg.RouteDrain),
-		DomainTTL:      time.Duration(cfg.DomainTTL),
-		Logger:         logger.Named("core"),
-		Observer:       m,
+		Stacks:           build.Stacks(cfg.Stacks),
+		Limits:           limits,
+		Transformer:      tr,
+		RestartTimeout:   time.Duration(cfg.RestartTimeout),
+		RouteDrain:       time.Duration(cfg.RouteDrain),
+		DomainTTL:        time.Duration(cfg.DomainTTL),
+		ProgressDeadline: time.Duration(cfg.ProgressDeadline),
+		DeployPoll:       time.Duration(cfg.DeployPoll),
+		Logger:           logger.Named("core"),
+		Observer:         m,
 	})
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
@@ -298,7 +309,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 }
 
 // runBulk campaigns for the leadership and, while leading, runs a bulk pass at once and then
-// every bulk_interval.
+// every bulk_interval, and steps every deployment every deploy_poll.
 func (s *Service) runBulk(ctx context.Context, ready func()) error {
 	e, err := s.cfg.NewElection(s.etcd, LeaderService, s.cfg.ListenAddress, s.log.Named("election"))
 	if err != nil {
@@ -307,6 +318,12 @@ func (s *Service) runBulk(ctx context.Context, ready func()) error {
 	s.election.Store(e)
 	ready()
 	return e.Run(ctx, func(ctx context.Context) error {
+		deploying := make(chan struct{})
+		go func() {
+			defer close(deploying)
+			s.core.RunDeployments(ctx) // returns when leadership (ctx) ends
+		}()
+		defer func() { <-deploying }()
 		if s.keyring != nil {
 			done := make(chan struct{})
 			go func() {
@@ -401,7 +418,7 @@ func (s *Service) MetricsAddr() net.Addr { return s.metrics.Addr() }
 // Every call but the two lists is audited.
 var Policy = authz.Methods{
 	Service: nsyncv1.NsyncService_ServiceDesc.ServiceName,
-	Reads:   []string{"Apps", "PlacementPools"},
+	Reads:   []string{"Apps", "PlacementPools", "GetDeployment", "ListDeployments", "AppVersions"},
 	Check: func(role authz.Role, method string, _ any) error {
 		if role.Kind != authz.ReadOnly {
 			return fmt.Errorf("role %s has no calls on nsync", role)

@@ -163,3 +163,78 @@ func (s *Server) SetDefaultPlacementPool(ctx context.Context, req *nsyncv1.SetDe
 	}
 	return &nsyncv1.SetDefaultPlacementPoolResponse{}, nil
 }
+
+// DeployApp implements nsyncv1.NsyncServiceServer.
+func (s *Server) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (*nsyncv1.DeployAppResponse, error) {
+	app, d, outcome, err := s.core.DeployApp(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.DeployAppResponse{App: app, Deployment: d, Outcome: outcome}, nil
+}
+
+// GetDeployment implements nsyncv1.NsyncServiceServer.
+func (s *Server) GetDeployment(ctx context.Context, req *nsyncv1.GetDeploymentRequest) (*nsyncv1.GetDeploymentResponse, error) {
+	ds, err := s.core.Deployments(ctx, req.GetAppGuid())
+	if err != nil {
+		return nil, err
+	}
+	resp := &nsyncv1.GetDeploymentResponse{}
+	for _, d := range ds {
+		switch {
+		case d.GetState() == nsyncv1.DeploymentState_DEPLOYMENT_STATE_QUEUED:
+			resp.Queued = d
+		case resp.Deployment == nil:
+			resp.Deployment = d
+		}
+	}
+	if resp.Deployment == nil && resp.Queued == nil {
+		return nil, rpcerr.NotFound("app %q has no deployment", req.GetAppGuid())
+	}
+	return resp, nil
+}
+
+// ListDeployments implements nsyncv1.NsyncServiceServer.
+func (s *Server) ListDeployments(ctx context.Context, req *nsyncv1.ListDeploymentsRequest) (*nsyncv1.ListDeploymentsResponse, error) {
+	ds, err := s.core.Deployments(ctx, req.GetAppGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.ListDeploymentsResponse{Deployments: ds}, nil
+}
+
+// PromoteDeployment implements nsyncv1.NsyncServiceServer.
+func (s *Server) PromoteDeployment(ctx context.Context, req *nsyncv1.PromoteDeploymentRequest) (*nsyncv1.PromoteDeploymentResponse, error) {
+	d, err := s.core.PromoteDeployment(ctx, req.GetAppGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.PromoteDeploymentResponse{Deployment: d}, nil
+}
+
+// CancelDeployment implements nsyncv1.NsyncServiceServer.
+func (s *Server) CancelDeployment(ctx context.Context, req *nsyncv1.CancelDeploymentRequest) (*nsyncv1.CancelDeploymentResponse, error) {
+	d, err := s.core.CancelDeployment(ctx, req.GetAppGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.CancelDeploymentResponse{Deployment: d}, nil
+}
+
+// RollbackApp implements nsyncv1.NsyncServiceServer.
+func (s *Server) RollbackApp(ctx context.Context, req *nsyncv1.RollbackAppRequest) (*nsyncv1.RollbackAppResponse, error) {
+	d, err := s.core.RollbackApp(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.RollbackAppResponse{Deployment: d}, nil
+}
+
+// AppVersions implements nsyncv1.NsyncServiceServer.
+func (s *Server) AppVersions(ctx context.Context, req *nsyncv1.AppVersionsRequest) (*nsyncv1.AppVersionsResponse, error) {
+	vs, err := s.core.AppVersions(ctx, req.GetAppGuid())
+	if err != nil {
+		return nil, err
+	}
+	return &nsyncv1.AppVersionsResponse{Versions: vs}, nil
+}

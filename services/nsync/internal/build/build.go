@@ -43,7 +43,8 @@ const (
 )
 
 // LiveVersions are the versions of a started app that should be desired at the BBS: its
-// version and, during a restart, the pending one (none unless the app is started).
+// version, during a restart the pending one, and during a deployment both of its versions
+// (none unless the app is started).
 func LiveVersions(rec *nsyncv1.AppRecord) []int64 {
 	if rec.GetState() != nsyncv1.AppState_APP_STATE_STARTED {
 		return nil
@@ -52,7 +53,97 @@ func LiveVersions(rec *nsyncv1.AppRecord) []int64 {
 	if p := rec.GetPendingVersion(); p != 0 {
 		v = append(v, p)
 	}
+	if d := rec.GetDeployment(); deploying(d) {
+		for _, dv := range []int64{d.GetFromVersion(), d.GetToVersion()} {
+			if !slices.Contains(v, dv) {
+				v = append(v, dv)
+			}
+		}
+	}
 	return v
+}
+
+// deploying reports whether d is an active (running or paused) deployment.
+func deploying(d *nsyncv1.Deployment) bool {
+	s := d.GetState()
+	return s == nsyncv1.DeploymentState_DEPLOYMENT_STATE_RUNNING || s == nsyncv1.DeploymentState_DEPLOYMENT_STATE_PAUSED
+}
+
+// Instances is how many instances version v of the recorded app should have at the BBS: the
+// deployment's count for its versions, the app's instances otherwise.
+func Instances(rec *nsyncv1.AppRecord, v int64) int32 {
+	if d := rec.GetDeployment(); deploying(d) {
+		switch v {
+		case d.GetToVersion():
+			return d.GetNewDesired()
+		case d.GetFromVersion():
+			return d.GetOldDesired()
+		}
+	}
+	return rec.GetApp().GetInstances()
+}
+
+// VersionWork is version v of the recorded app as it is desired at the BBS: the version's
+// definition with the app's current routes, the version's instance count (Instances) and
+// version set, and its rootfs and constraint.
+func VersionWork(rec *nsyncv1.AppRecord, v int64) (*nsyncv1.App, Work) {
+	def, w := rec.GetApp(), Work{Rootfs: rec.GetRootfs(), Constraint: rec.GetPlacementConstraint()}
+	switch {
+	case v == rec.GetApp().GetVersion():
+	case v == rec.GetPendingVersion():
+		w = Work{Rootfs: rec.GetPendingRootfs(), Constraint: rec.GetPendingConstraint()}
+	default:
+		for _, av := range rec.GetVersions() {
+			if av.GetVersion() == v {
+				def, w = av.GetApp(), Work{Rootfs: av.GetRootfs(), Constraint: av.GetPlacementConstraint()}
+				break
+			}
+		}
+	}
+	app := proto.Clone(def).(*nsyncv1.App)
+	app.Routes, app.Instances, app.Version = rec.GetApp().GetRoutes(), Instances(rec, v), v
+	return app, w
+}
+
+// LRPUpdateFor is the in-place update that brings version v's LRP to the app's routes and the
+// version's instance count (Instances).
+func LRPUpdateFor(rec *nsyncv1.AppRecord, v int64) (*modelsv1.DesiredLRPUpdate, error) {
+	u, err := LRPUpdate(rec.GetApp())
+	if err != nil {
+		return nil, err
+	}
+	n := Instances(rec, v)
+	u.Instances = &n
+	return u, nil
+}
+
+// SameRunnable reports whether a and b define the same runnable app: everything but
+// instances, routes and version (which change in place) is equal.
+func SameRunnable(a, b *nsyncv1.App) bool {
+	norm := func(x *nsyncv1.App) *nsyncv1.App {
+		c := proto.Clone(x).(*nsyncv1.App)
+		c.Instances, c.Routes, c.Version = 0, nil, 0
+		if c.HealthCheck != nil && proto.Size(c.HealthCheck) == 0 {
+			c.HealthCheck = nil
+		}
+		return c
+	}
+	return proto.Equal(norm(a), norm(b))
+}
+
+// ValidateRoutePorts checks that every entry of the app's cf-router document routes to one of
+// its ports: a deploy that changes the ports must change the routes with them.
+func ValidateRoutePorts(field string, app *nsyncv1.App) error {
+	for i, entry := range app.GetRoutes().GetListValue().GetValues() {
+		pv, ok := entry.GetStructValue().GetFields()["port"]
+		if !ok {
+			continue
+		}
+		if port := pv.GetNumberValue(); !slices.Contains(app.GetPorts(), uint32(port)) {
+			return rpcerr.Invalid(fmt.Sprintf("%s[%d].port", field, i), "routes to port %v, which is not one of the app's ports %v", port, app.GetPorts())
+		}
+	}
+	return nil
 }
 
 // LRPUpdate is the in-place update that brings an LRP to the app's instances and routes.

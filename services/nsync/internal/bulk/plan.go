@@ -43,9 +43,10 @@ type Change interface{ isChange() }
 type Desire struct {
 	// ProcessGuid is the LRP's process guid.
 	ProcessGuid string
-	// App is the recorded app.
+	// App is the version's definition with the app's routes and the version's instances.
 	App *nsyncv1.App
-	// Version is the app version to desire (the current or the pending one).
+	// Version is the app version to desire (the current, the pending one, or one of a
+	// deployment's).
 	Version int64
 	// Rootfs and Constraint are the recorded placement of that version.
 	Rootfs     string
@@ -125,14 +126,11 @@ func Make(s Snapshot) Plan {
 			expected[pg] = true
 			si, ok := atBBS[pg]
 			if !ok {
-				d := Desire{ProcessGuid: pg, App: app, Version: v, Rootfs: rec.GetRootfs(), Constraint: rec.GetPlacementConstraint()}
-				if v == rec.GetPendingVersion() {
-					d.Rootfs, d.Constraint = rec.GetPendingRootfs(), rec.GetPendingConstraint()
-				}
-				p.Changes = append(p.Changes, d)
+				def, w := build.VersionWork(rec, v)
+				p.Changes = append(p.Changes, Desire{ProcessGuid: pg, App: def, Version: v, Rootfs: w.Rootfs, Constraint: w.Constraint})
 				continue
 			}
-			u, err := build.LRPUpdate(app)
+			u, err := build.LRPUpdateFor(rec, v)
 			if err != nil {
 				p.Errors = append(p.Errors, fmt.Errorf("update %s: %w", pg, err))
 				continue

@@ -26,6 +26,8 @@ type BulkResult struct {
 // listing is truly unknown. The pass is planned purely from what it listed (bulk.Make) and
 // the plan applied here (applyBulk).
 func (c *Core) Bulk(ctx context.Context) (BulkResult, error) {
+	c.leaderMu.Lock()
+	defer c.leaderMu.Unlock()
 	start := c.cfg.Now()
 	res, err := c.bulk(ctx)
 	c.cfg.Observer.BulkPass(c.cfg.Now().Sub(start), err == nil)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -53,6 +54,8 @@ type Observer interface {
 	Reconciled(desired, updated, removed int)
 	// Restart reports how a restart ended: "completed", "cell_mismatch" or "timed_out".
 	Restart(outcome string)
+	// Deployment reports how a deployment ended: "succeeded", "failed" or "cancelled".
+	Deployment(outcome string)
 }
 
 type nopObserver struct{}
@@ -60,6 +63,7 @@ type nopObserver struct{}
 func (nopObserver) BulkPass(time.Duration, bool) {}
 func (nopObserver) Reconciled(int, int, int)     {}
 func (nopObserver) Restart(string)               {}
+func (nopObserver) Deployment(string)            {}
 
 // Config is what Core needs besides its store and BBS.
 type Config struct {
@@ -79,6 +83,10 @@ type Config struct {
 	RestartPoll time.Duration
 	// DomainTTL is how long the cf-apps domain stays fresh after a complete bulk pass.
 	DomainTTL time.Duration
+	// ProgressDeadline is a deployment's default progress deadline.
+	ProgressDeadline time.Duration
+	// DeployPoll is how often the leader's loop steps every deployment.
+	DeployPoll time.Duration
 	// Logger receives the logs; nil discards them.
 	Logger hclog.Logger
 	// Observer is told about passes and restarts; nil ignores them.
@@ -93,6 +101,10 @@ type Core struct {
 	store *store.Store
 	bbs   bbsv1.BBSServiceClient
 	log   hclog.Logger
+	// kick wakes the deployment loop when a deployment is recorded or changed.
+	kick chan struct{}
+	// leaderMu serializes the leader's bulk pass and deployment steps.
+	leaderMu sync.Mutex
 }
 
 // New returns a Core.
@@ -112,7 +124,13 @@ func New(st *store.Store, bbs bbsv1.BBSServiceClient, cfg Config) *Core {
 	if cfg.RestartPoll <= 0 {
 		cfg.RestartPoll = 200 * time.Millisecond
 	}
-	return &Core{cfg: cfg, store: st, bbs: bbs, log: cfg.Logger}
+	if cfg.DeployPoll <= 0 {
+		cfg.DeployPoll = 250 * time.Millisecond
+	}
+	if cfg.ProgressDeadline <= 0 {
+		cfg.ProgressDeadline = 5 * time.Minute
+	}
+	return &Core{cfg: cfg, store: st, bbs: bbs, log: cfg.Logger, kick: make(chan struct{}, 1)}
 }
 
 // lrp builds version of the recorded app with rootfs and constraint, runs the transformer
@@ -163,6 +181,7 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 		return nil, "", err
 	}
 	rec := &nsyncv1.AppRecord{App: app, State: nsyncv1.AppState_APP_STATE_STARTED, Rootfs: rootfs, PlacementConstraint: constraint}
+	rec.Versions = []*nsyncv1.AppVersion{{Version: app.GetVersion(), App: app, Rootfs: rootfs, PlacementConstraint: constraint, CreatedUnixMs: c.cfg.Now().UnixMilli(), Healthy: true}}
 	_, err = c.store.CreateApp(ctx, rec)
 	if errors.Is(err, rpcerr.ErrAlreadyExists) {
 		// A deleted app's record stays until its LRPs are gone: a new app of the same guid
@@ -175,6 +194,7 @@ func (c *Core) DesireApp(ctx context.Context, in *nsyncv1.App) (*nsyncv1.App, st
 			return nil, "", err
 		}
 		app.Version = lastVersion(deleted.Record) + 1
+		rec.Versions[0].Version = app.GetVersion()
 		if d, err = c.lrp(ctx, app, app.GetVersion(), rootfs, constraint); err != nil {
 			return nil, "", err
 		}
@@ -216,7 +236,12 @@ func (c *Core) remove(ctx context.Context, processGuid string) error {
 
 // lastVersion is the highest version a record knows of.
 func lastVersion(rec *nsyncv1.AppRecord) int64 {
-	return max(rec.GetApp().GetVersion(), rec.GetPendingVersion(), rec.GetDrainingVersion())
+	v := max(rec.GetApp().GetVersion(), rec.GetPendingVersion(), rec.GetDrainingVersion(),
+		rec.GetDeployment().GetToVersion(), rec.GetDeployment().GetFromVersion(), rec.GetQueued().GetToVersion())
+	for _, av := range rec.GetVersions() {
+		v = max(v, av.GetVersion())
+	}
+	return v
 }
 
 // getApp reads the app guid; a deleted app is NotFound.
@@ -275,16 +300,7 @@ func (c *Core) UpdateApp(ctx context.Context, req *nsyncv1.UpdateAppRequest) (*n
 	if err != nil {
 		return nil, err
 	}
-	u, err := build.LRPUpdate(rec.GetApp())
-	if err != nil {
-		return nil, err
-	}
-	for _, v := range build.LiveVersions(rec) {
-		pg := build.ProcessGuid(rec.GetApp().GetGuid(), v)
-		if _, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u}); err != nil {
-			c.log.Warn("update at the BBS failed; the bulk loop corrects it", "process_guid", pg, "error", err)
-		}
-	}
+	c.applyInPlace(ctx, rec)
 	return rec.GetApp(), nil
 }
 
@@ -318,6 +334,14 @@ func (c *Core) StopApp(ctx context.Context, guid string, del bool) error {
 	}
 	rec.PendingVersion, rec.PendingConstraint, rec.PendingRootfs, rec.PendingSinceUnixMs = 0, nil, "", 0
 	rec.DrainingVersion, rec.DrainUntilUnixMs = 0, 0
+	for _, d := range []*nsyncv1.Deployment{rec.GetQueued(), rec.GetDeployment()} {
+		if d != nil {
+			// A stop ends the app's deployments: its versions' LRPs go with the others.
+			d.State, d.Message, d.FinishedUnixMs = nsyncv1.DeploymentState_DEPLOYMENT_STATE_CANCELLED, "the app was stopped", c.cfg.Now().UnixMilli()
+			rec.Deployments = trim(append([]*nsyncv1.Deployment{d}, rec.GetDeployments()...))
+		}
+	}
+	rec.Deployment, rec.Queued = nil, nil
 	modRev, err := c.store.PutApp(ctx, rec, cur.ModRevision)
 	if err != nil {
 		return err
@@ -427,6 +451,7 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 			PlacementError:      rec.GetLastError(),
 			RestartToApply:      !models.SameConstraint(rec.GetPlacementConstraint(), build.Constraint(pools.For(app.GetSpaceGuid()))),
 			CountsUnknown:       countsUnknown,
+			Deployment:          rec.GetDeployment(),
 		}
 		if rec.GetState() == nsyncv1.AppState_APP_STATE_STARTED {
 			info.ProcessGuid = build.ProcessGuid(app.GetGuid(), app.GetVersion())
@@ -434,7 +459,7 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 		}
 		for _, v := range build.LiveVersions(rec) {
 			for _, a := range byGuid[build.ProcessGuid(app.GetGuid(), v)] {
-				if pe := a.GetPlacementError(); pe.GetCode() != modelsv1.PlacementError_CODE_UNSPECIFIED && v == app.GetVersion() {
+				if pe := a.GetPlacementError(); pe.GetCode() != modelsv1.PlacementError_CODE_UNSPECIFIED && (v == app.GetVersion() || v == rec.GetDeployment().GetToVersion()) {
 					info.PlacementError = pe
 				}
 				if v != app.GetVersion() || a.GetPresence() != modelsv1.ActualLRP_PRESENCE_ORDINARY {

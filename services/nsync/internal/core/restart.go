@@ -93,12 +93,15 @@ func (c *Core) beginRestart(ctx context.Context, guid string) (started *nsyncv1.
 	if rec.GetPendingVersion() != 0 {
 		return nil, nil, 0, rpcerr.FailedPrecondition("app %q is already restarting (version %d)", guid, rec.GetPendingVersion())
 	}
+	if d := rec.GetDeployment(); d != nil || rec.GetQueued() != nil {
+		return nil, nil, 0, rpcerr.FailedPrecondition("app %q is deploying (%s); restart once the deployment is over", guid, d.GetId())
+	}
 	app := rec.GetApp()
 	rootfs, constraint, err := c.placement(ctx, "app", app)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	next = app.GetVersion() + 1
+	next = lastVersion(rec) + 1
 	d, err = c.lrp(ctx, app, next, rootfs, constraint)
 	if err != nil {
 		return nil, nil, 0, err

@@ -84,6 +84,135 @@ func (AppState) EnumDescriptor() ([]byte, []int) {
 	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{0}
 }
 
+// DeploymentStrategy is how a deployment replaces the old version's instances.
+type DeploymentStrategy int32
+
+const (
+	// DEPLOYMENT_STRATEGY_UNSPECIFIED is rolling.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_UNSPECIFIED DeploymentStrategy = 0
+	// DEPLOYMENT_STRATEGY_ROLLING starts max_in_flight new instances at a time and retires as
+	// many old ones once the new ones are healthy.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_ROLLING DeploymentStrategy = 1
+	// DEPLOYMENT_STRATEGY_CANARY starts canaries new instances next to every old one, pauses
+	// once they are healthy until promoted (then rolls) or cancelled.
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_CANARY DeploymentStrategy = 2
+	// DEPLOYMENT_STRATEGY_RECREATE stops every old instance before starting the new ones
+	// (downtime; only when asked).
+	DeploymentStrategy_DEPLOYMENT_STRATEGY_RECREATE DeploymentStrategy = 3
+)
+
+// Enum value maps for DeploymentStrategy.
+var (
+	DeploymentStrategy_name = map[int32]string{
+		0: "DEPLOYMENT_STRATEGY_UNSPECIFIED",
+		1: "DEPLOYMENT_STRATEGY_ROLLING",
+		2: "DEPLOYMENT_STRATEGY_CANARY",
+		3: "DEPLOYMENT_STRATEGY_RECREATE",
+	}
+	DeploymentStrategy_value = map[string]int32{
+		"DEPLOYMENT_STRATEGY_UNSPECIFIED": 0,
+		"DEPLOYMENT_STRATEGY_ROLLING":     1,
+		"DEPLOYMENT_STRATEGY_CANARY":      2,
+		"DEPLOYMENT_STRATEGY_RECREATE":    3,
+	}
+)
+
+func (x DeploymentStrategy) Enum() *DeploymentStrategy {
+	p := new(DeploymentStrategy)
+	*p = x
+	return p
+}
+
+func (x DeploymentStrategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeploymentStrategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[1].Descriptor()
+}
+
+func (DeploymentStrategy) Type() protoreflect.EnumType {
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[1]
+}
+
+func (x DeploymentStrategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeploymentStrategy.Descriptor instead.
+func (DeploymentStrategy) EnumDescriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{1}
+}
+
+// DeploymentState is where a deployment is.
+type DeploymentState int32
+
+const (
+	// DEPLOYMENT_STATE_UNSPECIFIED is never stored.
+	DeploymentState_DEPLOYMENT_STATE_UNSPECIFIED DeploymentState = 0
+	// DEPLOYMENT_STATE_RUNNING is under way.
+	DeploymentState_DEPLOYMENT_STATE_RUNNING DeploymentState = 1
+	// DEPLOYMENT_STATE_PAUSED waits for promote or cancel (canary).
+	DeploymentState_DEPLOYMENT_STATE_PAUSED DeploymentState = 2
+	// DEPLOYMENT_STATE_SUCCEEDED finished: every instance runs the new version.
+	DeploymentState_DEPLOYMENT_STATE_SUCCEEDED DeploymentState = 3
+	// DEPLOYMENT_STATE_FAILED failed (see message); with auto_revert a revert deployment follows.
+	DeploymentState_DEPLOYMENT_STATE_FAILED DeploymentState = 4
+	// DEPLOYMENT_STATE_CANCELLED was cancelled (or superseded); a revert deployment follows.
+	DeploymentState_DEPLOYMENT_STATE_CANCELLED DeploymentState = 5
+	// DEPLOYMENT_STATE_QUEUED waits for the active deployment to end.
+	DeploymentState_DEPLOYMENT_STATE_QUEUED DeploymentState = 6
+)
+
+// Enum value maps for DeploymentState.
+var (
+	DeploymentState_name = map[int32]string{
+		0: "DEPLOYMENT_STATE_UNSPECIFIED",
+		1: "DEPLOYMENT_STATE_RUNNING",
+		2: "DEPLOYMENT_STATE_PAUSED",
+		3: "DEPLOYMENT_STATE_SUCCEEDED",
+		4: "DEPLOYMENT_STATE_FAILED",
+		5: "DEPLOYMENT_STATE_CANCELLED",
+		6: "DEPLOYMENT_STATE_QUEUED",
+	}
+	DeploymentState_value = map[string]int32{
+		"DEPLOYMENT_STATE_UNSPECIFIED": 0,
+		"DEPLOYMENT_STATE_RUNNING":     1,
+		"DEPLOYMENT_STATE_PAUSED":      2,
+		"DEPLOYMENT_STATE_SUCCEEDED":   3,
+		"DEPLOYMENT_STATE_FAILED":      4,
+		"DEPLOYMENT_STATE_CANCELLED":   5,
+		"DEPLOYMENT_STATE_QUEUED":      6,
+	}
+)
+
+func (x DeploymentState) Enum() *DeploymentState {
+	p := new(DeploymentState)
+	*p = x
+	return p
+}
+
+func (x DeploymentState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeploymentState) Descriptor() protoreflect.EnumDescriptor {
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[2].Descriptor()
+}
+
+func (DeploymentState) Type() protoreflect.EnumType {
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[2]
+}
+
+func (x DeploymentState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeploymentState.Descriptor instead.
+func (DeploymentState) EnumDescriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{2}
+}
+
 // Type is the kind of check.
 type HealthCheck_Type int32
 
@@ -125,11 +254,11 @@ func (x HealthCheck_Type) String() string {
 }
 
 func (HealthCheck_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_gavel_nsync_v1_nsync_proto_enumTypes[1].Descriptor()
+	return file_gavel_nsync_v1_nsync_proto_enumTypes[3].Descriptor()
 }
 
 func (HealthCheck_Type) Type() protoreflect.EnumType {
-	return &file_gavel_nsync_v1_nsync_proto_enumTypes[1]
+	return &file_gavel_nsync_v1_nsync_proto_enumTypes[3]
 }
 
 func (x HealthCheck_Type) Number() protoreflect.EnumNumber {
@@ -417,8 +546,17 @@ type AppRecord struct {
 	DrainingVersion int64 `protobuf:"varint,10,opt,name=draining_version,json=drainingVersion,proto3" json:"draining_version,omitempty"`
 	// DrainUntilUnixMs is when the draining version is removed.
 	DrainUntilUnixMs int64 `protobuf:"varint,11,opt,name=drain_until_unix_ms,json=drainUntilUnixMs,proto3" json:"drain_until_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Deployment is the active deployment (state RUNNING or PAUSED), if any.
+	Deployment *Deployment `protobuf:"bytes,12,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Queued is the deployment that starts once the active one (cancelled to make way for it) is
+	// over; a later change replaces it.
+	Queued *Deployment `protobuf:"bytes,13,opt,name=queued,proto3" json:"queued,omitempty"`
+	// Deployments are the app's finished deployments, newest first (at most 10).
+	Deployments []*Deployment `protobuf:"bytes,14,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	// Versions are the app's recent versions with their definitions, newest first (at most 10).
+	Versions      []*AppVersion `protobuf:"bytes,15,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppRecord) Reset() {
@@ -528,6 +666,1140 @@ func (x *AppRecord) GetDrainUntilUnixMs() int64 {
 	return 0
 }
 
+func (x *AppRecord) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *AppRecord) GetQueued() *Deployment {
+	if x != nil {
+		return x.Queued
+	}
+	return nil
+}
+
+func (x *AppRecord) GetDeployments() []*Deployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+func (x *AppRecord) GetVersions() []*AppVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+// AppVersion is one version of an app's definition.
+type AppVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version is the version number (the LRP's process guid is <app guid>-v<version>).
+	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// App is the definition of the version (instances and routes are the app's, not the
+	// version's: they change in place).
+	App *App `protobuf:"bytes,2,opt,name=app,proto3" json:"app,omitempty"`
+	// Rootfs is the rootfs the version is desired with.
+	Rootfs string `protobuf:"bytes,3,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// PlacementConstraint is the constraint the version is desired with.
+	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,4,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
+	// CreatedUnixMs is when the version was recorded.
+	CreatedUnixMs int64 `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Healthy is set once the version served the app: the app's first version, or the target of
+	// a deployment that succeeded (every instance ran healthy).
+	Healthy       bool `protobuf:"varint,6,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersion) Reset() {
+	*x = AppVersion{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersion) ProtoMessage() {}
+
+func (x *AppVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersion.ProtoReflect.Descriptor instead.
+func (*AppVersion) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AppVersion) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *AppVersion) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *AppVersion) GetRootfs() string {
+	if x != nil {
+		return x.Rootfs
+	}
+	return ""
+}
+
+func (x *AppVersion) GetPlacementConstraint() *v1.PlacementConstraint {
+	if x != nil {
+		return x.PlacementConstraint
+	}
+	return nil
+}
+
+func (x *AppVersion) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *AppVersion) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+// DeploymentOptions say how a deployment proceeds; zero fields take their defaults.
+type DeploymentOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Strategy is rolling unless set.
+	Strategy DeploymentStrategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=gavel.nsync.v1.DeploymentStrategy" json:"strategy,omitempty"`
+	// MaxInFlight is how many new instances may start before old ones stop (default 1).
+	MaxInFlight int32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Canaries is how many canaries a canary deployment starts (default 1).
+	Canaries int32 `protobuf:"varint,3,opt,name=canaries,proto3" json:"canaries,omitempty"`
+	// MinHealthyTimeMs is how long new instances must stay ready before old ones are retired
+	// (default 0: as soon as they are ready).
+	MinHealthyTimeMs int64 `protobuf:"varint,4,opt,name=min_healthy_time_ms,json=minHealthyTimeMs,proto3" json:"min_healthy_time_ms,omitempty"`
+	// ProgressDeadlineMs is how long a deployment may go without progress before it fails
+	// (default nsync's progress_deadline).
+	ProgressDeadlineMs int64 `protobuf:"varint,5,opt,name=progress_deadline_ms,json=progressDeadlineMs,proto3" json:"progress_deadline_ms,omitempty"`
+	// NoAutoRevert keeps a failed deployment where it stopped instead of reverting to the last
+	// healthy version (auto_revert is on by default).
+	NoAutoRevert  bool `protobuf:"varint,6,opt,name=no_auto_revert,json=noAutoRevert,proto3" json:"no_auto_revert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentOptions) Reset() {
+	*x = DeploymentOptions{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentOptions) ProtoMessage() {}
+
+func (x *DeploymentOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentOptions.ProtoReflect.Descriptor instead.
+func (*DeploymentOptions) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeploymentOptions) GetStrategy() DeploymentStrategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return DeploymentStrategy_DEPLOYMENT_STRATEGY_UNSPECIFIED
+}
+
+func (x *DeploymentOptions) GetMaxInFlight() int32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetCanaries() int32 {
+	if x != nil {
+		return x.Canaries
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetMinHealthyTimeMs() int64 {
+	if x != nil {
+		return x.MinHealthyTimeMs
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetProgressDeadlineMs() int64 {
+	if x != nil {
+		return x.ProgressDeadlineMs
+	}
+	return 0
+}
+
+func (x *DeploymentOptions) GetNoAutoRevert() bool {
+	if x != nil {
+		return x.NoAutoRevert
+	}
+	return false
+}
+
+// Deployment is the rollout of one version of an app to another.
+type Deployment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id identifies the deployment: "<app guid>-d<n>".
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// AppGuid names the app.
+	AppGuid string `protobuf:"bytes,2,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	// FromVersion is the version being replaced.
+	FromVersion int64 `protobuf:"varint,3,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
+	// ToVersion is the version being rolled out.
+	ToVersion int64 `protobuf:"varint,4,opt,name=to_version,json=toVersion,proto3" json:"to_version,omitempty"`
+	// Options are the deployment's options with their defaults filled in.
+	Options *DeploymentOptions `protobuf:"bytes,5,opt,name=options,proto3" json:"options,omitempty"`
+	// State is where the deployment is.
+	State DeploymentState `protobuf:"varint,6,opt,name=state,proto3,enum=gavel.nsync.v1.DeploymentState" json:"state,omitempty"`
+	// Message says why it failed, was cancelled or paused.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// RevertOf is the id of the deployment this one reverts (empty: not a revert).
+	RevertOf string `protobuf:"bytes,8,opt,name=revert_of,json=revertOf,proto3" json:"revert_of,omitempty"`
+	// Promoted is set once a canary deployment was promoted.
+	Promoted bool `protobuf:"varint,9,opt,name=promoted,proto3" json:"promoted,omitempty"`
+	// NewDesired is the instance count desired of the new version's LRP.
+	NewDesired int32 `protobuf:"varint,10,opt,name=new_desired,json=newDesired,proto3" json:"new_desired,omitempty"`
+	// OldDesired is the instance count desired of the old version's LRP.
+	OldDesired int32 `protobuf:"varint,11,opt,name=old_desired,json=oldDesired,proto3" json:"old_desired,omitempty"`
+	// NewHealthy counts new instances that stayed ready for min_healthy_time (as of the last step).
+	NewHealthy int32 `protobuf:"varint,12,opt,name=new_healthy,json=newHealthy,proto3" json:"new_healthy,omitempty"`
+	// OldLeft counts old instances still present (as last observed).
+	OldLeft int32 `protobuf:"varint,13,opt,name=old_left,json=oldLeft,proto3" json:"old_left,omitempty"`
+	// ReadyObserved is the ready new instances last observed; ReadySinceUnixMs is since when.
+	ReadyObserved int32 `protobuf:"varint,14,opt,name=ready_observed,json=readyObserved,proto3" json:"ready_observed,omitempty"`
+	// ReadySinceUnixMs is when ready_observed was first seen.
+	ReadySinceUnixMs int64 `protobuf:"varint,15,opt,name=ready_since_unix_ms,json=readySinceUnixMs,proto3" json:"ready_since_unix_ms,omitempty"`
+	// CreatedUnixMs is when the deployment was recorded.
+	CreatedUnixMs int64 `protobuf:"varint,16,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// ProgressUnixMs is when it last made progress (the progress deadline counts from it).
+	ProgressUnixMs int64 `protobuf:"varint,17,opt,name=progress_unix_ms,json=progressUnixMs,proto3" json:"progress_unix_ms,omitempty"`
+	// FinishedUnixMs is when it ended.
+	FinishedUnixMs int64 `protobuf:"varint,18,opt,name=finished_unix_ms,json=finishedUnixMs,proto3" json:"finished_unix_ms,omitempty"`
+	// PlacementError is the last placement failure of a new instance.
+	PlacementError *v1.PlacementError `protobuf:"bytes,19,opt,name=placement_error,json=placementError,proto3" json:"placement_error,omitempty"`
+	// CancelRequested is set by CancelDeployment (or a superseding change); the leader's loop
+	// cancels the deployment.
+	CancelRequested bool `protobuf:"varint,20,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Deployment) Reset() {
+	*x = Deployment{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Deployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Deployment) ProtoMessage() {}
+
+func (x *Deployment) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
+func (*Deployment) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Deployment) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Deployment) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+func (x *Deployment) GetFromVersion() int64 {
+	if x != nil {
+		return x.FromVersion
+	}
+	return 0
+}
+
+func (x *Deployment) GetToVersion() int64 {
+	if x != nil {
+		return x.ToVersion
+	}
+	return 0
+}
+
+func (x *Deployment) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+func (x *Deployment) GetState() DeploymentState {
+	if x != nil {
+		return x.State
+	}
+	return DeploymentState_DEPLOYMENT_STATE_UNSPECIFIED
+}
+
+func (x *Deployment) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Deployment) GetRevertOf() string {
+	if x != nil {
+		return x.RevertOf
+	}
+	return ""
+}
+
+func (x *Deployment) GetPromoted() bool {
+	if x != nil {
+		return x.Promoted
+	}
+	return false
+}
+
+func (x *Deployment) GetNewDesired() int32 {
+	if x != nil {
+		return x.NewDesired
+	}
+	return 0
+}
+
+func (x *Deployment) GetOldDesired() int32 {
+	if x != nil {
+		return x.OldDesired
+	}
+	return 0
+}
+
+func (x *Deployment) GetNewHealthy() int32 {
+	if x != nil {
+		return x.NewHealthy
+	}
+	return 0
+}
+
+func (x *Deployment) GetOldLeft() int32 {
+	if x != nil {
+		return x.OldLeft
+	}
+	return 0
+}
+
+func (x *Deployment) GetReadyObserved() int32 {
+	if x != nil {
+		return x.ReadyObserved
+	}
+	return 0
+}
+
+func (x *Deployment) GetReadySinceUnixMs() int64 {
+	if x != nil {
+		return x.ReadySinceUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetProgressUnixMs() int64 {
+	if x != nil {
+		return x.ProgressUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetFinishedUnixMs() int64 {
+	if x != nil {
+		return x.FinishedUnixMs
+	}
+	return 0
+}
+
+func (x *Deployment) GetPlacementError() *v1.PlacementError {
+	if x != nil {
+		return x.PlacementError
+	}
+	return nil
+}
+
+func (x *Deployment) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
+}
+
+// DeployAppRequest is the request of DeployApp.
+type DeployAppRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// App is the app's new definition; its version is assigned by nsync.
+	App *App `protobuf:"bytes,1,opt,name=app,proto3" json:"app,omitempty"`
+	// Options say how a new version is rolled out.
+	Options       *DeploymentOptions `protobuf:"bytes,2,opt,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeployAppRequest) Reset() {
+	*x = DeployAppRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeployAppRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeployAppRequest) ProtoMessage() {}
+
+func (x *DeployAppRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeployAppRequest.ProtoReflect.Descriptor instead.
+func (*DeployAppRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeployAppRequest) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *DeployAppRequest) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// DeployAppResponse is the answer of DeployApp.
+type DeployAppResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// App is the recorded (serving) app.
+	App *App `protobuf:"bytes,1,opt,name=app,proto3" json:"app,omitempty"`
+	// Deployment is the deployment started (or queued); unset when the app was created or
+	// changed in place.
+	Deployment *Deployment `protobuf:"bytes,2,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Outcome says what happened: "created", "updated in place", "unchanged", "deploying" or
+	// "queued".
+	Outcome       string `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeployAppResponse) Reset() {
+	*x = DeployAppResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeployAppResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeployAppResponse) ProtoMessage() {}
+
+func (x *DeployAppResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeployAppResponse.ProtoReflect.Descriptor instead.
+func (*DeployAppResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeployAppResponse) GetApp() *App {
+	if x != nil {
+		return x.App
+	}
+	return nil
+}
+
+func (x *DeployAppResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *DeployAppResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+// GetDeploymentRequest is the request of GetDeployment.
+type GetDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeploymentRequest) Reset() {
+	*x = GetDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeploymentRequest) ProtoMessage() {}
+
+func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GetDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// GetDeploymentResponse is the answer of GetDeployment.
+type GetDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the active deployment, or the latest finished one.
+	Deployment *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// Queued is the deployment waiting for the active one to end, if any.
+	Queued        *Deployment `protobuf:"bytes,2,opt,name=queued,proto3" json:"queued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeploymentResponse) Reset() {
+	*x = GetDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeploymentResponse) ProtoMessage() {}
+
+func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*GetDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+func (x *GetDeploymentResponse) GetQueued() *Deployment {
+	if x != nil {
+		return x.Queued
+	}
+	return nil
+}
+
+// ListDeploymentsRequest is the request of ListDeployments.
+type ListDeploymentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeploymentsRequest) Reset() {
+	*x = ListDeploymentsRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeploymentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeploymentsRequest) ProtoMessage() {}
+
+func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
+func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListDeploymentsRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// ListDeploymentsResponse is the answer of ListDeployments.
+type ListDeploymentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployments are the queued, active and recent deployments, newest first.
+	Deployments   []*Deployment `protobuf:"bytes,1,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeploymentsResponse) Reset() {
+	*x = ListDeploymentsResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeploymentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeploymentsResponse) ProtoMessage() {}
+
+func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
+func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListDeploymentsResponse) GetDeployments() []*Deployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+// PromoteDeploymentRequest is the request of PromoteDeployment.
+type PromoteDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteDeploymentRequest) Reset() {
+	*x = PromoteDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteDeploymentRequest) ProtoMessage() {}
+
+func (x *PromoteDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*PromoteDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PromoteDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// PromoteDeploymentResponse is the answer of PromoteDeployment.
+type PromoteDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the promoted deployment.
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteDeploymentResponse) Reset() {
+	*x = PromoteDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteDeploymentResponse) ProtoMessage() {}
+
+func (x *PromoteDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*PromoteDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PromoteDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// CancelDeploymentRequest is the request of CancelDeployment.
+type CancelDeploymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelDeploymentRequest) Reset() {
+	*x = CancelDeploymentRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelDeploymentRequest) ProtoMessage() {}
+
+func (x *CancelDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*CancelDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CancelDeploymentRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// CancelDeploymentResponse is the answer of CancelDeployment.
+type CancelDeploymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the deployment whose cancellation was requested.
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelDeploymentResponse) Reset() {
+	*x = CancelDeploymentResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelDeploymentResponse) ProtoMessage() {}
+
+func (x *CancelDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*CancelDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CancelDeploymentResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// RollbackAppRequest is the request of RollbackApp.
+type RollbackAppRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	// Version is the version whose definition is deployed again; zero means the latest healthy
+	// version before the serving one.
+	Version int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Options say how it is rolled out.
+	Options       *DeploymentOptions `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackAppRequest) Reset() {
+	*x = RollbackAppRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackAppRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackAppRequest) ProtoMessage() {}
+
+func (x *RollbackAppRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackAppRequest.ProtoReflect.Descriptor instead.
+func (*RollbackAppRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RollbackAppRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+func (x *RollbackAppRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RollbackAppRequest) GetOptions() *DeploymentOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// RollbackAppResponse is the answer of RollbackApp.
+type RollbackAppResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deployment is the deployment started (or queued).
+	Deployment    *Deployment `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackAppResponse) Reset() {
+	*x = RollbackAppResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackAppResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackAppResponse) ProtoMessage() {}
+
+func (x *RollbackAppResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackAppResponse.ProtoReflect.Descriptor instead.
+func (*RollbackAppResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RollbackAppResponse) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
+// AppVersionsRequest is the request of AppVersions.
+type AppVersionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppGuid names the app.
+	AppGuid       string `protobuf:"bytes,1,opt,name=app_guid,json=appGuid,proto3" json:"app_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersionsRequest) Reset() {
+	*x = AppVersionsRequest{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersionsRequest) ProtoMessage() {}
+
+func (x *AppVersionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersionsRequest.ProtoReflect.Descriptor instead.
+func (*AppVersionsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AppVersionsRequest) GetAppGuid() string {
+	if x != nil {
+		return x.AppGuid
+	}
+	return ""
+}
+
+// AppVersionsResponse is the answer of AppVersions.
+type AppVersionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Versions are the app's recent versions, newest first.
+	Versions      []*AppVersion `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppVersionsResponse) Reset() {
+	*x = AppVersionsResponse{}
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppVersionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppVersionsResponse) ProtoMessage() {}
+
+func (x *AppVersionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppVersionsResponse.ProtoReflect.Descriptor instead.
+func (*AppVersionsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AppVersionsResponse) GetVersions() []*AppVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
 // AppInfo is an app with what runs of it.
 type AppInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -555,13 +1827,15 @@ type AppInfo struct {
 	// CountsUnknown is set when the BBS could not be reached: running, crashed and the
 	// instances' placement errors are unknown (left zero); everything else is nsync's own record.
 	CountsUnknown bool `protobuf:"varint,11,opt,name=counts_unknown,json=countsUnknown,proto3" json:"counts_unknown,omitempty"`
+	// Deployment is the app's active deployment, if any.
+	Deployment    *Deployment `protobuf:"bytes,12,opt,name=deployment,proto3" json:"deployment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppInfo) Reset() {
 	*x = AppInfo{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +1847,7 @@ func (x *AppInfo) String() string {
 func (*AppInfo) ProtoMessage() {}
 
 func (x *AppInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[3]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +1860,7 @@ func (x *AppInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppInfo.ProtoReflect.Descriptor instead.
 func (*AppInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{3}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AppInfo) GetApp() *App {
@@ -666,6 +1940,13 @@ func (x *AppInfo) GetCountsUnknown() bool {
 	return false
 }
 
+func (x *AppInfo) GetDeployment() *Deployment {
+	if x != nil {
+		return x.Deployment
+	}
+	return nil
+}
+
 // DesireAppRequest is the request of DesireApp.
 type DesireAppRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -677,7 +1958,7 @@ type DesireAppRequest struct {
 
 func (x *DesireAppRequest) Reset() {
 	*x = DesireAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +1970,7 @@ func (x *DesireAppRequest) String() string {
 func (*DesireAppRequest) ProtoMessage() {}
 
 func (x *DesireAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[4]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +1983,7 @@ func (x *DesireAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireAppRequest.ProtoReflect.Descriptor instead.
 func (*DesireAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{4}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DesireAppRequest) GetApp() *App {
@@ -725,7 +2006,7 @@ type DesireAppResponse struct {
 
 func (x *DesireAppResponse) Reset() {
 	*x = DesireAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +2018,7 @@ func (x *DesireAppResponse) String() string {
 func (*DesireAppResponse) ProtoMessage() {}
 
 func (x *DesireAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[5]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +2031,7 @@ func (x *DesireAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireAppResponse.ProtoReflect.Descriptor instead.
 func (*DesireAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{5}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DesireAppResponse) GetApp() *App {
@@ -782,7 +2063,7 @@ type UpdateAppRequest struct {
 
 func (x *UpdateAppRequest) Reset() {
 	*x = UpdateAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +2075,7 @@ func (x *UpdateAppRequest) String() string {
 func (*UpdateAppRequest) ProtoMessage() {}
 
 func (x *UpdateAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[6]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +2088,7 @@ func (x *UpdateAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAppRequest.ProtoReflect.Descriptor instead.
 func (*UpdateAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{6}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateAppRequest) GetGuid() string {
@@ -842,7 +2123,7 @@ type UpdateAppResponse struct {
 
 func (x *UpdateAppResponse) Reset() {
 	*x = UpdateAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +2135,7 @@ func (x *UpdateAppResponse) String() string {
 func (*UpdateAppResponse) ProtoMessage() {}
 
 func (x *UpdateAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[7]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +2148,7 @@ func (x *UpdateAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAppResponse.ProtoReflect.Descriptor instead.
 func (*UpdateAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{7}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UpdateAppResponse) GetApp() *App {
@@ -888,7 +2169,7 @@ type RestartAppRequest struct {
 
 func (x *RestartAppRequest) Reset() {
 	*x = RestartAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +2181,7 @@ func (x *RestartAppRequest) String() string {
 func (*RestartAppRequest) ProtoMessage() {}
 
 func (x *RestartAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[8]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +2194,7 @@ func (x *RestartAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartAppRequest.ProtoReflect.Descriptor instead.
 func (*RestartAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{8}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RestartAppRequest) GetGuid() string {
@@ -936,7 +2217,7 @@ type RestartAppResponse struct {
 
 func (x *RestartAppResponse) Reset() {
 	*x = RestartAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +2229,7 @@ func (x *RestartAppResponse) String() string {
 func (*RestartAppResponse) ProtoMessage() {}
 
 func (x *RestartAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[9]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +2242,7 @@ func (x *RestartAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartAppResponse.ProtoReflect.Descriptor instead.
 func (*RestartAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{9}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RestartAppResponse) GetApp() *App {
@@ -991,7 +2272,7 @@ type StopAppRequest struct {
 
 func (x *StopAppRequest) Reset() {
 	*x = StopAppRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +2284,7 @@ func (x *StopAppRequest) String() string {
 func (*StopAppRequest) ProtoMessage() {}
 
 func (x *StopAppRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[10]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +2297,7 @@ func (x *StopAppRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopAppRequest.ProtoReflect.Descriptor instead.
 func (*StopAppRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{10}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StopAppRequest) GetGuid() string {
@@ -1042,7 +2323,7 @@ type StopAppResponse struct {
 
 func (x *StopAppResponse) Reset() {
 	*x = StopAppResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +2335,7 @@ func (x *StopAppResponse) String() string {
 func (*StopAppResponse) ProtoMessage() {}
 
 func (x *StopAppResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[11]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +2348,7 @@ func (x *StopAppResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopAppResponse.ProtoReflect.Descriptor instead.
 func (*StopAppResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{11}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{28}
 }
 
 // AppsRequest is the request of Apps.
@@ -1083,7 +2364,7 @@ type AppsRequest struct {
 
 func (x *AppsRequest) Reset() {
 	*x = AppsRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +2376,7 @@ func (x *AppsRequest) String() string {
 func (*AppsRequest) ProtoMessage() {}
 
 func (x *AppsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[12]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +2389,7 @@ func (x *AppsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppsRequest.ProtoReflect.Descriptor instead.
 func (*AppsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{12}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AppsRequest) GetSpaceGuid() string {
@@ -1136,7 +2417,7 @@ type AppsResponse struct {
 
 func (x *AppsResponse) Reset() {
 	*x = AppsResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +2429,7 @@ func (x *AppsResponse) String() string {
 func (*AppsResponse) ProtoMessage() {}
 
 func (x *AppsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[13]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +2442,7 @@ func (x *AppsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppsResponse.ProtoReflect.Descriptor instead.
 func (*AppsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{13}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AppsResponse) GetApps() []*AppInfo {
@@ -1192,7 +2473,7 @@ type RunTaskRequest struct {
 
 func (x *RunTaskRequest) Reset() {
 	*x = RunTaskRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +2485,7 @@ func (x *RunTaskRequest) String() string {
 func (*RunTaskRequest) ProtoMessage() {}
 
 func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[14]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +2498,7 @@ func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskRequest.ProtoReflect.Descriptor instead.
 func (*RunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{14}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RunTaskRequest) GetTaskGuid() string {
@@ -1273,7 +2554,7 @@ type RunTaskResponse struct {
 
 func (x *RunTaskResponse) Reset() {
 	*x = RunTaskResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +2566,7 @@ func (x *RunTaskResponse) String() string {
 func (*RunTaskResponse) ProtoMessage() {}
 
 func (x *RunTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[15]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +2579,7 @@ func (x *RunTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskResponse.ProtoReflect.Descriptor instead.
 func (*RunTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{15}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RunTaskResponse) GetTaskGuid() string {
@@ -1323,7 +2604,7 @@ type PlacementPool struct {
 
 func (x *PlacementPool) Reset() {
 	*x = PlacementPool{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +2616,7 @@ func (x *PlacementPool) String() string {
 func (*PlacementPool) ProtoMessage() {}
 
 func (x *PlacementPool) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[16]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +2629,7 @@ func (x *PlacementPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPool.ProtoReflect.Descriptor instead.
 func (*PlacementPool) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{16}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PlacementPool) GetName() string {
@@ -1387,7 +2668,7 @@ type PlacementPoolInfo struct {
 
 func (x *PlacementPoolInfo) Reset() {
 	*x = PlacementPoolInfo{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +2680,7 @@ func (x *PlacementPoolInfo) String() string {
 func (*PlacementPoolInfo) ProtoMessage() {}
 
 func (x *PlacementPoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[17]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +2693,7 @@ func (x *PlacementPoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolInfo.ProtoReflect.Descriptor instead.
 func (*PlacementPoolInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{17}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PlacementPoolInfo) GetPool() *PlacementPool {
@@ -1447,7 +2728,7 @@ type CreatePlacementPoolRequest struct {
 
 func (x *CreatePlacementPoolRequest) Reset() {
 	*x = CreatePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +2740,7 @@ func (x *CreatePlacementPoolRequest) String() string {
 func (*CreatePlacementPoolRequest) ProtoMessage() {}
 
 func (x *CreatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[18]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +2753,7 @@ func (x *CreatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{18}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreatePlacementPoolRequest) GetPool() *PlacementPool {
@@ -1491,7 +2772,7 @@ type CreatePlacementPoolResponse struct {
 
 func (x *CreatePlacementPoolResponse) Reset() {
 	*x = CreatePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +2784,7 @@ func (x *CreatePlacementPoolResponse) String() string {
 func (*CreatePlacementPoolResponse) ProtoMessage() {}
 
 func (x *CreatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[19]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +2797,7 @@ func (x *CreatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{19}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{36}
 }
 
 // UpdatePlacementPoolRequest is the request of UpdatePlacementPool.
@@ -1530,7 +2811,7 @@ type UpdatePlacementPoolRequest struct {
 
 func (x *UpdatePlacementPoolRequest) Reset() {
 	*x = UpdatePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +2823,7 @@ func (x *UpdatePlacementPoolRequest) String() string {
 func (*UpdatePlacementPoolRequest) ProtoMessage() {}
 
 func (x *UpdatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[20]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +2836,7 @@ func (x *UpdatePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{20}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UpdatePlacementPoolRequest) GetPool() *PlacementPool {
@@ -1574,7 +2855,7 @@ type UpdatePlacementPoolResponse struct {
 
 func (x *UpdatePlacementPoolResponse) Reset() {
 	*x = UpdatePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +2867,7 @@ func (x *UpdatePlacementPoolResponse) String() string {
 func (*UpdatePlacementPoolResponse) ProtoMessage() {}
 
 func (x *UpdatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[21]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +2880,7 @@ func (x *UpdatePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{21}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{38}
 }
 
 // DeletePlacementPoolRequest is the request of DeletePlacementPool.
@@ -1615,7 +2896,7 @@ type DeletePlacementPoolRequest struct {
 
 func (x *DeletePlacementPoolRequest) Reset() {
 	*x = DeletePlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +2908,7 @@ func (x *DeletePlacementPoolRequest) String() string {
 func (*DeletePlacementPoolRequest) ProtoMessage() {}
 
 func (x *DeletePlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[22]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +2921,7 @@ func (x *DeletePlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*DeletePlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{22}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeletePlacementPoolRequest) GetName() string {
@@ -1666,7 +2947,7 @@ type DeletePlacementPoolResponse struct {
 
 func (x *DeletePlacementPoolResponse) Reset() {
 	*x = DeletePlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +2959,7 @@ func (x *DeletePlacementPoolResponse) String() string {
 func (*DeletePlacementPoolResponse) ProtoMessage() {}
 
 func (x *DeletePlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[23]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +2972,7 @@ func (x *DeletePlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{23}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{40}
 }
 
 // PlacementPoolsRequest is the request of PlacementPools.
@@ -1703,7 +2984,7 @@ type PlacementPoolsRequest struct {
 
 func (x *PlacementPoolsRequest) Reset() {
 	*x = PlacementPoolsRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +2996,7 @@ func (x *PlacementPoolsRequest) String() string {
 func (*PlacementPoolsRequest) ProtoMessage() {}
 
 func (x *PlacementPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[24]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +3009,7 @@ func (x *PlacementPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolsRequest.ProtoReflect.Descriptor instead.
 func (*PlacementPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{24}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{41}
 }
 
 // PlacementPoolsResponse is the answer of PlacementPools.
@@ -1744,7 +3025,7 @@ type PlacementPoolsResponse struct {
 
 func (x *PlacementPoolsResponse) Reset() {
 	*x = PlacementPoolsResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +3037,7 @@ func (x *PlacementPoolsResponse) String() string {
 func (*PlacementPoolsResponse) ProtoMessage() {}
 
 func (x *PlacementPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[25]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +3050,7 @@ func (x *PlacementPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementPoolsResponse.ProtoReflect.Descriptor instead.
 func (*PlacementPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{25}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PlacementPoolsResponse) GetPools() []*PlacementPoolInfo {
@@ -1799,7 +3080,7 @@ type BindPlacementPoolRequest struct {
 
 func (x *BindPlacementPoolRequest) Reset() {
 	*x = BindPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +3092,7 @@ func (x *BindPlacementPoolRequest) String() string {
 func (*BindPlacementPoolRequest) ProtoMessage() {}
 
 func (x *BindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[26]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +3105,7 @@ func (x *BindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*BindPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{26}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BindPlacementPoolRequest) GetSpaceGuid() string {
@@ -1850,7 +3131,7 @@ type BindPlacementPoolResponse struct {
 
 func (x *BindPlacementPoolResponse) Reset() {
 	*x = BindPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +3143,7 @@ func (x *BindPlacementPoolResponse) String() string {
 func (*BindPlacementPoolResponse) ProtoMessage() {}
 
 func (x *BindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[27]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +3156,7 @@ func (x *BindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*BindPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{27}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{44}
 }
 
 // UnbindPlacementPoolRequest is the request of UnbindPlacementPool.
@@ -1889,7 +3170,7 @@ type UnbindPlacementPoolRequest struct {
 
 func (x *UnbindPlacementPoolRequest) Reset() {
 	*x = UnbindPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +3182,7 @@ func (x *UnbindPlacementPoolRequest) String() string {
 func (*UnbindPlacementPoolRequest) ProtoMessage() {}
 
 func (x *UnbindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[28]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +3195,7 @@ func (x *UnbindPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*UnbindPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{28}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UnbindPlacementPoolRequest) GetSpaceGuid() string {
@@ -1933,7 +3214,7 @@ type UnbindPlacementPoolResponse struct {
 
 func (x *UnbindPlacementPoolResponse) Reset() {
 	*x = UnbindPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +3226,7 @@ func (x *UnbindPlacementPoolResponse) String() string {
 func (*UnbindPlacementPoolResponse) ProtoMessage() {}
 
 func (x *UnbindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[29]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +3239,7 @@ func (x *UnbindPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*UnbindPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{29}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{46}
 }
 
 // SetDefaultPlacementPoolRequest is the request of SetDefaultPlacementPool.
@@ -1972,7 +3253,7 @@ type SetDefaultPlacementPoolRequest struct {
 
 func (x *SetDefaultPlacementPoolRequest) Reset() {
 	*x = SetDefaultPlacementPoolRequest{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +3265,7 @@ func (x *SetDefaultPlacementPoolRequest) String() string {
 func (*SetDefaultPlacementPoolRequest) ProtoMessage() {}
 
 func (x *SetDefaultPlacementPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[30]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +3278,7 @@ func (x *SetDefaultPlacementPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDefaultPlacementPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetDefaultPlacementPoolRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{30}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SetDefaultPlacementPoolRequest) GetPool() string {
@@ -2016,7 +3297,7 @@ type SetDefaultPlacementPoolResponse struct {
 
 func (x *SetDefaultPlacementPoolResponse) Reset() {
 	*x = SetDefaultPlacementPoolResponse{}
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +3309,7 @@ func (x *SetDefaultPlacementPoolResponse) String() string {
 func (*SetDefaultPlacementPoolResponse) ProtoMessage() {}
 
 func (x *SetDefaultPlacementPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[31]
+	mi := &file_gavel_nsync_v1_nsync_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +3322,7 @@ func (x *SetDefaultPlacementPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDefaultPlacementPoolResponse.ProtoReflect.Descriptor instead.
 func (*SetDefaultPlacementPoolResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{31}
+	return file_gavel_nsync_v1_nsync_proto_rawDescGZIP(), []int{48}
 }
 
 var File_gavel_nsync_v1_nsync_proto protoreflect.FileDescriptor
@@ -2082,7 +3363,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"secret_env\x18\x0f \x03(\tR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x06\n" +
 	"\tAppRecord\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12W\n" +
@@ -2096,7 +3377,99 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"last_error\x18\t \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\tlastError\x12)\n" +
 	"\x10draining_version\x18\n" +
 	" \x01(\x03R\x0fdrainingVersion\x12-\n" +
-	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\"\xee\x03\n" +
+	"\x13drain_until_unix_ms\x18\v \x01(\x03R\x10drainUntilUnixMs\x12:\n" +
+	"\n" +
+	"deployment\x18\f \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x122\n" +
+	"\x06queued\x18\r \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\x06queued\x12<\n" +
+	"\vdeployments\x18\x0e \x03(\v2\x1a.gavel.nsync.v1.DeploymentR\vdeployments\x126\n" +
+	"\bversions\x18\x0f \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\x80\x02\n" +
+	"\n" +
+	"AppVersion\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12%\n" +
+	"\x03app\x18\x02 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12\x16\n" +
+	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12W\n" +
+	"\x14placement_constraint\x18\x04 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x18\n" +
+	"\ahealthy\x18\x06 \x01(\bR\ahealthy\"\x9a\x02\n" +
+	"\x11DeploymentOptions\x12>\n" +
+	"\bstrategy\x18\x01 \x01(\x0e2\".gavel.nsync.v1.DeploymentStrategyR\bstrategy\x12\"\n" +
+	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\x12\x1a\n" +
+	"\bcanaries\x18\x03 \x01(\x05R\bcanaries\x12-\n" +
+	"\x13min_healthy_time_ms\x18\x04 \x01(\x03R\x10minHealthyTimeMs\x120\n" +
+	"\x14progress_deadline_ms\x18\x05 \x01(\x03R\x12progressDeadlineMs\x12$\n" +
+	"\x0eno_auto_revert\x18\x06 \x01(\bR\fnoAutoRevert\"\x85\x06\n" +
+	"\n" +
+	"Deployment\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bapp_guid\x18\x02 \x01(\tR\aappGuid\x12!\n" +
+	"\ffrom_version\x18\x03 \x01(\x03R\vfromVersion\x12\x1d\n" +
+	"\n" +
+	"to_version\x18\x04 \x01(\x03R\ttoVersion\x12;\n" +
+	"\aoptions\x18\x05 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\x125\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1f.gavel.nsync.v1.DeploymentStateR\x05state\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
+	"\trevert_of\x18\b \x01(\tR\brevertOf\x12\x1a\n" +
+	"\bpromoted\x18\t \x01(\bR\bpromoted\x12\x1f\n" +
+	"\vnew_desired\x18\n" +
+	" \x01(\x05R\n" +
+	"newDesired\x12\x1f\n" +
+	"\vold_desired\x18\v \x01(\x05R\n" +
+	"oldDesired\x12\x1f\n" +
+	"\vnew_healthy\x18\f \x01(\x05R\n" +
+	"newHealthy\x12\x19\n" +
+	"\bold_left\x18\r \x01(\x05R\aoldLeft\x12%\n" +
+	"\x0eready_observed\x18\x0e \x01(\x05R\rreadyObserved\x12-\n" +
+	"\x13ready_since_unix_ms\x18\x0f \x01(\x03R\x10readySinceUnixMs\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x10 \x01(\x03R\rcreatedUnixMs\x12(\n" +
+	"\x10progress_unix_ms\x18\x11 \x01(\x03R\x0eprogressUnixMs\x12(\n" +
+	"\x10finished_unix_ms\x18\x12 \x01(\x03R\x0efinishedUnixMs\x12H\n" +
+	"\x0fplacement_error\x18\x13 \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\x0eplacementError\x12)\n" +
+	"\x10cancel_requested\x18\x14 \x01(\bR\x0fcancelRequested\"v\n" +
+	"\x10DeployAppRequest\x12%\n" +
+	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12;\n" +
+	"\aoptions\x18\x02 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\"\x90\x01\n" +
+	"\x11DeployAppResponse\x12%\n" +
+	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12:\n" +
+	"\n" +
+	"deployment\x18\x02 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\"1\n" +
+	"\x14GetDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"\x87\x01\n" +
+	"\x15GetDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\x122\n" +
+	"\x06queued\x18\x02 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\x06queued\"3\n" +
+	"\x16ListDeploymentsRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"W\n" +
+	"\x17ListDeploymentsResponse\x12<\n" +
+	"\vdeployments\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.DeploymentR\vdeployments\"5\n" +
+	"\x18PromoteDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"W\n" +
+	"\x19PromoteDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"4\n" +
+	"\x17CancelDeploymentRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"V\n" +
+	"\x18CancelDeploymentResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"\x86\x01\n" +
+	"\x12RollbackAppRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\x12;\n" +
+	"\aoptions\x18\x03 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\"Q\n" +
+	"\x13RollbackAppResponse\x12:\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"/\n" +
+	"\x12AppVersionsRequest\x12\x19\n" +
+	"\bapp_guid\x18\x01 \x01(\tR\aappGuid\"M\n" +
+	"\x13AppVersionsResponse\x126\n" +
+	"\bversions\x18\x01 \x03(\v2\x1a.gavel.nsync.v1.AppVersionR\bversions\"\xaa\x04\n" +
 	"\aAppInfo\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12.\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x18.gavel.nsync.v1.AppStateR\x05state\x12!\n" +
@@ -2109,7 +3482,10 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x10restart_to_apply\x18\t \x01(\bR\x0erestartToApply\x12'\n" +
 	"\x0fpending_version\x18\n" +
 	" \x01(\x03R\x0ependingVersion\x12%\n" +
-	"\x0ecounts_unknown\x18\v \x01(\bR\rcountsUnknown\"9\n" +
+	"\x0ecounts_unknown\x18\v \x01(\bR\rcountsUnknown\x12:\n" +
+	"\n" +
+	"deployment\x18\f \x01(\v2\x1a.gavel.nsync.v1.DeploymentR\n" +
+	"deployment\"9\n" +
 	"\x10DesireAppRequest\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\"]\n" +
 	"\x11DesireAppResponse\x12%\n" +
@@ -2187,7 +3563,20 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x15APP_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11APP_STATE_STARTED\x10\x01\x12\x15\n" +
 	"\x11APP_STATE_STOPPED\x10\x02\x12\x15\n" +
-	"\x11APP_STATE_DELETED\x10\x032\xe9\t\n" +
+	"\x11APP_STATE_DELETED\x10\x03*\x9c\x01\n" +
+	"\x12DeploymentStrategy\x12#\n" +
+	"\x1fDEPLOYMENT_STRATEGY_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bDEPLOYMENT_STRATEGY_ROLLING\x10\x01\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STRATEGY_CANARY\x10\x02\x12 \n" +
+	"\x1cDEPLOYMENT_STRATEGY_RECREATE\x10\x03*\xe8\x01\n" +
+	"\x0fDeploymentState\x12 \n" +
+	"\x1cDEPLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18DEPLOYMENT_STATE_RUNNING\x10\x01\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_PAUSED\x10\x02\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STATE_SUCCEEDED\x10\x03\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_FAILED\x10\x04\x12\x1e\n" +
+	"\x1aDEPLOYMENT_STATE_CANCELLED\x10\x05\x12\x1b\n" +
+	"\x17DEPLOYMENT_STATE_QUEUED\x10\x062\xfe\x0e\n" +
 	"\fNsyncService\x12P\n" +
 	"\tDesireApp\x12 .gavel.nsync.v1.DesireAppRequest\x1a!.gavel.nsync.v1.DesireAppResponse\x12P\n" +
 	"\tUpdateApp\x12 .gavel.nsync.v1.UpdateAppRequest\x1a!.gavel.nsync.v1.UpdateAppResponse\x12S\n" +
@@ -2202,7 +3591,14 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x0ePlacementPools\x12%.gavel.nsync.v1.PlacementPoolsRequest\x1a&.gavel.nsync.v1.PlacementPoolsResponse\x12h\n" +
 	"\x11BindPlacementPool\x12(.gavel.nsync.v1.BindPlacementPoolRequest\x1a).gavel.nsync.v1.BindPlacementPoolResponse\x12n\n" +
 	"\x13UnbindPlacementPool\x12*.gavel.nsync.v1.UnbindPlacementPoolRequest\x1a+.gavel.nsync.v1.UnbindPlacementPoolResponse\x12z\n" +
-	"\x17SetDefaultPlacementPool\x12..gavel.nsync.v1.SetDefaultPlacementPoolRequest\x1a/.gavel.nsync.v1.SetDefaultPlacementPoolResponseB\xb7\x01\n" +
+	"\x17SetDefaultPlacementPool\x12..gavel.nsync.v1.SetDefaultPlacementPoolRequest\x1a/.gavel.nsync.v1.SetDefaultPlacementPoolResponse\x12P\n" +
+	"\tDeployApp\x12 .gavel.nsync.v1.DeployAppRequest\x1a!.gavel.nsync.v1.DeployAppResponse\x12\\\n" +
+	"\rGetDeployment\x12$.gavel.nsync.v1.GetDeploymentRequest\x1a%.gavel.nsync.v1.GetDeploymentResponse\x12b\n" +
+	"\x0fListDeployments\x12&.gavel.nsync.v1.ListDeploymentsRequest\x1a'.gavel.nsync.v1.ListDeploymentsResponse\x12h\n" +
+	"\x11PromoteDeployment\x12(.gavel.nsync.v1.PromoteDeploymentRequest\x1a).gavel.nsync.v1.PromoteDeploymentResponse\x12e\n" +
+	"\x10CancelDeployment\x12'.gavel.nsync.v1.CancelDeploymentRequest\x1a(.gavel.nsync.v1.CancelDeploymentResponse\x12V\n" +
+	"\vRollbackApp\x12\".gavel.nsync.v1.RollbackAppRequest\x1a#.gavel.nsync.v1.RollbackAppResponse\x12V\n" +
+	"\vAppVersions\x12\".gavel.nsync.v1.AppVersionsRequest\x1a#.gavel.nsync.v1.AppVersionsResponseB\xb7\x01\n" +
 	"\x12com.gavel.nsync.v1B\n" +
 	"NsyncProtoP\x01Z;github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1;nsyncv1\xa2\x02\x03GNX\xaa\x02\x0eGavel.Nsync.V1\xca\x02\x0eGavel\\Nsync\\V1\xe2\x02\x1aGavel\\Nsync\\V1\\GPBMetadata\xea\x02\x10Gavel::Nsync::V1b\x06proto3"
 
@@ -2218,103 +3614,159 @@ func file_gavel_nsync_v1_nsync_proto_rawDescGZIP() []byte {
 	return file_gavel_nsync_v1_nsync_proto_rawDescData
 }
 
-var file_gavel_nsync_v1_nsync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_gavel_nsync_v1_nsync_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_gavel_nsync_v1_nsync_proto_goTypes = []any{
 	(AppState)(0),                           // 0: gavel.nsync.v1.AppState
-	(HealthCheck_Type)(0),                   // 1: gavel.nsync.v1.HealthCheck.Type
-	(*HealthCheck)(nil),                     // 2: gavel.nsync.v1.HealthCheck
-	(*App)(nil),                             // 3: gavel.nsync.v1.App
-	(*AppRecord)(nil),                       // 4: gavel.nsync.v1.AppRecord
-	(*AppInfo)(nil),                         // 5: gavel.nsync.v1.AppInfo
-	(*DesireAppRequest)(nil),                // 6: gavel.nsync.v1.DesireAppRequest
-	(*DesireAppResponse)(nil),               // 7: gavel.nsync.v1.DesireAppResponse
-	(*UpdateAppRequest)(nil),                // 8: gavel.nsync.v1.UpdateAppRequest
-	(*UpdateAppResponse)(nil),               // 9: gavel.nsync.v1.UpdateAppResponse
-	(*RestartAppRequest)(nil),               // 10: gavel.nsync.v1.RestartAppRequest
-	(*RestartAppResponse)(nil),              // 11: gavel.nsync.v1.RestartAppResponse
-	(*StopAppRequest)(nil),                  // 12: gavel.nsync.v1.StopAppRequest
-	(*StopAppResponse)(nil),                 // 13: gavel.nsync.v1.StopAppResponse
-	(*AppsRequest)(nil),                     // 14: gavel.nsync.v1.AppsRequest
-	(*AppsResponse)(nil),                    // 15: gavel.nsync.v1.AppsResponse
-	(*RunTaskRequest)(nil),                  // 16: gavel.nsync.v1.RunTaskRequest
-	(*RunTaskResponse)(nil),                 // 17: gavel.nsync.v1.RunTaskResponse
-	(*PlacementPool)(nil),                   // 18: gavel.nsync.v1.PlacementPool
-	(*PlacementPoolInfo)(nil),               // 19: gavel.nsync.v1.PlacementPoolInfo
-	(*CreatePlacementPoolRequest)(nil),      // 20: gavel.nsync.v1.CreatePlacementPoolRequest
-	(*CreatePlacementPoolResponse)(nil),     // 21: gavel.nsync.v1.CreatePlacementPoolResponse
-	(*UpdatePlacementPoolRequest)(nil),      // 22: gavel.nsync.v1.UpdatePlacementPoolRequest
-	(*UpdatePlacementPoolResponse)(nil),     // 23: gavel.nsync.v1.UpdatePlacementPoolResponse
-	(*DeletePlacementPoolRequest)(nil),      // 24: gavel.nsync.v1.DeletePlacementPoolRequest
-	(*DeletePlacementPoolResponse)(nil),     // 25: gavel.nsync.v1.DeletePlacementPoolResponse
-	(*PlacementPoolsRequest)(nil),           // 26: gavel.nsync.v1.PlacementPoolsRequest
-	(*PlacementPoolsResponse)(nil),          // 27: gavel.nsync.v1.PlacementPoolsResponse
-	(*BindPlacementPoolRequest)(nil),        // 28: gavel.nsync.v1.BindPlacementPoolRequest
-	(*BindPlacementPoolResponse)(nil),       // 29: gavel.nsync.v1.BindPlacementPoolResponse
-	(*UnbindPlacementPoolRequest)(nil),      // 30: gavel.nsync.v1.UnbindPlacementPoolRequest
-	(*UnbindPlacementPoolResponse)(nil),     // 31: gavel.nsync.v1.UnbindPlacementPoolResponse
-	(*SetDefaultPlacementPoolRequest)(nil),  // 32: gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	(*SetDefaultPlacementPoolResponse)(nil), // 33: gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	nil,                                     // 34: gavel.nsync.v1.App.EnvEntry
-	(*structpb.Value)(nil),                  // 35: google.protobuf.Value
-	(*v1.PlacementConstraint)(nil),          // 36: gavel.models.v1.PlacementConstraint
-	(*v1.PlacementError)(nil),               // 37: gavel.models.v1.PlacementError
+	(DeploymentStrategy)(0),                 // 1: gavel.nsync.v1.DeploymentStrategy
+	(DeploymentState)(0),                    // 2: gavel.nsync.v1.DeploymentState
+	(HealthCheck_Type)(0),                   // 3: gavel.nsync.v1.HealthCheck.Type
+	(*HealthCheck)(nil),                     // 4: gavel.nsync.v1.HealthCheck
+	(*App)(nil),                             // 5: gavel.nsync.v1.App
+	(*AppRecord)(nil),                       // 6: gavel.nsync.v1.AppRecord
+	(*AppVersion)(nil),                      // 7: gavel.nsync.v1.AppVersion
+	(*DeploymentOptions)(nil),               // 8: gavel.nsync.v1.DeploymentOptions
+	(*Deployment)(nil),                      // 9: gavel.nsync.v1.Deployment
+	(*DeployAppRequest)(nil),                // 10: gavel.nsync.v1.DeployAppRequest
+	(*DeployAppResponse)(nil),               // 11: gavel.nsync.v1.DeployAppResponse
+	(*GetDeploymentRequest)(nil),            // 12: gavel.nsync.v1.GetDeploymentRequest
+	(*GetDeploymentResponse)(nil),           // 13: gavel.nsync.v1.GetDeploymentResponse
+	(*ListDeploymentsRequest)(nil),          // 14: gavel.nsync.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),         // 15: gavel.nsync.v1.ListDeploymentsResponse
+	(*PromoteDeploymentRequest)(nil),        // 16: gavel.nsync.v1.PromoteDeploymentRequest
+	(*PromoteDeploymentResponse)(nil),       // 17: gavel.nsync.v1.PromoteDeploymentResponse
+	(*CancelDeploymentRequest)(nil),         // 18: gavel.nsync.v1.CancelDeploymentRequest
+	(*CancelDeploymentResponse)(nil),        // 19: gavel.nsync.v1.CancelDeploymentResponse
+	(*RollbackAppRequest)(nil),              // 20: gavel.nsync.v1.RollbackAppRequest
+	(*RollbackAppResponse)(nil),             // 21: gavel.nsync.v1.RollbackAppResponse
+	(*AppVersionsRequest)(nil),              // 22: gavel.nsync.v1.AppVersionsRequest
+	(*AppVersionsResponse)(nil),             // 23: gavel.nsync.v1.AppVersionsResponse
+	(*AppInfo)(nil),                         // 24: gavel.nsync.v1.AppInfo
+	(*DesireAppRequest)(nil),                // 25: gavel.nsync.v1.DesireAppRequest
+	(*DesireAppResponse)(nil),               // 26: gavel.nsync.v1.DesireAppResponse
+	(*UpdateAppRequest)(nil),                // 27: gavel.nsync.v1.UpdateAppRequest
+	(*UpdateAppResponse)(nil),               // 28: gavel.nsync.v1.UpdateAppResponse
+	(*RestartAppRequest)(nil),               // 29: gavel.nsync.v1.RestartAppRequest
+	(*RestartAppResponse)(nil),              // 30: gavel.nsync.v1.RestartAppResponse
+	(*StopAppRequest)(nil),                  // 31: gavel.nsync.v1.StopAppRequest
+	(*StopAppResponse)(nil),                 // 32: gavel.nsync.v1.StopAppResponse
+	(*AppsRequest)(nil),                     // 33: gavel.nsync.v1.AppsRequest
+	(*AppsResponse)(nil),                    // 34: gavel.nsync.v1.AppsResponse
+	(*RunTaskRequest)(nil),                  // 35: gavel.nsync.v1.RunTaskRequest
+	(*RunTaskResponse)(nil),                 // 36: gavel.nsync.v1.RunTaskResponse
+	(*PlacementPool)(nil),                   // 37: gavel.nsync.v1.PlacementPool
+	(*PlacementPoolInfo)(nil),               // 38: gavel.nsync.v1.PlacementPoolInfo
+	(*CreatePlacementPoolRequest)(nil),      // 39: gavel.nsync.v1.CreatePlacementPoolRequest
+	(*CreatePlacementPoolResponse)(nil),     // 40: gavel.nsync.v1.CreatePlacementPoolResponse
+	(*UpdatePlacementPoolRequest)(nil),      // 41: gavel.nsync.v1.UpdatePlacementPoolRequest
+	(*UpdatePlacementPoolResponse)(nil),     // 42: gavel.nsync.v1.UpdatePlacementPoolResponse
+	(*DeletePlacementPoolRequest)(nil),      // 43: gavel.nsync.v1.DeletePlacementPoolRequest
+	(*DeletePlacementPoolResponse)(nil),     // 44: gavel.nsync.v1.DeletePlacementPoolResponse
+	(*PlacementPoolsRequest)(nil),           // 45: gavel.nsync.v1.PlacementPoolsRequest
+	(*PlacementPoolsResponse)(nil),          // 46: gavel.nsync.v1.PlacementPoolsResponse
+	(*BindPlacementPoolRequest)(nil),        // 47: gavel.nsync.v1.BindPlacementPoolRequest
+	(*BindPlacementPoolResponse)(nil),       // 48: gavel.nsync.v1.BindPlacementPoolResponse
+	(*UnbindPlacementPoolRequest)(nil),      // 49: gavel.nsync.v1.UnbindPlacementPoolRequest
+	(*UnbindPlacementPoolResponse)(nil),     // 50: gavel.nsync.v1.UnbindPlacementPoolResponse
+	(*SetDefaultPlacementPoolRequest)(nil),  // 51: gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	(*SetDefaultPlacementPoolResponse)(nil), // 52: gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	nil,                                     // 53: gavel.nsync.v1.App.EnvEntry
+	(*structpb.Value)(nil),                  // 54: google.protobuf.Value
+	(*v1.PlacementConstraint)(nil),          // 55: gavel.models.v1.PlacementConstraint
+	(*v1.PlacementError)(nil),               // 56: gavel.models.v1.PlacementError
 }
 var file_gavel_nsync_v1_nsync_proto_depIdxs = []int32{
-	1,  // 0: gavel.nsync.v1.HealthCheck.type:type_name -> gavel.nsync.v1.HealthCheck.Type
-	34, // 1: gavel.nsync.v1.App.env:type_name -> gavel.nsync.v1.App.EnvEntry
-	35, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
-	2,  // 3: gavel.nsync.v1.App.health_check:type_name -> gavel.nsync.v1.HealthCheck
-	3,  // 4: gavel.nsync.v1.AppRecord.app:type_name -> gavel.nsync.v1.App
+	3,  // 0: gavel.nsync.v1.HealthCheck.type:type_name -> gavel.nsync.v1.HealthCheck.Type
+	53, // 1: gavel.nsync.v1.App.env:type_name -> gavel.nsync.v1.App.EnvEntry
+	54, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
+	4,  // 3: gavel.nsync.v1.App.health_check:type_name -> gavel.nsync.v1.HealthCheck
+	5,  // 4: gavel.nsync.v1.AppRecord.app:type_name -> gavel.nsync.v1.App
 	0,  // 5: gavel.nsync.v1.AppRecord.state:type_name -> gavel.nsync.v1.AppState
-	36, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	36, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	37, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
-	3,  // 9: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
-	0,  // 10: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
-	37, // 11: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
-	36, // 12: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	3,  // 13: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
-	3,  // 14: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
-	35, // 15: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
-	3,  // 16: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
-	3,  // 17: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
-	5,  // 18: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
-	18, // 19: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
-	18, // 20: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	18, // 21: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	19, // 22: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
-	6,  // 23: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
-	8,  // 24: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
-	10, // 25: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
-	12, // 26: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
-	14, // 27: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
-	16, // 28: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
-	20, // 29: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
-	22, // 30: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
-	24, // 31: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
-	26, // 32: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
-	28, // 33: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
-	30, // 34: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
-	32, // 35: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	7,  // 36: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
-	9,  // 37: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
-	11, // 38: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
-	13, // 39: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
-	15, // 40: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
-	17, // 41: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
-	21, // 42: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
-	23, // 43: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
-	25, // 44: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
-	27, // 45: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
-	29, // 46: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
-	31, // 47: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
-	33, // 48: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	55, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	55, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	56, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
+	9,  // 9: gavel.nsync.v1.AppRecord.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 10: gavel.nsync.v1.AppRecord.queued:type_name -> gavel.nsync.v1.Deployment
+	9,  // 11: gavel.nsync.v1.AppRecord.deployments:type_name -> gavel.nsync.v1.Deployment
+	7,  // 12: gavel.nsync.v1.AppRecord.versions:type_name -> gavel.nsync.v1.AppVersion
+	5,  // 13: gavel.nsync.v1.AppVersion.app:type_name -> gavel.nsync.v1.App
+	55, // 14: gavel.nsync.v1.AppVersion.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	1,  // 15: gavel.nsync.v1.DeploymentOptions.strategy:type_name -> gavel.nsync.v1.DeploymentStrategy
+	8,  // 16: gavel.nsync.v1.Deployment.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	2,  // 17: gavel.nsync.v1.Deployment.state:type_name -> gavel.nsync.v1.DeploymentState
+	56, // 18: gavel.nsync.v1.Deployment.placement_error:type_name -> gavel.models.v1.PlacementError
+	5,  // 19: gavel.nsync.v1.DeployAppRequest.app:type_name -> gavel.nsync.v1.App
+	8,  // 20: gavel.nsync.v1.DeployAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	5,  // 21: gavel.nsync.v1.DeployAppResponse.app:type_name -> gavel.nsync.v1.App
+	9,  // 22: gavel.nsync.v1.DeployAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 23: gavel.nsync.v1.GetDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 24: gavel.nsync.v1.GetDeploymentResponse.queued:type_name -> gavel.nsync.v1.Deployment
+	9,  // 25: gavel.nsync.v1.ListDeploymentsResponse.deployments:type_name -> gavel.nsync.v1.Deployment
+	9,  // 26: gavel.nsync.v1.PromoteDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 27: gavel.nsync.v1.CancelDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	8,  // 28: gavel.nsync.v1.RollbackAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	9,  // 29: gavel.nsync.v1.RollbackAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	7,  // 30: gavel.nsync.v1.AppVersionsResponse.versions:type_name -> gavel.nsync.v1.AppVersion
+	5,  // 31: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
+	0,  // 32: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
+	56, // 33: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
+	55, // 34: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	9,  // 35: gavel.nsync.v1.AppInfo.deployment:type_name -> gavel.nsync.v1.Deployment
+	5,  // 36: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
+	5,  // 37: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
+	54, // 38: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
+	5,  // 39: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
+	5,  // 40: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
+	24, // 41: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
+	37, // 42: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 43: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 44: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	38, // 45: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
+	25, // 46: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
+	27, // 47: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
+	29, // 48: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
+	31, // 49: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
+	33, // 50: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
+	35, // 51: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
+	39, // 52: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
+	41, // 53: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
+	43, // 54: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
+	45, // 55: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
+	47, // 56: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
+	49, // 57: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
+	51, // 58: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	10, // 59: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
+	12, // 60: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
+	14, // 61: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
+	16, // 62: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
+	18, // 63: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
+	20, // 64: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
+	22, // 65: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
+	26, // 66: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
+	28, // 67: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
+	30, // 68: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
+	32, // 69: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
+	34, // 70: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
+	36, // 71: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
+	40, // 72: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
+	42, // 73: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
+	44, // 74: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
+	46, // 75: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
+	48, // 76: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
+	50, // 77: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
+	52, // 78: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	11, // 79: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
+	13, // 80: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
+	15, // 81: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
+	17, // 82: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
+	19, // 83: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
+	21, // 84: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
+	23, // 85: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
+	66, // [66:86] is the sub-list for method output_type
+	46, // [46:66] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_gavel_nsync_v1_nsync_proto_init() }
@@ -2322,14 +3774,14 @@ func file_gavel_nsync_v1_nsync_proto_init() {
 	if File_gavel_nsync_v1_nsync_proto != nil {
 		return
 	}
-	file_gavel_nsync_v1_nsync_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gavel_nsync_v1_nsync_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_nsync_v1_nsync_proto_rawDesc), len(file_gavel_nsync_v1_nsync_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   33,
+			NumEnums:      4,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

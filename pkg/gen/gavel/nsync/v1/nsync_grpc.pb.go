@@ -35,6 +35,13 @@ const (
 	NsyncService_BindPlacementPool_FullMethodName       = "/gavel.nsync.v1.NsyncService/BindPlacementPool"
 	NsyncService_UnbindPlacementPool_FullMethodName     = "/gavel.nsync.v1.NsyncService/UnbindPlacementPool"
 	NsyncService_SetDefaultPlacementPool_FullMethodName = "/gavel.nsync.v1.NsyncService/SetDefaultPlacementPool"
+	NsyncService_DeployApp_FullMethodName               = "/gavel.nsync.v1.NsyncService/DeployApp"
+	NsyncService_GetDeployment_FullMethodName           = "/gavel.nsync.v1.NsyncService/GetDeployment"
+	NsyncService_ListDeployments_FullMethodName         = "/gavel.nsync.v1.NsyncService/ListDeployments"
+	NsyncService_PromoteDeployment_FullMethodName       = "/gavel.nsync.v1.NsyncService/PromoteDeployment"
+	NsyncService_CancelDeployment_FullMethodName        = "/gavel.nsync.v1.NsyncService/CancelDeployment"
+	NsyncService_RollbackApp_FullMethodName             = "/gavel.nsync.v1.NsyncService/RollbackApp"
+	NsyncService_AppVersions_FullMethodName             = "/gavel.nsync.v1.NsyncService/AppVersions"
 )
 
 // NsyncServiceClient is the client API for NsyncService service.
@@ -71,6 +78,23 @@ type NsyncServiceClient interface {
 	UnbindPlacementPool(ctx context.Context, in *UnbindPlacementPoolRequest, opts ...grpc.CallOption) (*UnbindPlacementPoolResponse, error)
 	// SetDefaultPlacementPool names the pool of spaces without one (empty: none).
 	SetDefaultPlacementPool(ctx context.Context, in *SetDefaultPlacementPoolRequest, opts ...grpc.CallOption) (*SetDefaultPlacementPoolResponse, error)
+	// DeployApp desires a new app (as DesireApp) or changes an existing one: a changed runnable
+	// definition becomes a new version rolled out by a deployment; a change of instances or
+	// routes only is applied in place (as UpdateApp).
+	DeployApp(ctx context.Context, in *DeployAppRequest, opts ...grpc.CallOption) (*DeployAppResponse, error)
+	// GetDeployment shows an app's active deployment (or its latest when none is active).
+	GetDeployment(ctx context.Context, in *GetDeploymentRequest, opts ...grpc.CallOption) (*GetDeploymentResponse, error)
+	// ListDeployments lists an app's recent deployments, newest first.
+	ListDeployments(ctx context.Context, in *ListDeploymentsRequest, opts ...grpc.CallOption) (*ListDeploymentsResponse, error)
+	// PromoteDeployment continues a canary deployment paused after its canaries became healthy.
+	PromoteDeployment(ctx context.Context, in *PromoteDeploymentRequest, opts ...grpc.CallOption) (*PromoteDeploymentResponse, error)
+	// CancelDeployment stops an app's active deployment and reverts to the version it started
+	// from, by the same health-gated steps.
+	CancelDeployment(ctx context.Context, in *CancelDeploymentRequest, opts ...grpc.CallOption) (*CancelDeploymentResponse, error)
+	// RollbackApp deploys the definition of an earlier version as a new version.
+	RollbackApp(ctx context.Context, in *RollbackAppRequest, opts ...grpc.CallOption) (*RollbackAppResponse, error)
+	// AppVersions lists an app's recent versions with their definitions, newest first.
+	AppVersions(ctx context.Context, in *AppVersionsRequest, opts ...grpc.CallOption) (*AppVersionsResponse, error)
 }
 
 type nsyncServiceClient struct {
@@ -211,6 +235,76 @@ func (c *nsyncServiceClient) SetDefaultPlacementPool(ctx context.Context, in *Se
 	return out, nil
 }
 
+func (c *nsyncServiceClient) DeployApp(ctx context.Context, in *DeployAppRequest, opts ...grpc.CallOption) (*DeployAppResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeployAppResponse)
+	err := c.cc.Invoke(ctx, NsyncService_DeployApp_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) GetDeployment(ctx context.Context, in *GetDeploymentRequest, opts ...grpc.CallOption) (*GetDeploymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDeploymentResponse)
+	err := c.cc.Invoke(ctx, NsyncService_GetDeployment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) ListDeployments(ctx context.Context, in *ListDeploymentsRequest, opts ...grpc.CallOption) (*ListDeploymentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDeploymentsResponse)
+	err := c.cc.Invoke(ctx, NsyncService_ListDeployments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) PromoteDeployment(ctx context.Context, in *PromoteDeploymentRequest, opts ...grpc.CallOption) (*PromoteDeploymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PromoteDeploymentResponse)
+	err := c.cc.Invoke(ctx, NsyncService_PromoteDeployment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) CancelDeployment(ctx context.Context, in *CancelDeploymentRequest, opts ...grpc.CallOption) (*CancelDeploymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelDeploymentResponse)
+	err := c.cc.Invoke(ctx, NsyncService_CancelDeployment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) RollbackApp(ctx context.Context, in *RollbackAppRequest, opts ...grpc.CallOption) (*RollbackAppResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RollbackAppResponse)
+	err := c.cc.Invoke(ctx, NsyncService_RollbackApp_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nsyncServiceClient) AppVersions(ctx context.Context, in *AppVersionsRequest, opts ...grpc.CallOption) (*AppVersionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AppVersionsResponse)
+	err := c.cc.Invoke(ctx, NsyncService_AppVersions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NsyncServiceServer is the server API for NsyncService service.
 // All implementations must embed UnimplementedNsyncServiceServer
 // for forward compatibility.
@@ -245,6 +339,23 @@ type NsyncServiceServer interface {
 	UnbindPlacementPool(context.Context, *UnbindPlacementPoolRequest) (*UnbindPlacementPoolResponse, error)
 	// SetDefaultPlacementPool names the pool of spaces without one (empty: none).
 	SetDefaultPlacementPool(context.Context, *SetDefaultPlacementPoolRequest) (*SetDefaultPlacementPoolResponse, error)
+	// DeployApp desires a new app (as DesireApp) or changes an existing one: a changed runnable
+	// definition becomes a new version rolled out by a deployment; a change of instances or
+	// routes only is applied in place (as UpdateApp).
+	DeployApp(context.Context, *DeployAppRequest) (*DeployAppResponse, error)
+	// GetDeployment shows an app's active deployment (or its latest when none is active).
+	GetDeployment(context.Context, *GetDeploymentRequest) (*GetDeploymentResponse, error)
+	// ListDeployments lists an app's recent deployments, newest first.
+	ListDeployments(context.Context, *ListDeploymentsRequest) (*ListDeploymentsResponse, error)
+	// PromoteDeployment continues a canary deployment paused after its canaries became healthy.
+	PromoteDeployment(context.Context, *PromoteDeploymentRequest) (*PromoteDeploymentResponse, error)
+	// CancelDeployment stops an app's active deployment and reverts to the version it started
+	// from, by the same health-gated steps.
+	CancelDeployment(context.Context, *CancelDeploymentRequest) (*CancelDeploymentResponse, error)
+	// RollbackApp deploys the definition of an earlier version as a new version.
+	RollbackApp(context.Context, *RollbackAppRequest) (*RollbackAppResponse, error)
+	// AppVersions lists an app's recent versions with their definitions, newest first.
+	AppVersions(context.Context, *AppVersionsRequest) (*AppVersionsResponse, error)
 	mustEmbedUnimplementedNsyncServiceServer()
 }
 
@@ -293,6 +404,27 @@ func (UnimplementedNsyncServiceServer) UnbindPlacementPool(context.Context, *Unb
 }
 func (UnimplementedNsyncServiceServer) SetDefaultPlacementPool(context.Context, *SetDefaultPlacementPoolRequest) (*SetDefaultPlacementPoolResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetDefaultPlacementPool not implemented")
+}
+func (UnimplementedNsyncServiceServer) DeployApp(context.Context, *DeployAppRequest) (*DeployAppResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeployApp not implemented")
+}
+func (UnimplementedNsyncServiceServer) GetDeployment(context.Context, *GetDeploymentRequest) (*GetDeploymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDeployment not implemented")
+}
+func (UnimplementedNsyncServiceServer) ListDeployments(context.Context, *ListDeploymentsRequest) (*ListDeploymentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeployments not implemented")
+}
+func (UnimplementedNsyncServiceServer) PromoteDeployment(context.Context, *PromoteDeploymentRequest) (*PromoteDeploymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PromoteDeployment not implemented")
+}
+func (UnimplementedNsyncServiceServer) CancelDeployment(context.Context, *CancelDeploymentRequest) (*CancelDeploymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelDeployment not implemented")
+}
+func (UnimplementedNsyncServiceServer) RollbackApp(context.Context, *RollbackAppRequest) (*RollbackAppResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackApp not implemented")
+}
+func (UnimplementedNsyncServiceServer) AppVersions(context.Context, *AppVersionsRequest) (*AppVersionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AppVersions not implemented")
 }
 func (UnimplementedNsyncServiceServer) mustEmbedUnimplementedNsyncServiceServer() {}
 func (UnimplementedNsyncServiceServer) testEmbeddedByValue()                      {}
@@ -549,6 +681,132 @@ func _NsyncService_SetDefaultPlacementPool_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NsyncService_DeployApp_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeployAppRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).DeployApp(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_DeployApp_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).DeployApp(ctx, req.(*DeployAppRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_GetDeployment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDeploymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).GetDeployment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_GetDeployment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).GetDeployment(ctx, req.(*GetDeploymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_ListDeployments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeploymentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).ListDeployments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_ListDeployments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).ListDeployments(ctx, req.(*ListDeploymentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_PromoteDeployment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteDeploymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).PromoteDeployment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_PromoteDeployment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).PromoteDeployment(ctx, req.(*PromoteDeploymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_CancelDeployment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelDeploymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).CancelDeployment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_CancelDeployment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).CancelDeployment(ctx, req.(*CancelDeploymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_RollbackApp_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackAppRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).RollbackApp(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_RollbackApp_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).RollbackApp(ctx, req.(*RollbackAppRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NsyncService_AppVersions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AppVersionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NsyncServiceServer).AppVersions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NsyncService_AppVersions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NsyncServiceServer).AppVersions(ctx, req.(*AppVersionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NsyncService_ServiceDesc is the grpc.ServiceDesc for NsyncService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -607,6 +865,34 @@ var NsyncService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetDefaultPlacementPool",
 			Handler:    _NsyncService_SetDefaultPlacementPool_Handler,
+		},
+		{
+			MethodName: "DeployApp",
+			Handler:    _NsyncService_DeployApp_Handler,
+		},
+		{
+			MethodName: "GetDeployment",
+			Handler:    _NsyncService_GetDeployment_Handler,
+		},
+		{
+			MethodName: "ListDeployments",
+			Handler:    _NsyncService_ListDeployments_Handler,
+		},
+		{
+			MethodName: "PromoteDeployment",
+			Handler:    _NsyncService_PromoteDeployment_Handler,
+		},
+		{
+			MethodName: "CancelDeployment",
+			Handler:    _NsyncService_CancelDeployment_Handler,
+		},
+		{
+			MethodName: "RollbackApp",
+			Handler:    _NsyncService_RollbackApp_Handler,
+		},
+		{
+			MethodName: "AppVersions",
+			Handler:    _NsyncService_AppVersions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
