@@ -62,6 +62,22 @@ func TestSecretAppEnv(t *testing.T) {
 	if v := e.appInfo(t, "web").GetApp().GetEnv()["DB_PASSWORD"]; v != "s3cret" {
 		t.Errorf("admin's Apps: DB_PASSWORD=%q", v)
 	}
+	// The version history carries each version's definition: redacted alike.
+	vs, err := nsyncv1.NewNsyncServiceClient(conn).AppVersions(ctx, &nsyncv1.AppVersionsRequest{AppGuid: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vs.GetVersions()) == 0 {
+		t.Fatal("read-only's AppVersions: no versions")
+	}
+	for _, v := range vs.GetVersions() {
+		if env := v.GetApp().GetEnv(); env["DB_PASSWORD"] != models.Redacted || env["GREETING"] != "hi" {
+			t.Errorf("read-only's AppVersions: version %d env %v, want DB_PASSWORD redacted", v.GetVersion(), env)
+		}
+	}
+	if vs, err := e.nsync.AppVersions(ctx, &nsyncv1.AppVersionsRequest{AppGuid: "web"}); err != nil || vs.GetVersions()[0].GetApp().GetEnv()["DB_PASSWORD"] != "s3cret" {
+		t.Errorf("admin's AppVersions: %v, %v", vs, err)
+	}
 
 	bad := app("bad", "space-a", 1)
 	bad.SecretEnv = []string{"NOPE"}

@@ -170,7 +170,7 @@ func (s *Server) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.DeployAppResponse{App: app, Deployment: d, Outcome: outcome}, nil
+	return &nsyncv1.DeployAppResponse{App: appFor(ctx, app), Deployment: d, Outcome: outcome}, nil
 }
 
 // GetDeployment implements nsyncv1.NsyncServiceServer.
@@ -236,5 +236,5 @@ func (s *Server) AppVersions(ctx context.Context, req *nsyncv1.AppVersionsReques
 	if err != nil {
 		return nil, err
 	}
-	return &nsyncv1.AppVersionsResponse{Versions: vs}, nil
+	return &nsyncv1.AppVersionsResponse{Versions: versionsFor(ctx, vs)}, nil
 }

@@ -43,3 +43,21 @@ func appInfosFor(ctx context.Context, infos []*nsyncv1.AppInfo) []*nsyncv1.AppIn
 	}
 	return infos
 }
+
+// versionsFor is an app's version history as ctx's caller may see it, copying only the versions
+// that change.
+func versionsFor(ctx context.Context, vs []*nsyncv1.AppVersion) []*nsyncv1.AppVersion {
+	if mayReadSecrets(ctx) {
+		return vs
+	}
+	out := make([]*nsyncv1.AppVersion, len(vs))
+	for i, v := range vs {
+		out[i] = v
+		if r := build.RedactApp(v.GetApp()); r != v.GetApp() {
+			c := proto.Clone(v).(*nsyncv1.AppVersion)
+			c.App = r
+			out[i] = c
+		}
+	}
+	return out
+}
