@@ -103,6 +103,19 @@ func (c cniNetwork) Detach(ctx context.Context, id, netnsPath string, _ []uint32
 	return c.n.Detach(ctx, id, netnsPath, nil)
 }
 
+// Adopt takes over the attachment libcni cached for id, reserving its host ports.
+func (c cniNetwork) Adopt(_ context.Context, id, netnsPath string) (Attachment, bool, error) {
+	att, ok, err := c.n.Adopt(id, netnsPath)
+	if err != nil || !ok {
+		return Attachment{}, ok, err
+	}
+	out := Attachment{Address: att.IP, Ports: make(map[uint32]uint32, len(att.Ports))}
+	for _, m := range att.Ports {
+		out.Ports[m.ContainerPort] = m.HostPort
+	}
+	return out, true, nil
+}
+
 // Network attaches a container's network namespace to a network (the CNI package implements
 // it). Without one, containers have a network namespace with loopback only.
 type Network interface {
@@ -111,6 +124,10 @@ type Network interface {
 	Attach(ctx context.Context, id, netnsPath string, ports []uint32, props map[string]string) (Attachment, error)
 	// Detach disconnects it again (idempotent).
 	Detach(ctx context.Context, id, netnsPath string, ports []uint32, props map[string]string) error
+	// Adopt takes over the attachment of container id that an earlier run of the rep made
+	// (its host ports are reserved again and Detach gives them back); ok is false when the
+	// network has no attachment of id.
+	Adopt(ctx context.Context, id, netnsPath string) (att Attachment, ok bool, err error)
 }
 
 // Attachment is where an attached container is reached.
@@ -156,6 +173,9 @@ type Backend struct {
 	cgroupV2  bool
 	notes     []string
 	log       hclog.Logger
+
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -229,6 +249,7 @@ func New(cfg Config) (*Backend, error) {
 		client:     client,
 		log:        cfg.Logger.Named("executor.oci"),
 		containers: map[string]*container{},
+		closed:     make(chan struct{}),
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		b.cgroupV2 = true
@@ -256,8 +277,12 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// Close closes the connection to containerd (the containers keep running).
-func (b *Backend) Close() error { return b.client.Close() }
+// Close closes the connection to containerd. The containers keep running (containerd's shims
+// hold them) and their watchers end without cleaning up: the next rep adopts them (Adopt).
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() { close(b.closed) })
+	return b.client.Close()
+}
 
 // Isolation is an OCI container per instance: namespaces, cgroup limits, rlimits, a user, and
 // its own address when a Network attaches it.

@@ -42,6 +42,10 @@ func runTests(m *testing.M) int {
 		skipReason = "short mode: oci integration tests need a containerd"
 		return m.Run()
 	}
+	if os.Getenv(repProcessEnv) != "" { // TestRepProcess, run by TestAdoptAfterTheRepDies
+		rootfsDir = os.Getenv("GAVEL_OCI_ROOTFS")
+		return m.Run()
+	}
 	if missing := ocitest.Missing(); missing != "" {
 		skipReason = fmt.Sprintf("%s (missing: %s)", ocitest.InstallHint, missing)
 		fmt.Fprintln(os.Stderr, skipReason)
@@ -448,6 +452,10 @@ func (n *fakeNetwork) Attach(_ context.Context, id, netnsPath string, ports []ui
 func (n *fakeNetwork) Detach(_ context.Context, id, _ string, ports []uint32, props map[string]string) error {
 	n.detached = append(n.detached, fmt.Sprintf("%s %v %v", id, ports, props))
 	return nil
+}
+
+func (n *fakeNetwork) Adopt(context.Context, string, string) (Attachment, bool, error) {
+	return Attachment{}, false, nil
 }
 
 // TestNetworkSeam: a configured Network attaches the container's network namespace before the

@@ -63,6 +63,11 @@ func main() {
 		for {
 			time.Sleep(time.Hour)
 		}
+	case "tick": // a numbered line on stdout every 50ms
+		for i := 0; ; i++ {
+			fmt.Println("tick", i)
+			time.Sleep(50 * time.Millisecond)
+		}
 	case "sleep":
 		for {
 			time.Sleep(time.Hour)
