@@ -18,9 +18,9 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
+	"github.com/gavel-sched/gavel/internal/ocitest"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
-	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
 )
 
 // lineSink collects a container's output lines.

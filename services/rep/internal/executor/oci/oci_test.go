@@ -16,11 +16,11 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/gavel-sched/gavel/internal/ocitest"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
-	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs/rootfstest"
 )
 
