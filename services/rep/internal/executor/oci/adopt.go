@@ -50,7 +50,11 @@ func (b *Backend) Adopt(ctx context.Context, logFor func(executor.Spec) executor
 		b.containers[guid] = c
 		b.mu.Unlock()
 		go c.run()
-		c.log.Info("adopted container", "kind", c.spec.Kind, "process_guid", c.spec.ProcessGuid, "index", c.spec.Index)
+		if c.spec.Kind == executor.KindTask {
+			c.log.Info("adopted task container")
+		} else {
+			c.log.Info("adopted lrp container", "process_guid", c.spec.ProcessGuid, "index", c.spec.Index)
+		}
 		spec := c.spec
 		spec.Log = nil
 		out = append(out, executor.Adopted{Spec: spec, Container: c})

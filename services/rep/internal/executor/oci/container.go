@@ -120,6 +120,8 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	c := b.newContainer(spec, dir)
 	env := cellEnv(spec, b.cfg.CellAddress, c.ports)
 	ports := c.ports
+	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
+	internalIP := "127.0.0.1" // without a network, the container has loopback only
 	if spec.FilesDir != "" {
 		inside, err := c.makeFiles()
 		if err != nil {
@@ -137,7 +139,22 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		}
 		pinned := c.netnsPath
 		cleanups = append(cleanups, func() { _ = cni.RemoveNetns(pinned) })
+		// Attached before the container exists (as containerd's CRI attaches a pod's
+		// sandbox), so its address is in its environment: CF_INSTANCE_INTERNAL_IP.
+		att, err := b.cfg.Network.Attach(cctx, spec.Guid, c.netnsPath, ports, spec.Properties)
+		if err != nil {
+			return nil, fmt.Errorf("attach network: %w", err)
+		}
+		c.attached = true
+		cleanups = append(cleanups, func() { c.detach() })
+		c.netInfo.InstanceAddress, internalIP = att.Address, att.Address
+		for _, cp := range ports {
+			if hp, ok := att.Ports[cp]; ok {
+				c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
+			}
+		}
 	}
+	env = append(env, "CF_INSTANCE_INTERNAL_IP="+internalIP)
 	ociSpec, err := BuildSpec(spec, SpecConfig{
 		NetnsPath:    c.netnsPath,
 		RootPath:     ov.root,
@@ -177,21 +194,6 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		c.netnsPath = fmt.Sprintf("/proc/%d/ns/net", c.task.Pid())
 	}
 
-	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
-	if b.cfg.Network != nil {
-		att, err := b.cfg.Network.Attach(cctx, spec.Guid, c.netnsPath, ports, spec.Properties)
-		if err != nil {
-			return nil, fmt.Errorf("attach network: %w", err)
-		}
-		c.attached = true
-		cleanups = append(cleanups, func() { c.detach() })
-		c.netInfo.InstanceAddress = att.Address
-		for _, cp := range ports {
-			if hp, ok := att.Ports[cp]; ok {
-				c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
-			}
-		}
-	}
 	if err := c.task.Start(cctx); err != nil {
 		return nil, fmt.Errorf("start task: %w", err)
 	}
