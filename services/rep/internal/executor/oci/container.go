@@ -457,13 +457,19 @@ func (c *container) kill(sig syscall.Signal) {
 func (c *container) run() {
 	monitorCtx, stopMonitor := context.WithCancel(context.Background())
 	monitorDone := make(chan struct{})
+	diskDone := make(chan struct{})
 	go func() {
 		defer close(monitorDone)
 		c.monitor(monitorCtx, time.Now())
 	}()
+	go func() {
+		defer close(diskDone)
+		c.watchDisk(monitorCtx)
+	}()
 	st, ok := c.wait()
 	stopMonitor()
 	<-monitorDone
+	<-diskDone
 	if !ok {
 		c.log.Debug("backend closed, leaving the container running")
 		return

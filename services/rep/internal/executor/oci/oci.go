@@ -161,6 +161,9 @@ type Config struct {
 	NetnsDir string
 	// KillGrace is DefaultKillGrace when zero.
 	KillGrace time.Duration
+	// DiskInterval is how often a container's writable layer is measured against its disk_mb
+	// (DefaultDiskInterval when zero).
+	DiskInterval time.Duration
 	// Logger is hclog.L() when nil.
 	Logger hclog.Logger
 }
@@ -222,6 +225,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.KillGrace <= 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
+	if cfg.DiskInterval <= 0 {
+		cfg.DiskInterval = DefaultDiskInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.L()
 	}
@@ -259,7 +265,6 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Network == nil {
 		b.notes = append(b.notes, "no container network: instances have loopback only and are not reachable from outside")
 	}
-	b.notes = append(b.notes, "disk limits not enforced")
 	return b, nil
 }
 
@@ -287,7 +292,7 @@ func (b *Backend) Close() error {
 // Isolation is an OCI container per instance: namespaces, cgroup limits, rlimits, a user, and
 // its own address when a Network attaches it.
 func (b *Backend) Isolation() executor.Isolation {
-	enforced := []string{"pid, mount, uts, ipc and network namespaces", "memory", "pids", "cpu shares", "nofile", "user"}
+	enforced := []string{"pid, mount, uts, ipc and network namespaces", "memory", "pids", "cpu shares", "nofile", "user", "disk (writable layer, measured)"}
 	if b.cfg.Network != nil {
 		enforced = append(enforced, "own network address (CNI)")
 	}

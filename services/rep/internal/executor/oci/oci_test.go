@@ -546,3 +546,58 @@ func mounted(path string) (bool, error) {
 	}
 	return false, nil
 }
+
+// TestDiskLimit: a container that writes more than disk_mb into its writable layer is stopped
+// with a "disk limit exceeded" reason; one that stays under it keeps running.
+func TestDiskLimit(t *testing.T) {
+	b := newTestBackend(t)
+	b.cfg.DiskInterval = 50 * time.Millisecond
+	over := probeLRP(t, "fill", "3")
+	over.DiskMB = 1
+	c, err := b.Start(context.Background(), over)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(time.Minute):
+		c.Stop(0)
+		t.Fatal("a container writing 3 MiB with disk_mb 1 was not stopped")
+	}
+	if res := c.Result(); !res.Failed || !strings.HasPrefix(res.Reason, ReasonDiskLimit+": the container wrote 3 MiB, disk_mb is 1") {
+		t.Errorf("Result = %+v, want %q", res, ReasonDiskLimit)
+	}
+	assertGone(t, b, over.Guid)
+
+	under := probeLRP(t, "fill", "1")
+	under.DiskMB = 4
+	c, err = b.Start(context.Background(), under)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	// Measured (the file is written) several times over without a stop.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		used, err := diskUsage(c.(*container).ov.upper)
+		if err == nil && used >= 1<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the 1 MiB file never showed in the writable layer (%d, %v)", used, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := 0; i < 5; i++ {
+		if used, _ := diskUsage(c.(*container).ov.upper); used < 1<<20 {
+			t.Fatalf("writable layer shrank to %d", used)
+		}
+		time.Sleep(b.cfg.DiskInterval)
+	}
+	select {
+	case <-c.Done():
+		t.Fatalf("a container under its disk limit ended: %+v", c.Result())
+	default:
+	}
+	c.Stop(time.Second)
+	assertGone(t, b, under.Guid)
+}
