@@ -163,6 +163,7 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		DefaultUser:  b.cfg.User,
 		LimitSwap:    b.limitSwap,
 		Env:          env,
+		Hooks:        b.cfg.Hooks,
 	})
 	if err != nil {
 		return nil, err
@@ -183,7 +184,7 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	stdout, stderr := c.streams()
 	c.task, err = c.ctr.NewTask(cctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(filepath.Join(dir, "fifo"))))
 	if err != nil {
-		return nil, fmt.Errorf("create task: %w", err)
+		return nil, fmt.Errorf("create task: %w", namedHook(err, b.cfg.Hooks.OnCreate))
 	}
 	cleanups = append(cleanups, func() { _, _ = c.task.Delete(b.ctx(context.Background()), containerd.WithProcessKill) })
 	c.exitCh, err = c.task.Wait(b.ctx(context.Background()))
@@ -697,4 +698,18 @@ func (c *container) readResultFile() (string, error) {
 		return "", fmt.Errorf("result file %s is larger than %d bytes", c.spec.ResultFile, MaxResultFileSize)
 	}
 	return string(b), nil
+}
+
+// namedHook names the on_create hook that runc's error "error running hook #N" is about.
+func namedHook(err error, onCreate []string) error {
+	msg := err.Error()
+	i := strings.Index(msg, "error running hook #")
+	if i < 0 {
+		return err
+	}
+	var n int
+	if _, serr := fmt.Sscanf(msg[i:], "error running hook #%d", &n); serr != nil || n < 0 || n >= len(onCreate) {
+		return err
+	}
+	return fmt.Errorf("on_create hook %s failed: %w", onCreate[n], err)
 }

@@ -51,6 +51,7 @@ func init() {
 			WorkDir:     opts.WorkDir,
 			CellAddress: opts.CellAddress,
 			User:        opts.User,
+			Hooks:       Hooks{OnCreate: opts.OCI.OnCreateHooks, OnDestroy: opts.OCI.OnDestroyHooks, Timeout: opts.OCI.HookTimeout},
 		}
 		if opts.OCI.CNIConfDir != "" {
 			n, err := NewCNINetwork(opts.OCI.CNIConfDir, opts.OCI.CNIBinDir,
@@ -161,6 +162,8 @@ type Config struct {
 	NetnsDir string
 	// KillGrace is DefaultKillGrace when zero.
 	KillGrace time.Duration
+	// Hooks are the cell's container hooks, run as OCI hooks of every container.
+	Hooks Hooks
 	// DiskInterval is how often a container's writable layer is measured against its disk_mb
 	// (DefaultDiskInterval when zero).
 	DiskInterval time.Duration
@@ -298,6 +301,12 @@ func (b *Backend) Isolation() executor.Isolation {
 	}
 	return executor.Isolation{Kind: Name, Enforced: enforced}
 }
+
+// RunsHooks reports that the backend runs the cell's container hooks itself, as OCI hooks
+// (executor.HookRunner).
+func (b *Backend) RunsHooks() bool { return true }
+
+var _ executor.HookRunner = (*Backend)(nil)
 
 // Notes lists what this backend does not do on this machine.
 func (b *Backend) Notes() []string { return slices.Clone(b.notes) }

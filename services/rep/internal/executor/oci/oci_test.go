@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -600,4 +601,56 @@ func TestDiskLimit(t *testing.T) {
 	}
 	c.Stop(time.Second)
 	assertGone(t, b, under.Guid)
+}
+
+// TestOCIHooks: the cell's container hooks run as OCI createRuntime and poststop hooks: each
+// gets the OCI state on stdin (the container's id and its annotations, the work's properties
+// byte for byte) and GAVEL_HOOK; a failing on_create hook fails the start, naming the hook,
+// and leaves nothing.
+func TestOCIHooks(t *testing.T) {
+	b := newTestBackend(t)
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook.sh")
+	script := "#!/bin/sh\ncat > " + dir + "/\"$GAVEL_HOOK-$GAVEL_CONTAINER_GUID.json\"\n"
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Hooks = Hooks{OnCreate: []string{hook}, OnDestroy: []string{hook}, Timeout: 10 * time.Second}
+	spec := probeLRP(t, "sleep")
+	spec.Properties = map[string]string{"app_guid": "a1", "network_id": "ünï ✓"}
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	c.Stop(time.Second)
+	for _, event := range []string{"on_create", "on_destroy"} {
+		raw, err := os.ReadFile(filepath.Join(dir, event+"-"+spec.Guid+".json"))
+		if err != nil {
+			t.Errorf("%s hook did not run: %v", event, err)
+			continue
+		}
+		var st struct {
+			ID          string            `json:"id"`
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Errorf("%s hook's stdin is not the OCI state: %v: %s", event, err, raw)
+			continue
+		}
+		if st.ID != spec.Guid || st.Annotations["app_guid"] != "a1" || st.Annotations["network_id"] != "ünï ✓" {
+			t.Errorf("%s hook got state %s", event, raw)
+		}
+	}
+	assertGone(t, b, spec.Guid)
+
+	failing := filepath.Join(dir, "fail.sh")
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\necho no network for you >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Hooks = Hooks{OnCreate: []string{failing}}
+	spec = probeLRP(t, "sleep")
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "fail.sh") {
+		t.Errorf("Start with a failing on_create hook: %v, want an error naming the hook", err)
+	}
+	assertGone(t, b, spec.Guid)
 }
