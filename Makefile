@@ -108,9 +108,9 @@ BENCH_ROUTER_FLAGS ?=
 bench-router:
 	$(GO) test -run '^$$' -bench BenchmarkRouterVsHAProxy -benchtime 1x -count 1 -timeout 20m $(BENCH_ROUTER_FLAGS) ./services/router/
 
-## run: a local cluster on the embedded default (embedded etcd and every service); DEV_FLAGS adds gavel dev flags, e.g. -plugin NAME=SOCKET
+## run: a local cluster on the embedded default (embedded etcd and every service, process-backend cells); DEV_FLAGS adds gavel dev flags, e.g. -plugin NAME=SOCKET, or --cell-backend oci for real containers (root, containerd, runc, CNI plugins)
 run:
-	$(GO) build -o $(BIN)/ ./cmd/gavel ./examples/hello
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/gavel ./examples/hello
 	$(BIN)/gavel dev -sample-app $(BIN)/hello $(DEV_FLAGS)
 
 clean:

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/pkg/atomicfile"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
@@ -65,12 +66,15 @@ func (c *cli) devCommand() *cobra.Command {
 	fs.Var(goFlag{transform.Flag{Plugins: &o.plugins}, "NAME=SOCKET"}, "plugin", "transformer plugin NAME=SOCKET[,option=value...] the BBS runs every desired LRP and task through (repeat for a chain; see docs/plugins.md), e.g. --plugin networking=/tmp/gavel-networking.sock")
 	fs.BoolVar(&o.keep, "keep-state", false, "keep etcd data from the last run (its instances' processes are gone, so they need convergence to come back)")
 	fs.BoolVar(&o.insecure, "insecure", false, "serve plaintext gRPC (default: mutual TLS with a development PKI under --dir/pki)")
+	fs.StringVar(&o.cellBackend, "cell-backend", rep.BackendProcess, "executor backend of the cells: process (host processes, any machine) or oci (containers through containerd, runc and CNI; needs root, see docs/operations.md)")
+	fs.StringVar(&o.containerdSocket, "containerd-socket", rep.Default().OCI.ContainerdSocket, "with --cell-backend oci: containerd's socket")
 	return cmd
 }
 
 // devOptions are `gavel dev`'s flags.
 type devOptions struct {
 	dir, bbsAddr, auctioneerAddr, emitterAddr, nsyncAddr, routerHTTP, routerHTTPS, routerAdmin, sample, level string
+	cellBackend, containerdSocket                                                                             string
 	keep, insecure                                                                                            bool
 	plugins                                                                                                   []transform.PluginConfig
 }
@@ -91,9 +95,19 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	oci := o.cellBackend == rep.BackendOCI
+	if !oci && o.cellBackend != rep.BackendProcess {
+		return fmt.Errorf("--cell-backend must be %q or %q, got %q", rep.BackendProcess, rep.BackendOCI, o.cellBackend)
+	}
 	if !o.keep {
-		// Containers die with this process, so a previous run's actual state is stale.
-		for _, sub := range []string{"etcd", "cells"} {
+		// A previous run's actual state is stale: its process containers died with it. Its oci
+		// containers may not have (a killed run): the cells keep their work directories and
+		// remove them at start, as a restarted rep removes what the BBS no longer wants.
+		subs := []string{"etcd", "cells"}
+		if oci {
+			subs = subs[:1]
+		}
+		for _, sub := range subs {
 			if err := os.RemoveAll(filepath.Join(abs, sub)); err != nil {
 				return err
 			}
@@ -110,6 +124,12 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 		}
 		if _, err := os.Stat(samplePath); err != nil {
 			return fmt.Errorf("sample app: %w (build it with `go build -o bin/ ./examples/hello`, or pass -sample-app \"\")", err)
+		}
+		if oci {
+			// A container sees its rootfs only: the sample app goes into it.
+			if samplePath, err = copyIntoRootfs(samplePath, rootfs); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -142,6 +162,18 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 		cfg.PortRange = c.ports
 		cfg.Capacity = rep.Capacity{MemoryMB: 4096, DiskMB: 16384, Containers: 50}
 		cfg.WorkDir = filepath.Join(abs, "cells", c.id)
+		if oci {
+			cfg.Backend = rep.BackendOCI
+			cfg.OCI.ContainerdSocket = o.containerdSocket
+			// One containerd namespace per cell: a rep owns (adopts or removes) every
+			// container of its namespace.
+			cfg.OCI.Namespace = "gavel-dev-" + c.id
+			// An empty directory: the default bridge + host-local + portmap network.
+			cfg.OCI.CNIConfDir = filepath.Join(abs, "cni")
+			if err := os.MkdirAll(cfg.OCI.CNIConfDir, 0o755); err != nil {
+				return err
+			}
+		}
 		specs = append(specs, devcluster.Cell{Config: cfg})
 	}
 
@@ -185,8 +217,11 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 				fmt.Fprintf(out, "  transformer %s:  %s (%s)\n", p.Name, p.Socket, p.WithDefaults().FailurePolicy)
 			}
 			for _, c := range cells {
-				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded %s%s\n", c.id, c.zone, c.tags,
-					strings.Join(append([]string{"cflinuxfs4"}, c.rootfses...), ", "), map[bool]string{true: ", docker images", false: ""}[c.providers != ""])
+				fmt.Fprintf(out, "  cell %s: zone %s, tags %s, preloaded %s%s, %s backend\n", c.id, c.zone, c.tags,
+					strings.Join(append([]string{"cflinuxfs4"}, c.rootfses...), ", "), map[bool]string{true: ", docker images", false: ""}[c.providers != ""], o.cellBackend)
+			}
+			if !oci {
+				fmt.Fprintf(out, "  (real containers: run as root with containerd, runc and the CNI plugins installed, and add --cell-backend oci)\n")
 			}
 			if samplePath != "" {
 				if err := desireSample(ctx, cluster.BBS, samplePath, out); err != nil {
@@ -217,6 +252,24 @@ func runDev(ctx context.Context, o devOptions, out io.Writer) error {
 			return nil
 		})},
 	)
+}
+
+// copyIntoRootfs copies the executable at path into rootfs's /bin and returns its path as a
+// container sees it.
+func copyIntoRootfs(path, rootfs string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("sample app: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(rootfs, "bin"), 0o755); err != nil {
+		return "", err
+	}
+	inside := "/bin/" + filepath.Base(path)
+	// Replaced, not rewritten: a container of a killed run may still execute the old one.
+	if err := atomicfile.Write(filepath.Join(rootfs, inside), data, 0o755); err != nil {
+		return "", fmt.Errorf("sample app: %w", err)
+	}
+	return inside, nil
 }
 
 // cliPath is how the user ran this binary when that names gavel (bin/gavel under make run, which

@@ -3,10 +3,11 @@
 // UDP_ECHO_PORTS (comma-separated) echo TCP or UDP instead. It is built static so it runs on a
 // cell's host, in a preloaded rootfs, or from a FROM-scratch image.
 //
-// It binds only the address it is given, $CF_INSTANCE_IP (the cell address the rep's process
-// backend sets, where the instance is routed to and checked), or 127.0.0.1 without it: with
-// no network namespace, listening on every interface would expose the instance on addresses
-// the cell never advertised. It binds every port before it logs "serving".
+// It binds only the address it is given: $CF_INSTANCE_INTERNAL_IP (the container's own
+// address the rep's oci backend sets), else $CF_INSTANCE_IP (the cell address the process
+// backend sets, where the instance is routed to and checked), else 127.0.0.1: with no network
+// namespace, listening on every interface would expose the instance on addresses the cell
+// never advertised. It binds every port before it logs "serving".
 package main
 
 import (
@@ -39,7 +40,10 @@ func main() {
 	if len(ports) == 0 {
 		ports["8080"] = "8080"
 	}
-	ip := os.Getenv("CF_INSTANCE_IP")
+	ip := os.Getenv("CF_INSTANCE_INTERNAL_IP") // the container's own address (oci backend)
+	if ip == "" {
+		ip = os.Getenv("CF_INSTANCE_IP")
+	}
 	if ip == "" {
 		ip = "127.0.0.1"
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -39,19 +39,19 @@ type repEnv struct {
 var cellSeq atomic.Int32
 
 // startRep runs a sim-backend rep against env's BBS and etcd until the test ends.
-func startRep(t *testing.T, env *bbstest.Env, configure ...func(*rep.Config)) *repEnv {
+func startRep(t testing.TB, env *bbstest.Env, configure ...func(*rep.Config)) *repEnv {
 	t.Helper()
 	return startRepWith(t, env, env.Client, configure...)
 }
 
 // startRepWith is startRep with the rep reaching the BBS through client.
-func startRepWith(t *testing.T, env *bbstest.Env, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
+func startRepWith(t testing.TB, env *bbstest.Env, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
 	t.Helper()
 	return startRepEtcd(t, env, env.Etcd, client, configure...)
 }
 
 // startRepEtcd is startRepWith with the rep keeping its presence through presenceEtcd.
-func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
+func startRepEtcd(t testing.TB, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) *repEnv {
 	t.Helper()
 	svc, cfg := newRep(t, env, presenceEtcd, client, configure...)
 	return attach(t, svc, cfg, testkit.Start(t, "rep", svc))
@@ -59,7 +59,7 @@ func startRepEtcd(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client,
 
 // newRep builds, without starting it, a sim-backend rep against env's BBS (through client)
 // and etcd (presenceEtcd).
-func newRep(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) (*rep.Service, rep.Config) {
+func newRep(t testing.TB, env *bbstest.Env, presenceEtcd *clientv3.Client, client bbsv1.BBSServiceClient, configure ...func(*rep.Config)) (*rep.Service, rep.Config) {
 	t.Helper()
 	cfg := rep.Default()
 	cfg.CellID = fmt.Sprintf("cell-%d", cellSeq.Add(1))
@@ -90,7 +90,7 @@ func newRep(t *testing.T, env *bbstest.Env, presenceEtcd *clientv3.Client, clien
 }
 
 // attach is the repEnv of svc, started as run, with a gRPC client to it.
-func attach(t *testing.T, svc *rep.Service, cfg rep.Config, run *testkit.Running) *repEnv {
+func attach(t testing.TB, svc *rep.Service, cfg rep.Config, run *testkit.Running) *repEnv {
 	t.Helper()
 	conn := testkit.Dial(t, svc.Addr().String())
 	t.Cleanup(func() { conn.Close() })
@@ -121,7 +121,7 @@ func desiredLRP(guid string, instances int32) *modelsv1.DesiredLRP {
 	}
 }
 
-func desire(t *testing.T, env *bbstest.Env, d *modelsv1.DesiredLRP) {
+func desire(t testing.TB, env *bbstest.Env, d *modelsv1.DesiredLRP) {
 	t.Helper()
 	if _, err := env.Client.DesireLRP(ctxT(t), &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
 		t.Fatalf("desire %s: %v", d.GetProcessGuid(), err)
@@ -138,7 +138,7 @@ func lrpWork(d *modelsv1.DesiredLRP, index int32) *repv1.LRPInstance {
 	}
 }
 
-func perform(t *testing.T, r *repEnv, lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) *repv1.PerformResponse {
+func perform(t testing.TB, r *repEnv, lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) *repv1.PerformResponse {
 	t.Helper()
 	resp, err := r.client.Perform(ctxT(t), &repv1.PerformRequest{Lrps: lrps, Tasks: tasks})
 	if err != nil {

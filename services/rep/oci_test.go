@@ -10,13 +10,13 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gavel-sched/gavel/internal/ocitest"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
-	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs/rootfstest"
 )
 

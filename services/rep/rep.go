@@ -357,6 +357,9 @@ func backendOptions(c Config) executor.Options {
 			Runtime:          c.OCI.Runtime,
 			CNIConfDir:       c.OCI.CNIConfDir,
 			CNIBinDir:        c.OCI.CNIBinDir,
+			OnCreateHooks:    c.Hooks.OnCreate,
+			OnDestroyHooks:   c.Hooks.OnDestroy,
+			HookTimeout:      time.Duration(c.Hooks.Timeout),
 		},
 	}
 }

@@ -261,10 +261,12 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 	}
 }
 
-// Run implements lifecycle.Runner: the cell is ready at once; when ctx ends it stops every
-// container (without reporting their ends to the BBS: the cell's presence goes away with the
-// rep) and waits for their lifecycles.
+// Run implements lifecycle.Runner: the cell adopts the containers an earlier run of the rep
+// left (with a backend whose containers outlive the rep, see adopt) and is then ready; when
+// ctx ends it stops every container (without reporting their ends to the BBS: the cell's
+// presence goes away with the rep) and waits for their lifecycles.
 func (c *Cell) Run(ctx context.Context, ready func()) error {
+	c.adopt(ctx)
 	ready()
 	<-ctx.Done()
 	c.shutdown()

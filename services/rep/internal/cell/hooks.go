@@ -21,10 +21,13 @@ const (
 const maxHookOutput = 1024
 
 // runHooks runs each hook of an event in order with the spec's JSON on stdin and stops at the
-// first failure.
+// first failure; nothing when the backend runs the hooks itself (executor.HookRunner).
 func (c *Cell) runHooks(ctx context.Context, event string, paths []string, spec executor.Spec) error {
 	if len(paths) == 0 {
 		return nil
+	}
+	if hr, ok := c.backend.(executor.HookRunner); ok && hr.RunsHooks() {
+		return nil // the backend runs them in the container's lifecycle (oci: OCI hooks)
 	}
 	payload, err := HookPayload(spec)
 	if err != nil {

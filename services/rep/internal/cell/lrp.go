@@ -95,7 +95,13 @@ func (c *Cell) runLRP(ctr *container) {
 	defer cleanup()
 	log.Debug("container started")
 	c.linksRegistered(ctr.ctx, ctr)
+	c.watchLRP(ctr, exec, log, span, started)
+}
 
+// watchLRP follows a started LRP container until it ends: RUNNING reported (in span) once
+// healthy, and again on every routability change, then its crash reported when it ends on
+// its own. started is called once it is reported running.
+func (c *Cell) watchLRP(ctr *container, exec executor.Container, log hclog.Logger, span trace.Span, started func(why string)) {
 	net := exec.NetInfo()
 	// The reports of this container keep trying until they land, the container ends, or the
 	// rep stops it: an instance that runs must not stay CLAIMED because the BBS was busy.

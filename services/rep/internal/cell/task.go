@@ -54,8 +54,14 @@ func (c *Cell) runTask(ctr *container) {
 		return
 	}
 	defer cleanup()
-	c.setPhase(ctr, phaseRunning)
 	log.Debug("task container started")
+	c.watchTask(ctr, exec, log)
+}
+
+// watchTask follows a started task container until it ends and completes the task in the BBS
+// with its outcome.
+func (c *Cell) watchTask(ctr *container, exec executor.Container, log hclog.Logger) {
+	c.setPhase(ctr, phaseRunning)
 
 	// Drain readiness changes, which mean nothing for a task, until it is done.
 	for routable := exec.Routable(); routable != nil; {

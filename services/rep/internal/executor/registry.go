@@ -39,6 +39,11 @@ type OCIOptions struct {
 	CNIConfDir string
 	// CNIBinDir holds the CNI plugins.
 	CNIBinDir string
+	// OnCreateHooks and OnDestroyHooks are the cell's container hooks, run by the backend as
+	// OCI createRuntime and poststop hooks (see HookRunner).
+	OnCreateHooks, OnDestroyHooks []string
+	// HookTimeout bounds each hook run.
+	HookTimeout time.Duration
 }
 
 // Factory builds a backend.

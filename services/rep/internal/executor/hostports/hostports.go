@@ -5,6 +5,7 @@ package hostports
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 )
@@ -62,6 +63,14 @@ func (a *Allocator) Release(ports []int) {
 	a.free = append(a.free, ports...)
 }
 
+// Reserve takes ports out of the free list (those of containers a restarted rep adopted);
+// ports not in it are ignored.
+func (a *Allocator) Reserve(ports []int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.free = slices.DeleteFunc(a.free, func(p int) bool { return slices.Contains(ports, p) })
+}
+
 // Free reports whether TCP port can be bound on 127.0.0.1 and on 0.0.0.0.
 func Free(port int) bool {
 	for _, host := range []string{"127.0.0.1", "0.0.0.0"} {
@@ -92,10 +101,16 @@ func (u Uint32) Acquire(n int) ([]uint32, error) {
 }
 
 // Release returns ports to the free list.
-func (u Uint32) Release(ports []uint32) {
+func (u Uint32) Release(ports []uint32) { u.Allocator.Release(ints(ports)) }
+
+// Reserve takes ports out of the free list (see Allocator.Reserve).
+func (u Uint32) Reserve(ports []uint32) { u.Allocator.Reserve(ints(ports)) }
+
+// ints converts ports to int.
+func ints(ports []uint32) []int {
 	in := make([]int, len(ports))
 	for i, p := range ports {
 		in[i] = int(p)
 	}
-	u.Allocator.Release(in)
+	return in
 }

@@ -117,20 +117,11 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	if err != nil {
 		return nil, err
 	}
-	ports := uniquePorts(spec.Ports)
-	env := cellEnv(spec, b.cfg.CellAddress, ports)
-	c := &container{
-		b:        b,
-		spec:     spec,
-		dir:      dir,
-		ov:       ov,
-		ports:    ports,
-		tail:     procout.NewTailBuffer(1 << 10),
-		log:      b.log.With("guid", spec.Guid),
-		healthy:  make(chan struct{}),
-		routable: make(chan bool, 1),
-		done:     make(chan struct{}),
-	}
+	c := b.newContainer(spec, dir)
+	env := cellEnv(spec, b.cfg.CellAddress, c.ports)
+	ports := c.ports
+	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
+	internalIP := "127.0.0.1" // without a network, the container has loopback only
 	if spec.FilesDir != "" {
 		inside, err := c.makeFiles()
 		if err != nil {
@@ -148,7 +139,22 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		}
 		pinned := c.netnsPath
 		cleanups = append(cleanups, func() { _ = cni.RemoveNetns(pinned) })
+		// Attached before the container exists (as containerd's CRI attaches a pod's
+		// sandbox), so its address is in its environment: CF_INSTANCE_INTERNAL_IP.
+		att, err := b.cfg.Network.Attach(cctx, spec.Guid, c.netnsPath, ports, spec.Properties)
+		if err != nil {
+			return nil, fmt.Errorf("attach network: %w", err)
+		}
+		c.attached = true
+		cleanups = append(cleanups, func() { c.detach() })
+		c.netInfo.InstanceAddress, internalIP = att.Address, att.Address
+		for _, cp := range ports {
+			if hp, ok := att.Ports[cp]; ok {
+				c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
+			}
+		}
 	}
+	env = append(env, "CF_INSTANCE_INTERNAL_IP="+internalIP)
 	ociSpec, err := BuildSpec(spec, SpecConfig{
 		NetnsPath:    c.netnsPath,
 		RootPath:     ov.root,
@@ -157,11 +163,17 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		DefaultUser:  b.cfg.User,
 		LimitSwap:    b.limitSwap,
 		Env:          env,
+		Hooks:        b.cfg.Hooks,
 	})
 	if err != nil {
 		return nil, err
 	}
 	c.cgroup = ociSpec.Linux.CgroupsPath
+	// The record comes before the containerd container: a container of the namespace without
+	// one is a leftover of a rep that died creating it, and the next rep removes it.
+	if err := c.writeRecord(); err != nil {
+		return nil, err
+	}
 
 	c.ctr, err = b.client.NewContainer(cctx, spec.Guid, containerd.WithSpec(ociSpec), containerd.WithRuntime(b.cfg.Runtime, nil))
 	if err != nil {
@@ -169,13 +181,10 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 	}
 	cleanups = append(cleanups, func() { _ = c.ctr.Delete(b.ctx(context.Background())) })
 
-	ra := spec.Action.GetRun()
-	source := ra.GetLogSource() // empty: the container's default source
-	stdout := procout.Writer(c.log.With("source", source, "stream", "stdout"), ra.GetSuppressLogOutput(), nil, spec.Log, source, "stdout")
-	stderr := procout.Writer(c.log.With("source", source, "stream", "stderr"), ra.GetSuppressLogOutput(), c.tail, spec.Log, source, "stderr")
+	stdout, stderr := c.streams()
 	c.task, err = c.ctr.NewTask(cctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(filepath.Join(dir, "fifo"))))
 	if err != nil {
-		return nil, fmt.Errorf("create task: %w", err)
+		return nil, fmt.Errorf("create task: %w", namedHook(err, b.cfg.Hooks.OnCreate))
 	}
 	cleanups = append(cleanups, func() { _, _ = c.task.Delete(b.ctx(context.Background()), containerd.WithProcessKill) })
 	c.exitCh, err = c.task.Wait(b.ctx(context.Background()))
@@ -186,26 +195,37 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		c.netnsPath = fmt.Sprintf("/proc/%d/ns/net", c.task.Pid())
 	}
 
-	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
-	if b.cfg.Network != nil {
-		att, err := b.cfg.Network.Attach(cctx, spec.Guid, c.netnsPath, ports, spec.Properties)
-		if err != nil {
-			return nil, fmt.Errorf("attach network: %w", err)
-		}
-		c.attached = true
-		cleanups = append(cleanups, func() { c.detach() })
-		c.netInfo.InstanceAddress = att.Address
-		for _, cp := range ports {
-			if hp, ok := att.Ports[cp]; ok {
-				c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
-			}
-		}
-	}
 	if err := c.task.Start(cctx); err != nil {
 		return nil, fmt.Errorf("start task: %w", err)
 	}
 	c.log.Debug("container started", "pid", c.task.Pid())
 	return c, nil
+}
+
+// newContainer is the backend's container of spec in dir, not created yet.
+func (b *Backend) newContainer(spec executor.Spec, dir string) *container {
+	return &container{
+		b:        b,
+		spec:     spec,
+		dir:      dir,
+		ov:       newOverlay(dir, spec.RootfsPath),
+		ports:    uniquePorts(spec.Ports),
+		tail:     procout.NewTailBuffer(1 << 10),
+		log:      b.log.With("guid", spec.Guid),
+		healthy:  make(chan struct{}),
+		routable: make(chan bool, 1),
+		done:     make(chan struct{}),
+	}
+}
+
+// streams are the writers of the run action's stdout and stderr: the spec's log sink (with
+// the action's log source), and stderr's tail for a failure's reason.
+func (c *container) streams() (stdout, stderr io.Writer) {
+	ra := c.spec.Action.GetRun()
+	source := ra.GetLogSource() // empty: the container's default source
+	stdout = procout.Writer(c.log.With("source", source, "stream", "stdout"), ra.GetSuppressLogOutput(), nil, c.spec.Log, source, "stdout")
+	stderr = procout.Writer(c.log.With("source", source, "stream", "stderr"), ra.GetSuppressLogOutput(), c.tail, c.spec.Log, source, "stderr")
+	return stdout, stderr
 }
 
 // removeStale removes what an earlier run of the rep may have left of container guid: its
@@ -222,14 +242,22 @@ func (b *Backend) removeStale(ctx context.Context, guid string, ov overlay) erro
 		}
 	}
 	if b.cfg.Network != nil {
-		// The network of a container an earlier run left: undone through its pinned namespace.
-		if pinned := filepath.Join(b.netnsDir(), guid); fileExists(pinned) {
+		// The network of a container an earlier run left: undone through its pinned namespace,
+		// or, when that is gone too (the machine rebooted), from what the network cached (its
+		// address and host port rules).
+		pinned := filepath.Join(b.netnsDir(), guid)
+		_, cached, err := b.cfg.Network.Adopt(ctx, guid, pinned)
+		if err != nil {
+			b.log.Warn("stale container's network attachment unreadable, deleting it anyway", "guid", guid, "error", err)
+			cached = true
+		}
+		if cached || fileExists(pinned) {
 			if err := b.cfg.Network.Detach(ctx, guid, pinned, nil, nil); err != nil {
 				return fmt.Errorf("remove stale container's network: %w", err)
 			}
-			if err := cni.RemoveNetns(pinned); err != nil {
-				return fmt.Errorf("remove stale network namespace: %w", err)
-			}
+		}
+		if err := cni.RemoveNetns(pinned); err != nil {
+			return fmt.Errorf("remove stale network namespace: %w", err)
 		}
 	}
 	if err := ov.unmount(); err != nil {
@@ -351,10 +379,29 @@ func (c *container) Result() executor.Result {
 func (c *container) Signal(sig syscall.Signal) error {
 	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
 	defer cancel()
-	if err := c.task.Kill(ctx, sig, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+	err := c.whileUnavailable(ctx, func(ctx context.Context) error { return c.task.Kill(ctx, sig, containerd.WithKillAll) })
+	if err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("signal %s: %w", c.spec.Guid, err)
 	}
 	return nil
+}
+
+// whileUnavailable calls f until containerd answers it (a restarting containerd is
+// unavailable for a moment; its shims keep the container), the container is done or ctx ends.
+func (c *container) whileUnavailable(ctx context.Context, f func(ctx context.Context) error) error {
+	for {
+		err := f(ctx)
+		if err == nil || !errdefs.IsUnavailable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-c.done:
+			return err
+		case <-time.After(rewaitInterval):
+		}
+	}
 }
 
 // Stop sends SIGTERM to the container's init process, SIGKILL to all its processes after
@@ -401,7 +448,8 @@ func (c *container) kill(sig syscall.Signal) {
 	if sig == syscall.SIGKILL {
 		opts = append(opts, containerd.WithKillAll)
 	}
-	if err := c.task.Kill(ctx, sig, opts...); err != nil && !errdefs.IsNotFound(err) {
+	err := c.whileUnavailable(ctx, func(ctx context.Context) error { return c.task.Kill(ctx, sig, opts...) })
+	if err != nil && !errdefs.IsNotFound(err) {
 		c.log.Warn("signal container", "signal", sig, "error", err)
 	}
 }
@@ -410,14 +458,61 @@ func (c *container) kill(sig syscall.Signal) {
 func (c *container) run() {
 	monitorCtx, stopMonitor := context.WithCancel(context.Background())
 	monitorDone := make(chan struct{})
+	diskDone := make(chan struct{})
 	go func() {
 		defer close(monitorDone)
 		c.monitor(monitorCtx, time.Now())
 	}()
-	st := <-c.exitCh
+	go func() {
+		defer close(diskDone)
+		c.watchDisk(monitorCtx)
+	}()
+	st, ok := c.wait()
 	stopMonitor()
 	<-monitorDone
+	<-diskDone
+	if !ok {
+		c.log.Debug("backend closed, leaving the container running")
+		return
+	}
 	c.finish(st)
+}
+
+// rewaitInterval is how often a container whose wait broke asks containerd again.
+const rewaitInterval = 200 * time.Millisecond
+
+// wait returns the init process's exit status. A wait that breaks because containerd went
+// away (restarted) is made again once it answers: the shim kept the container running. ok is
+// false when the backend was closed first (the container is left running for the next rep).
+func (c *container) wait() (_ containerd.ExitStatus, ok bool) {
+	for {
+		select {
+		case st := <-c.exitCh:
+			_, _, err := st.Result()
+			if err == nil || errdefs.IsNotFound(err) {
+				return st, true
+			}
+			c.log.Warn("lost containerd while waiting for the container, waiting again", "error", err)
+			for {
+				select {
+				case <-c.b.closed:
+					return st, false
+				case <-time.After(rewaitInterval):
+				}
+				ch, err := c.task.Wait(c.b.ctx(context.Background()))
+				if err == nil {
+					c.exitCh = ch
+					c.log.Info("containerd is back, container still there")
+					break
+				}
+				if errdefs.IsNotFound(err) {
+					return *containerd.NewExitStatus(containerd.UnknownExitStatus, time.Now(), err), true
+				}
+			}
+		case <-c.b.closed:
+			return containerd.ExitStatus{}, false
+		}
+	}
 }
 
 // monitor runs the spec's checks: against the container's address when a Network attached
@@ -603,4 +698,18 @@ func (c *container) readResultFile() (string, error) {
 		return "", fmt.Errorf("result file %s is larger than %d bytes", c.spec.ResultFile, MaxResultFileSize)
 	}
 	return string(b), nil
+}
+
+// namedHook names the on_create hook that runc's error "error running hook #N" is about.
+func namedHook(err error, onCreate []string) error {
+	msg := err.Error()
+	i := strings.Index(msg, "error running hook #")
+	if i < 0 {
+		return err
+	}
+	var n int
+	if _, serr := fmt.Sscanf(msg[i:], "error running hook #%d", &n); serr != nil || n < 0 || n >= len(onCreate) {
+		return err
+	}
+	return fmt.Errorf("on_create hook %s failed: %w", onCreate[n], err)
 }

@@ -16,6 +16,11 @@
 // prefix. Without a Network the container has a network namespace with only loopback, its
 // checks are probed from inside that namespace, and its ports are not reachable from outside.
 //
+// Containers outlive the rep. Each one's record (record.go) is written in its directory before
+// its containerd container is created, and a restarted rep's Backend.Adopt takes over the
+// namespace's recorded containers and removes everything else an earlier run left
+// (docs/decisions/0030-oci-adoption.md). A wait broken by a containerd restart is made again.
+//
 // Only a single run action is supported as the container's action; setup and monitor actions
 // and the other action kinds (download, serial, parallel, codependent, try, timeout) are
 // refused when the container starts, with that reason.

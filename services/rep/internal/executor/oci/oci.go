@@ -51,6 +51,7 @@ func init() {
 			WorkDir:     opts.WorkDir,
 			CellAddress: opts.CellAddress,
 			User:        opts.User,
+			Hooks:       Hooks{OnCreate: opts.OCI.OnCreateHooks, OnDestroy: opts.OCI.OnDestroyHooks, Timeout: opts.OCI.HookTimeout},
 		}
 		if opts.OCI.CNIConfDir != "" {
 			n, err := NewCNINetwork(opts.OCI.CNIConfDir, opts.OCI.CNIBinDir,
@@ -103,6 +104,19 @@ func (c cniNetwork) Detach(ctx context.Context, id, netnsPath string, _ []uint32
 	return c.n.Detach(ctx, id, netnsPath, nil)
 }
 
+// Adopt takes over the attachment libcni cached for id, reserving its host ports.
+func (c cniNetwork) Adopt(_ context.Context, id, netnsPath string) (Attachment, bool, error) {
+	att, ok, err := c.n.Adopt(id, netnsPath)
+	if err != nil || !ok {
+		return Attachment{}, ok, err
+	}
+	out := Attachment{Address: att.IP, Ports: make(map[uint32]uint32, len(att.Ports))}
+	for _, m := range att.Ports {
+		out.Ports[m.ContainerPort] = m.HostPort
+	}
+	return out, true, nil
+}
+
 // Network attaches a container's network namespace to a network (the CNI package implements
 // it). Without one, containers have a network namespace with loopback only.
 type Network interface {
@@ -111,6 +125,10 @@ type Network interface {
 	Attach(ctx context.Context, id, netnsPath string, ports []uint32, props map[string]string) (Attachment, error)
 	// Detach disconnects it again (idempotent).
 	Detach(ctx context.Context, id, netnsPath string, ports []uint32, props map[string]string) error
+	// Adopt takes over the attachment of container id that an earlier run of the rep made
+	// (its host ports are reserved again and Detach gives them back); ok is false when the
+	// network has no attachment of id.
+	Adopt(ctx context.Context, id, netnsPath string) (att Attachment, ok bool, err error)
 }
 
 // Attachment is where an attached container is reached.
@@ -144,6 +162,11 @@ type Config struct {
 	NetnsDir string
 	// KillGrace is DefaultKillGrace when zero.
 	KillGrace time.Duration
+	// Hooks are the cell's container hooks, run as OCI hooks of every container.
+	Hooks Hooks
+	// DiskInterval is how often a container's writable layer is measured against its disk_mb
+	// (DefaultDiskInterval when zero).
+	DiskInterval time.Duration
 	// Logger is hclog.L() when nil.
 	Logger hclog.Logger
 }
@@ -156,6 +179,9 @@ type Backend struct {
 	cgroupV2  bool
 	notes     []string
 	log       hclog.Logger
+
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -202,6 +228,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.KillGrace <= 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
+	if cfg.DiskInterval <= 0 {
+		cfg.DiskInterval = DefaultDiskInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.L()
 	}
@@ -229,6 +258,7 @@ func New(cfg Config) (*Backend, error) {
 		client:     client,
 		log:        cfg.Logger.Named("executor.oci"),
 		containers: map[string]*container{},
+		closed:     make(chan struct{}),
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		b.cgroupV2 = true
@@ -238,7 +268,6 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Network == nil {
 		b.notes = append(b.notes, "no container network: instances have loopback only and are not reachable from outside")
 	}
-	b.notes = append(b.notes, "disk limits not enforced")
 	return b, nil
 }
 
@@ -256,18 +285,28 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// Close closes the connection to containerd (the containers keep running).
-func (b *Backend) Close() error { return b.client.Close() }
+// Close closes the connection to containerd. The containers keep running (containerd's shims
+// hold them) and their watchers end without cleaning up: the next rep adopts them (Adopt).
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() { close(b.closed) })
+	return b.client.Close()
+}
 
 // Isolation is an OCI container per instance: namespaces, cgroup limits, rlimits, a user, and
 // its own address when a Network attaches it.
 func (b *Backend) Isolation() executor.Isolation {
-	enforced := []string{"pid, mount, uts, ipc and network namespaces", "memory", "pids", "cpu shares", "nofile", "user"}
+	enforced := []string{"pid, mount, uts, ipc and network namespaces", "memory", "pids", "cpu shares", "nofile", "user", "disk (writable layer, measured)"}
 	if b.cfg.Network != nil {
 		enforced = append(enforced, "own network address (CNI)")
 	}
 	return executor.Isolation{Kind: Name, Enforced: enforced}
 }
+
+// RunsHooks reports that the backend runs the cell's container hooks itself, as OCI hooks
+// (executor.HookRunner).
+func (b *Backend) RunsHooks() bool { return true }
+
+var _ executor.HookRunner = (*Backend)(nil)
 
 // Notes lists what this backend does not do on this machine.
 func (b *Backend) Notes() []string { return slices.Clone(b.notes) }

@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,11 +17,11 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/gavel-sched/gavel/internal/ocitest"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
-	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
 	"github.com/gavel-sched/gavel/services/rep/internal/rootfs/rootfstest"
 )
 
@@ -40,6 +41,10 @@ func runTests(m *testing.M) int {
 	flag.Parse()
 	if testing.Short() {
 		skipReason = "short mode: oci integration tests need a containerd"
+		return m.Run()
+	}
+	if os.Getenv(repProcessEnv) != "" { // TestRepProcess, run by TestAdoptAfterTheRepDies
+		rootfsDir = os.Getenv("GAVEL_OCI_ROOTFS")
 		return m.Run()
 	}
 	if missing := ocitest.Missing(); missing != "" {
@@ -450,6 +455,10 @@ func (n *fakeNetwork) Detach(_ context.Context, id, _ string, ports []uint32, pr
 	return nil
 }
 
+func (n *fakeNetwork) Adopt(context.Context, string, string) (Attachment, bool, error) {
+	return Attachment{}, false, nil
+}
+
 // TestNetworkSeam: a configured Network attaches the container's network namespace before the
 // process starts, with its ports and properties, its address and host ports are the net info,
 // and it is detached at clean-up; a failed attach fails Start and leaves nothing.
@@ -537,4 +546,111 @@ func mounted(path string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// TestDiskLimit: a container that writes more than disk_mb into its writable layer is stopped
+// with a "disk limit exceeded" reason; one that stays under it keeps running.
+func TestDiskLimit(t *testing.T) {
+	b := newTestBackend(t)
+	b.cfg.DiskInterval = 50 * time.Millisecond
+	over := probeLRP(t, "fill", "3")
+	over.DiskMB = 1
+	c, err := b.Start(context.Background(), over)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(time.Minute):
+		c.Stop(0)
+		t.Fatal("a container writing 3 MiB with disk_mb 1 was not stopped")
+	}
+	if res := c.Result(); !res.Failed || !strings.HasPrefix(res.Reason, ReasonDiskLimit+": the container wrote 3 MiB, disk_mb is 1") {
+		t.Errorf("Result = %+v, want %q", res, ReasonDiskLimit)
+	}
+	assertGone(t, b, over.Guid)
+
+	under := probeLRP(t, "fill", "1")
+	under.DiskMB = 4
+	c, err = b.Start(context.Background(), under)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	// Measured (the file is written) several times over without a stop.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		used, err := diskUsage(c.(*container).ov.upper)
+		if err == nil && used >= 1<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the 1 MiB file never showed in the writable layer (%d, %v)", used, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := 0; i < 5; i++ {
+		if used, _ := diskUsage(c.(*container).ov.upper); used < 1<<20 {
+			t.Fatalf("writable layer shrank to %d", used)
+		}
+		time.Sleep(b.cfg.DiskInterval)
+	}
+	select {
+	case <-c.Done():
+		t.Fatalf("a container under its disk limit ended: %+v", c.Result())
+	default:
+	}
+	c.Stop(time.Second)
+	assertGone(t, b, under.Guid)
+}
+
+// TestOCIHooks: the cell's container hooks run as OCI createRuntime and poststop hooks: each
+// gets the OCI state on stdin (the container's id and its annotations, the work's properties
+// byte for byte) and GAVEL_HOOK; a failing on_create hook fails the start, naming the hook,
+// and leaves nothing.
+func TestOCIHooks(t *testing.T) {
+	b := newTestBackend(t)
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook.sh")
+	script := "#!/bin/sh\ncat > " + dir + "/\"$GAVEL_HOOK-$GAVEL_CONTAINER_GUID.json\"\n"
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Hooks = Hooks{OnCreate: []string{hook}, OnDestroy: []string{hook}, Timeout: 10 * time.Second}
+	spec := probeLRP(t, "sleep")
+	spec.Properties = map[string]string{"app_guid": "a1", "network_id": "ünï ✓"}
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	c.Stop(time.Second)
+	for _, event := range []string{"on_create", "on_destroy"} {
+		raw, err := os.ReadFile(filepath.Join(dir, event+"-"+spec.Guid+".json"))
+		if err != nil {
+			t.Errorf("%s hook did not run: %v", event, err)
+			continue
+		}
+		var st struct {
+			ID          string            `json:"id"`
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Errorf("%s hook's stdin is not the OCI state: %v: %s", event, err, raw)
+			continue
+		}
+		if st.ID != spec.Guid || st.Annotations["app_guid"] != "a1" || st.Annotations["network_id"] != "ünï ✓" {
+			t.Errorf("%s hook got state %s", event, raw)
+		}
+	}
+	assertGone(t, b, spec.Guid)
+
+	failing := filepath.Join(dir, "fail.sh")
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\necho no network for you >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Hooks = Hooks{OnCreate: []string{failing}}
+	spec = probeLRP(t, "sleep")
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "fail.sh") {
+		t.Errorf("Start with a failing on_create hook: %v, want an error naming the hook", err)
+	}
+	assertGone(t, b, spec.Guid)
 }

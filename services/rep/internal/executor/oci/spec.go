@@ -7,6 +7,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -61,6 +62,42 @@ type SpecConfig struct {
 	// NetnsPath, when set, is the pinned network namespace the container joins (the one its
 	// network is attached to); empty gives the container a new one.
 	NetnsPath string
+	// Hooks are the cell's container hooks.
+	Hooks Hooks
+}
+
+// Hooks are the cell's container hooks as OCI hooks: OnCreate as createRuntime hooks (run by
+// the runtime in its own namespaces once the container's namespaces exist, before its process
+// starts; a failing one fails the container), OnDestroy as poststop hooks (run when the
+// container is deleted). Each gets the OCI state (id, pid, bundle, annotations: the work's
+// properties) on stdin, and GAVEL_HOOK (on_create, on_destroy), GAVEL_CONTAINER_GUID and PATH
+// in its environment.
+type Hooks struct {
+	// OnCreate and OnDestroy are executables on the cell.
+	OnCreate, OnDestroy []string
+	// Timeout bounds each run (rounded up to whole seconds; 0: none).
+	Timeout time.Duration
+}
+
+// ociHooks is h for container guid, nil without hooks.
+func (h Hooks) ociHooks(guid string) *specs.Hooks {
+	if len(h.OnCreate) == 0 && len(h.OnDestroy) == 0 {
+		return nil
+	}
+	var timeout *int
+	if h.Timeout > 0 {
+		secs := int((h.Timeout + time.Second - 1) / time.Second)
+		timeout = &secs
+	}
+	list := func(event string, paths []string) []specs.Hook {
+		var out []specs.Hook
+		for _, p := range paths {
+			out = append(out, specs.Hook{Path: p, Args: []string{p}, Timeout: timeout,
+				Env: []string{"GAVEL_HOOK=" + event, "GAVEL_CONTAINER_GUID=" + guid, "PATH=" + defaultPath}})
+		}
+		return out
+	}
+	return &specs.Hooks{CreateRuntime: list("on_create", h.OnCreate), Poststop: list("on_destroy", h.OnDestroy)}
 }
 
 // MainProcess is the run action a container's init process runs: the spec's action must be a
@@ -180,6 +217,7 @@ func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
 		Hostname:    hostname,
 		Mounts:      defaultMounts(),
 		Annotations: annotations,
+		Hooks:       cfg.Hooks.ociHooks(s.Guid),
 		Linux: &specs.Linux{
 			CgroupsPath: path.Join(parent, s.Guid),
 			Resources:   resources,

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -31,6 +32,37 @@ func TestBuildSpec(t *testing.T) {
 		check func(t *testing.T, s *specs.Spec)
 		err   string
 	}{
+		{
+			name: "hooks",
+			spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{Path: "/bin/app"}) },
+			cfg: func(c SpecConfig) SpecConfig {
+				c.Hooks = Hooks{OnCreate: []string{"/etc/gavel/net.sh", "/etc/gavel/log.sh"}, OnDestroy: []string{"/etc/gavel/net.sh"}, Timeout: 1500 * time.Millisecond}
+				return c
+			},
+			check: func(t *testing.T, s *specs.Spec) {
+				h := s.Hooks
+				if h == nil || len(h.CreateRuntime) != 2 || len(h.Poststop) != 1 || len(h.Prestart) != 0 {
+					t.Fatalf("hooks %+v, want 2 createRuntime and 1 poststop", h)
+				}
+				c := h.CreateRuntime[1]
+				if c.Path != "/etc/gavel/log.sh" || !reflect.DeepEqual(c.Args, []string{"/etc/gavel/log.sh"}) || c.Timeout == nil || *c.Timeout != 2 {
+					t.Errorf("createRuntime hook %+v, want log.sh with a 2s timeout", c)
+				}
+				want := []string{"GAVEL_HOOK=on_destroy", "GAVEL_CONTAINER_GUID=0f5a3c7e-guid", "PATH=" + defaultPath}
+				if !reflect.DeepEqual(h.Poststop[0].Env, want) {
+					t.Errorf("poststop env %q, want %q", h.Poststop[0].Env, want)
+				}
+			},
+		},
+		{
+			name: "no hooks",
+			spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{Path: "/bin/app"}) },
+			check: func(t *testing.T, s *specs.Spec) {
+				if s.Hooks != nil {
+					t.Errorf("hooks %+v without any configured", s.Hooks)
+				}
+			},
+		},
 		{
 			name: "defaults",
 			spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{Path: "/bin/app", Args: []string{"-x"}}) },

@@ -238,6 +238,35 @@ func (n *Network) Attached(containerID, netnsPath string) (att Attachment, ok bo
 	return att, true, nil
 }
 
+// PortReserver is a PortAllocator that can take given ports out of its free list (the
+// hostports allocator); Adopt uses it to keep an adopted container's host ports from being
+// handed out again.
+type PortReserver interface {
+	// Reserve takes ports out of the free list; ports not in the free list are ignored.
+	Reserve(ports []uint32)
+}
+
+// Adopt is Attached for a container a restarted rep takes over: its host ports are reserved
+// in the Network's PortAllocator (when it is a PortReserver) and owned as if Attach had taken
+// them, so Detach gives them back.
+func (n *Network) Adopt(containerID, netnsPath string) (Attachment, bool, error) {
+	att, ok, err := n.Attached(containerID, netnsPath)
+	if err != nil || !ok || len(att.Ports) == 0 {
+		return att, ok, err
+	}
+	ports := make([]uint32, len(att.Ports))
+	for i, p := range att.Ports {
+		ports[i] = p.HostPort
+	}
+	if r, can := n.ports.(PortReserver); can {
+		r.Reserve(ports)
+		n.mu.Lock()
+		n.owned[containerID] = ports
+		n.mu.Unlock()
+	}
+	return att, true, nil
+}
+
 // remarshal decodes v, a value decoded from JSON into any, into out.
 func remarshal(v, out any) error {
 	if v == nil {

@@ -63,6 +63,30 @@ func main() {
 		for {
 			time.Sleep(time.Hour)
 		}
+	case "fill": // fill N: write N MiB to /tmp/fill, then sleep
+		n, _ := strconv.Atoi(os.Args[2])
+		f, err := os.Create("/tmp/fill")
+		if err != nil {
+			fail(err.Error())
+		}
+		chunk := make([]byte, 1<<20)
+		for i := range chunk {
+			chunk[i] = byte(i) | 1
+		}
+		for i := 0; i < n; i++ {
+			if _, err := f.Write(chunk); err != nil {
+				fail(err.Error())
+			}
+		}
+		_ = f.Sync()
+		for {
+			time.Sleep(time.Hour)
+		}
+	case "tick": // a numbered line on stdout every 50ms
+		for i := 0; ; i++ {
+			fmt.Println("tick", i)
+			time.Sleep(50 * time.Millisecond)
+		}
 	case "sleep":
 		for {
 			time.Sleep(time.Hour)

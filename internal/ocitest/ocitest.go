@@ -116,25 +116,48 @@ disabled_plugins = [
 [ttrpc]
   address = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc")
-	cfgPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(config), 0o600); err != nil {
 		return nil, fmt.Errorf("write containerd config: %w", err)
 	}
-	logFile, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err := c.start(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Restart stops the daemon (SIGTERM) and starts it again on the same config, root, state and
+// socket; the containers' shims keep them running meanwhile, as on a machine whose containerd
+// is restarted.
+func (c *Containerd) Restart() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+	c.done = make(chan struct{})
+	return c.start()
+}
+
+// start runs the daemon on the config in c.Dir and waits for its socket.
+func (c *Containerd) start() error {
+	logFile, err := os.OpenFile(filepath.Join(c.Dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("containerd log: %w", err)
+		return fmt.Errorf("containerd log: %w", err)
 	}
 	defer logFile.Close()
-	c.cmd = exec.Command(containerdBinary(), "--config", cfgPath)
+	c.cmd = exec.Command(containerdBinary(), "--config", filepath.Join(c.Dir, "config.toml"))
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	// Its own process group: a ^C to the test does not reach it before Stop does.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", containerdBinary(), err)
+		return fmt.Errorf("start %s: %w", containerdBinary(), err)
 	}
+	done := c.done
 	go func() {
 		_ = c.cmd.Wait()
-		close(c.done)
+		close(done)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -142,14 +165,14 @@ disabled_plugins = [
 		conn, derr := (&net.Dialer{}).DialContext(ctx, "unix", c.Socket)
 		if derr == nil {
 			_ = conn.Close()
-			return c, nil
+			return nil
 		}
 		select {
-		case <-c.done:
-			return nil, fmt.Errorf("containerd exited at start: %s", c.logTail())
+		case <-done:
+			return fmt.Errorf("containerd exited at start: %s", c.logTail())
 		case <-ctx.Done():
 			_ = c.Stop()
-			return nil, fmt.Errorf("containerd socket %s not up within %s: %s", c.Socket, startTimeout, c.logTail())
+			return fmt.Errorf("containerd socket %s not up within %s: %s", c.Socket, startTimeout, c.logTail())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
