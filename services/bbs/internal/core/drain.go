@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,11 +17,11 @@ import (
 // it with routable false and draining_since set, so its ActualLRPChanged event takes it out of
 // every route-emitter's table. Its cell is asked to stop it (SIGTERM, grace, SIGKILL) only once
 // every route-emitter has reported publishing a revision at or after that write
-// (ReportRoutesPublished), or drain_timeout after draining_since, whichever comes first; with no
-// route-emitter reporting there is nothing to wait for. The Drainer waits for the stops this BBS
-// decided; convergence (the leader) finishes any drain whose timeout has passed, so a drain
-// recorded by a BBS that died is never left behind. Instances that are not RUNNING and routable
-// are stopped or removed at once, as before.
+// (ReportRoutesPublished), or drain_timeout after draining_since, whichever comes first. With
+// no route-emitter reporting there is nothing to wait for, and instances are stopped at once.
+// The Drainer waits for the stops this BBS decided; convergence (the leader) finishes any drain
+// whose timeout has passed, so a drain recorded by a BBS that died is never left behind.
+// Instances that are not RUNNING and routable are stopped or removed at once, as before.
 
 // DefaultDrainTimeout is how long a draining instance waits at most for the route-emitters
 // before its cell is asked to stop it.
@@ -65,7 +66,7 @@ func (c *deps) withdraw(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) er
 		out.stops = append(out.stops, stop)
 	case draining(a):
 		out.drains = append(out.drains, drainRequest{stop: stop, rev: t.Revision(key), since: a.GetDrainingSince().AsTime()})
-	case a.GetState() == running && a.GetRoutable() && c.cfg.DrainTimeout > 0:
+	case a.GetState() == running && a.GetRoutable() && c.drainFirst():
 		next := c.drained(a)
 		if err := t.Put(key, next); err != nil {
 			return err
@@ -75,6 +76,14 @@ func (c *deps) withdraw(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) er
 		out.stops = append(out.stops, stop)
 	}
 	return nil
+}
+
+// drainFirst reports whether routed instances are drained before they are stopped: drains are
+// on (a positive drain timeout) and some route-emitter reports what it publishes (with none,
+// there is nothing to wait for).
+func (c *deps) drainFirst() bool {
+	_, emitters, _ := c.st.RoutesPublished()
+	return c.cfg.DrainTimeout > 0 && emitters > 0
 }
 
 // drained returns a copy of a withdrawn from routing and draining from now.
@@ -123,15 +132,21 @@ func (c *deps) retireAll(rev int64, r retirement) {
 	}
 }
 
-// stillDraining reports whether the record s names is still draining in the same container.
-func (c *deps) stillDraining(s stopRequest) bool {
-	list, _ := c.st.ActualLRPs(store.ListFilter{Guids: map[string]struct{}{s.key.GetProcessGuid(): {}}})
+// stillDraining reports whether the record r names is still in the drain r waited for: the
+// same container, draining since the same time (not routed again, nor drained anew since).
+func (c *deps) stillDraining(r drainRequest) bool {
+	list, _ := c.st.ActualLRPs(store.ListFilter{Guids: map[string]struct{}{r.stop.key.GetProcessGuid(): {}}})
 	for _, a := range list {
-		if a.GetKey().GetIndex() == s.key.GetIndex() && a.GetPresence() == s.presence {
-			return draining(a) && sameInstance(a.GetInstanceKey(), s.instance)
+		if a.GetKey().GetIndex() == r.stop.key.GetIndex() && a.GetPresence() == r.stop.presence {
+			return draining(a) && sameInstance(a.GetInstanceKey(), r.stop.instance) && a.GetDrainingSince().AsTime().Equal(r.since)
 		}
 	}
 	return false
+}
+
+// sameRecord reports whether two drains are of one record.
+func sameRecord(a, b stopRequest) bool {
+	return a.presence == b.presence && a.key.GetIndex() == b.key.GetIndex() && a.key.GetProcessGuid() == b.key.GetProcessGuid()
 }
 
 // Drainer waits for the instances this BBS withdrew from routing to be drained — every
@@ -169,6 +184,8 @@ func (dr *Drainer) add(d *deps, reqs []drainRequest) bool {
 		return false
 	}
 	for _, r := range reqs {
+		// A record drained again replaces its earlier drain.
+		dr.pending = slices.DeleteFunc(dr.pending, func(p pendingDrain) bool { return sameRecord(p.req.stop, r.stop) })
 		dr.pending = append(dr.pending, pendingDrain{d: d, req: r})
 	}
 	select {
@@ -239,7 +256,7 @@ func (dr *Drainer) step() (next time.Time, changed <-chan struct{}) {
 			}
 			continue
 		}
-		if p.d.stillDraining(p.req.stop) {
+		if p.d.stillDraining(p.req) {
 			p.d.stopInstances([]stopRequest{p.req.stop})
 		}
 	}

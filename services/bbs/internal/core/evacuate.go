@@ -113,7 +113,7 @@ func (c *ActualLRPs) evacuationDrained(t *store.Txn, evac *modelsv1.ActualLRP) (
 	switch {
 	case draining(evac):
 		return c.drainDone(t.Revision(key), evac.GetDrainingSince().AsTime()), nil
-	case evac.GetRoutable() && c.cfg.DrainTimeout > 0:
+	case evac.GetRoutable() && c.drainFirst():
 		return false, putActual(t, c.drained(evac))
 	}
 	return true, nil
