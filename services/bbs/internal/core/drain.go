@@ -49,8 +49,8 @@ func draining(a *modelsv1.ActualLRP) bool { return a.GetDrainingSince() != nil }
 
 // withdraw stages the retirement of record a in t: a RUNNING, routable instance on a live cell
 // is written draining (unrouted) and stopped once drained; one already draining is drained
-// again from where it is; any other container is stopped at once (on a vanished cell, its
-// record removed); a record without a container is deleted.
+// again from where it is; any other container is stopped at once; a record without a
+// container, or whose cell is gone, is deleted.
 func (c *deps) withdraw(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) error {
 	key := store.ActualKey(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), a.GetPresence())
 	stop := stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: a.GetPresence()}
@@ -60,9 +60,10 @@ func (c *deps) withdraw(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) er
 		t.Delete(key)
 		return nil
 	}
-	live := c.st.Cell(a.GetInstanceKey().GetCellId()) != nil
 	switch {
-	case !live || c.cfg.Cells == nil:
+	case c.st.Cell(a.GetInstanceKey().GetCellId()) == nil:
+		t.Delete(key) // its container went with its cell
+	case c.cfg.Cells == nil:
 		out.stops = append(out.stops, stop)
 	case draining(a):
 		out.drains = append(out.drains, drainRequest{stop: stop, rev: t.Revision(key), since: a.GetDrainingSince().AsTime()})
