@@ -1,0 +1,265 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/bbs"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// buildHello builds the sample app (examples/hello) for process-backed cells.
+func buildHello(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "hello")
+	cmd := exec.Command("go", "build", "-o", out, "../../examples/hello")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build hello: %v\n%s", err, b)
+	}
+	return out
+}
+
+// processCell is a process-backed cell with its own block of host ports.
+func processCell(t *testing.T, id string) devcluster.Cell {
+	cfg := rep.Default()
+	cfg.CellID, cfg.Zone = id, "z1"
+	cfg.Backend = rep.BackendProcess
+	cfg.WorkDir = t.TempDir()
+	cfg.PreloadedRootfses = map[string]string{"cflinuxfs4": t.TempDir()}
+	cfg.Capacity = rep.Capacity{MemoryMB: 4096, DiskMB: 4096, Containers: 10}
+	first, last := testkit.PortBlock(t, 20)
+	cfg.PortRange = fmt.Sprintf("%d-%d", first, last)
+	return devcluster.Cell{Config: cfg}
+}
+
+// routerLoad sends GETs for host through the router at about 50 per second (at most n)
+// until stopped, counting answers other than 200 and failed requests.
+type routerLoad struct {
+	ok, failed atomic.Int64
+	firstErr   atomic.Value
+	stop       chan struct{}
+	done       sync.WaitGroup
+}
+
+func startRouterLoad(router, host string, n int) *routerLoad {
+	l := &routerLoad{stop: make(chan struct{})}
+	client := &http.Client{Timeout: 5 * time.Second}
+	l.done.Add(1)
+	go func() {
+		defer l.done.Done()
+		defer client.CloseIdleConnections()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for range n {
+			select {
+			case <-l.stop:
+				return
+			case <-tick.C:
+			}
+			req, _ := http.NewRequest(http.MethodGet, "http://"+router+"/", nil)
+			req.Host = host
+			resp, err := client.Do(req)
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("%s: %s", resp.Status, body)
+				}
+			}
+			if err != nil {
+				l.failed.Add(1)
+				l.firstErr.CompareAndSwap(nil, err.Error())
+			} else {
+				l.ok.Add(1)
+			}
+		}
+	}()
+	return l
+}
+
+func (l *routerLoad) finish() (ok, failed int64, first string) {
+	close(l.stop)
+	l.done.Wait()
+	first, _ = l.firstErr.Load().(string)
+	return l.ok.Load(), l.failed.Load(), first
+}
+
+// get answers whether addr serves a GET / directly (not through the router).
+func get(addr string) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + addr + "/")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	return nil
+}
+
+// TestDrainFirstUnderRouterTraffic runs an LRP of 4 process-backed instances behind the real
+// route-emitter and router under a bounded request loop (50 requests/s) while it is scaled down
+// to 1 and then, scaled to 2, while the cell of one instance evacuates: no request fails, every
+// instance stopped was drained first (its record went unrouted with draining_since), and each
+// endpoint that left the router's table still answered directly at that moment (its instance
+// was stopped only afterwards).
+func TestDrainFirstUnderRouterTraffic(t *testing.T) {
+	hello := buildHello(t)
+	c := startClusterWith(t, devcluster.Config{
+		Cells:   []devcluster.Cell{processCell(t, "cell-a"), processCell(t, "cell-b")},
+		Routing: true, RouteEmitterAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0",
+		ConfigureBBS: func(cfg *bbs.Config) { cfg.DrainTimeout = bbs.Duration(5 * time.Second) },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const guid, host = "drain-web", "drain.it"
+
+	// Count the drains the BBS records.
+	var drains atomic.Int64
+	events, err := c.BBS.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{guid}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			resp, err := events.Recv()
+			if err != nil {
+				return
+			}
+			for _, e := range resp.GetEvents() {
+				ch := e.GetActualLrpChanged()
+				if ch != nil && ch.GetAfter().GetDrainingSince() != nil && ch.GetBefore().GetDrainingSince() == nil {
+					drains.Add(1)
+				}
+			}
+		}
+	}()
+
+	d := desiredLRP(guid, "preloaded:cflinuxfs4", 4, nil)
+	d.Action = &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: hello}}}
+	d.Routes = map[string][]byte{"cf-router": []byte(`[{"port":8080,"routes":["` + host + `"]}]`)}
+	d.CheckDefinition = &modelsv1.CheckDefinition{ReadinessChecks: []*modelsv1.Check{{Kind: &modelsv1.Check_Http{Http: &modelsv1.HTTPCheck{Port: 8080, IntervalMs: 100}}}}}
+	if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
+		t.Fatal(err)
+	}
+	routed := func(n int) {
+		t.Helper()
+		testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
+			eps := c.Router.Endpoints(host)
+			as := actualLRPs(t, c, guid)
+			return len(eps) == n && len(as) == n, fmt.Sprintf("router endpoints %v, records %d", eps, len(as))
+		}, fmt.Sprintf("%d instances routed, and no other record", n))
+	}
+	routed(4)
+
+	// Each endpoint that leaves the router's table must still answer directly then.
+	var probeMu sync.Mutex
+	var probeErrs []string
+	probes := 0
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		known := c.Router.Endpoints(host)
+		for {
+			changed := c.Router.TableChanged()
+			now := c.Router.Endpoints(host)
+			for _, ep := range known {
+				if !slices.Contains(now, ep) {
+					err := get(ep)
+					probeMu.Lock()
+					probes++
+					if err != nil {
+						probeErrs = append(probeErrs, fmt.Sprintf("%s: %v", ep, err))
+					}
+					probeMu.Unlock()
+				}
+			}
+			known = now
+			select {
+			case <-changed:
+			case <-watchCtx.Done():
+				return
+			}
+		}
+	}()
+
+	load := startRouterLoad(c.Router.HTTPAddr().String(), host, 3000)
+	scale := func(n int32) {
+		t.Helper()
+		if _, err := c.BBS.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: guid, Update: &modelsv1.DesiredLRPUpdate{Instances: &n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scale(1)
+	routed(1)
+	scale(2)
+	routed(2)
+
+	// Evacuate the cell of index 0.
+	var cell string
+	for _, a := range actualLRPs(t, c, guid) {
+		if a.GetKey().GetIndex() == 0 {
+			cell = a.GetInstanceKey().GetCellId()
+		}
+	}
+	var evacuated *rep.Service
+	for i, r := range c.Reps {
+		if fmt.Sprintf("cell-%c", 'a'+i) == cell {
+			evacuated = r
+		}
+	}
+	if evacuated == nil {
+		t.Fatalf("no rep for cell %q", cell)
+	}
+	if err := evacuated.Evacuate(ctx); err != nil {
+		t.Fatalf("evacuate %s: %v", cell, err)
+	}
+	testkit.EventuallyState(t, 60*time.Second, func() (bool, string) {
+		as := actualLRPs(t, c, guid)
+		off := 0
+		for _, a := range as {
+			if a.GetState() == modelsv1.ActualLRP_STATE_RUNNING && a.GetInstanceKey().GetCellId() != cell && a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY {
+				off++
+			}
+		}
+		return off == 2 && len(as) == 2 && len(c.Router.Endpoints(host)) == 2, fmt.Sprintf("%v", as)
+	}, "both instances running off the evacuated cell, and routed")
+
+	ok, failed, first := load.finish()
+	stopWatch()
+	<-watched
+	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; endpoints probed on leaving the table: %d", ok, failed, drains.Load(), probes)
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed through the router (first: %s)", failed, ok+failed, first)
+	}
+	if ok == 0 {
+		t.Error("no request succeeded")
+	}
+	if n := drains.Load(); n < 4 {
+		t.Errorf("%d drains recorded, want at least 4 (3 scaled down, 1 evacuated)", n)
+	}
+	probeMu.Lock()
+	defer probeMu.Unlock()
+	if len(probeErrs) > 0 {
+		t.Errorf("instances stopped before their endpoints left the router's table: %v", probeErrs)
+	}
+}
