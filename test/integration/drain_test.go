@@ -132,8 +132,12 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	defer cancel()
 	const guid, host = "drain-web", "drain.it"
 
-	// Count the drains the BBS records.
+	// Count the drains the BBS records, and time each from draining_since until its record is
+	// removed (the rep stopped the container): a figure, logged, not asserted.
 	var drains atomic.Int64
+	var drainMu sync.Mutex
+	drainStart := map[string]time.Time{}
+	var drainTimes []time.Duration
 	events, err := c.BBS.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{guid}}})
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +152,16 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 				ch := e.GetActualLrpChanged()
 				if ch != nil && ch.GetAfter().GetDrainingSince() != nil && ch.GetBefore().GetDrainingSince() == nil {
 					drains.Add(1)
+					drainMu.Lock()
+					drainStart[ch.GetAfter().GetInstanceKey().GetInstanceGuid()] = ch.GetAfter().GetDrainingSince().AsTime()
+					drainMu.Unlock()
+				}
+				if rm := e.GetActualLrpRemoved().GetActualLrp(); rm != nil {
+					drainMu.Lock()
+					if at, ok := drainStart[rm.GetInstanceKey().GetInstanceGuid()]; ok {
+						drainTimes = append(drainTimes, time.Since(at).Round(time.Millisecond))
+					}
+					drainMu.Unlock()
 				}
 			}
 		}
@@ -247,7 +261,10 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	ok, failed, first := load.finish()
 	stopWatch()
 	<-watched
-	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; endpoints probed on leaving the table: %d", ok, failed, drains.Load(), probes)
+	drainMu.Lock()
+	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; endpoints probed on leaving the table: %d; draining_since to record removed: %v",
+		ok, failed, drains.Load(), probes, drainTimes)
+	drainMu.Unlock()
 	if failed != 0 {
 		t.Errorf("%d of %d requests failed through the router (first: %s)", failed, ok+failed, first)
 	}
