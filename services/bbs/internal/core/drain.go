@@ -60,8 +60,12 @@ func (c *deps) withdraw(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) er
 		t.Delete(key)
 		return nil
 	}
+	cell, err := t.Cell(a.GetInstanceKey().GetCellId()) // read in t: compared on commit
+	if err != nil {
+		return err
+	}
 	switch {
-	case c.st.Cell(a.GetInstanceKey().GetCellId()) == nil:
+	case cell == nil:
 		t.Delete(key) // its container went with its cell
 	case c.cfg.Cells == nil:
 		out.stops = append(out.stops, stop)
