@@ -262,7 +262,8 @@ func (c *ActualLRPs) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, 
 
 // ConvergeRemoveEvacuatingLRP deletes the EVACUATING copy of an instance slot whose cell has
 // vanished (its container is gone with the cell; the slot was already handed to a replacement
-// when the evacuation started) or whose slot is no longer desired. It reports whether it did.
+// when the evacuation started) or whose slot is no longer desired, unless it is draining on a
+// present cell (its rep's evacuation finishes that). It reports whether it did.
 func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	return c.convergeStep(ctx, "converge remove evacuating", guid, index, func(t *store.Txn) (bool, error) {
 		evac, err := t.ActualLRP(guid, index, evacuating)
@@ -277,8 +278,8 @@ func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid strin
 		if err != nil {
 			return false, err
 		}
-		if cell != nil && sched != nil && index < sched.GetInstances() {
-			return false, nil
+		if cell != nil && (draining(evac) || (sched != nil && index < sched.GetInstances())) {
+			return false, nil // still desired, or draining under its rep (ConvergeFinishDrain)
 		}
 		deleteActual(t, evac)
 		return true, nil
