@@ -14,10 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
 )
@@ -99,35 +104,104 @@ func (l *routerLoad) finish() (ok, failed int64, first string) {
 	return l.ok.Load(), l.failed.Load(), first
 }
 
-// get answers whether addr serves a GET / directly (not through the router).
-func get(addr string) error {
-	client := &http.Client{Timeout: 2 * time.Second}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + addr + "/")
+// stopObserver is the BBS's way to the reps in TestDrainFirstUnderRouterTraffic: at every
+// StopLRPInstance it checks, before passing the call to the cell's rep, that the router's own
+// table no longer sends host's requests to the instance (the router of the cluster, read in
+// process: no watcher of ours in between). Evacuated instances are stopped by their rep when
+// the BBS answers keep_container false; the reps' interceptor checks those (evacuations).
+type stopObserver struct {
+	host string
+	c    *devcluster.Cluster // set once the cluster runs; stops come only after
+
+	checked    atomic.Int64
+	mu         sync.Mutex
+	violations []string
+}
+
+// check records a violation when the router's endpoints eps still hold the instance at net.
+func (o *stopObserver) check(what string, net *modelsv1.ActualLRPNetInfo, eps []string) {
+	if len(net.GetPorts()) == 0 {
+		return
+	}
+	addr := fmt.Sprintf("%s:%d", net.GetAddress(), net.GetPorts()[0].GetHostPort())
+	o.checked.Add(1)
+	if slices.Contains(eps, addr) {
+		o.mu.Lock()
+		o.violations = append(o.violations, fmt.Sprintf("%s at %s (router table %v)", what, addr, eps))
+		o.mu.Unlock()
+	}
+}
+
+// evacuations is a rep's interceptor of its BBS calls: when the BBS tells an evacuating rep
+// to give up a running instance (keep_container false), the router must no longer hold it.
+func (o *stopObserver) evacuations(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	r, ok := req.(*bbsv1.EvacuateRunningActualLRPRequest)
+	if ok && err == nil && o.c != nil && o.c.Router != nil && !reply.(*bbsv1.EvacuateRunningActualLRPResponse).GetKeepContainer() {
+		o.check(fmt.Sprintf("evacuation of %s/%d", r.GetProcessGuid(), r.GetIndex()), r.GetNetInfo(), o.c.Router.Endpoints(o.host))
+	}
+	return err
+}
+
+func (o *stopObserver) rep(cell *modelsv1.CellPresence) (repv1.RepServiceClient, func(), error) {
+	conn, err := grpcx.Dial(cell.GetRepAddress(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return repv1.NewRepServiceClient(conn), func() { conn.Close() }, nil
+}
+
+// StopLRPInstance implements bbs.CellClient.
+func (o *stopObserver) StopLRPInstance(ctx context.Context, cell *modelsv1.CellPresence, key *modelsv1.ActualLRPKey, ik *modelsv1.ActualLRPInstanceKey) error {
+	if o.c != nil && o.c.Router != nil {
+		resp, err := o.c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{key.GetProcessGuid()}}})
+		if err != nil {
+			return err
+		}
+		eps := o.c.Router.Endpoints(o.host)
+		for _, a := range resp.GetActualLrps() {
+			if a.GetInstanceKey().GetInstanceGuid() == ik.GetInstanceGuid() {
+				o.check(fmt.Sprintf("stop of %s/%d", key.GetProcessGuid(), key.GetIndex()), a.GetNetInfo(), eps)
+			}
+		}
+	}
+	client, done, err := o.rep(cell)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s", resp.Status)
+	defer done()
+	_, err = client.StopLRPInstance(ctx, &repv1.StopLRPInstanceRequest{Key: key, InstanceKey: ik})
+	return err
+}
+
+// CancelTask implements bbs.CellClient.
+func (o *stopObserver) CancelTask(ctx context.Context, cell *modelsv1.CellPresence, taskGuid string) error {
+	client, done, err := o.rep(cell)
+	if err != nil {
+		return err
 	}
-	return nil
+	defer done()
+	_, err = client.CancelTask(ctx, &repv1.CancelTaskRequest{TaskGuid: taskGuid})
+	return err
 }
 
 // TestDrainFirstUnderRouterTraffic runs an LRP of 4 process-backed instances behind the real
 // route-emitter and router under a bounded request loop (50 requests/s) while it is scaled down
 // to 1 and then, scaled to 2, while the cell of one instance evacuates: no request fails, every
-// instance stopped was drained first (its record went unrouted with draining_since), and each
-// endpoint that left the router's table still answered directly at that moment (its instance
-// was stopped only afterwards).
+// instance stopped was drained first (its record went unrouted with draining_since), and when
+// the BBS asks a rep to stop an instance (or an evacuating rep to give one up) the router's
+// table no longer holds its endpoint.
 func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	hello := buildHello(t)
+	stops := &stopObserver{host: "drain.it"}
 	c := startClusterWith(t, devcluster.Config{
 		Cells:   []devcluster.Cell{processCell(t, "cell-a"), processCell(t, "cell-b")},
 		Routing: true, RouteEmitterAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0",
-		ConfigureBBS: func(cfg *bbs.Config) { cfg.DrainTimeout = bbs.Duration(5 * time.Second) },
+		ConfigureBBS:      func(cfg *bbs.Config) { cfg.DrainTimeout = bbs.Duration(5 * time.Second) },
+		BBSOptions:        []bbs.Option{bbs.WithCellClient(stops)},
+		RepBBSInterceptor: stops.evacuations,
 	})
+	stops.c = c
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const guid, host = "drain-web", "drain.it"
@@ -184,38 +258,6 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	}
 	routed(4)
 
-	// Each endpoint that leaves the router's table must still answer directly then.
-	var probeMu sync.Mutex
-	var probeErrs []string
-	probes := 0
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		known := c.Router.Endpoints(host)
-		for {
-			changed := c.Router.TableChanged()
-			now := c.Router.Endpoints(host)
-			for _, ep := range known {
-				if !slices.Contains(now, ep) {
-					err := get(ep)
-					probeMu.Lock()
-					probes++
-					if err != nil {
-						probeErrs = append(probeErrs, fmt.Sprintf("%s: %v", ep, err))
-					}
-					probeMu.Unlock()
-				}
-			}
-			known = now
-			select {
-			case <-changed:
-			case <-watchCtx.Done():
-				return
-			}
-		}
-	}()
-
 	load := startRouterLoad(c.Router.HTTPAddr().String(), host, 3000)
 	scale := func(n int32) {
 		t.Helper()
@@ -259,11 +301,9 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	}, "both instances running off the evacuated cell, and routed")
 
 	ok, failed, first := load.finish()
-	stopWatch()
-	<-watched
 	drainMu.Lock()
-	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; endpoints probed on leaving the table: %d; draining_since to record removed: %v",
-		ok, failed, drains.Load(), probes, drainTimes)
+	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; stops checked against the router's table: %d; draining_since to record removed: %v",
+		ok, failed, drains.Load(), stops.checked.Load(), drainTimes)
 	drainMu.Unlock()
 	if failed != 0 {
 		t.Errorf("%d of %d requests failed through the router (first: %s)", failed, ok+failed, first)
@@ -274,9 +314,12 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	if n := drains.Load(); n < 4 {
 		t.Errorf("%d drains recorded, want at least 4 (3 scaled down, 1 evacuated)", n)
 	}
-	probeMu.Lock()
-	defer probeMu.Unlock()
-	if len(probeErrs) > 0 {
-		t.Errorf("instances stopped before their endpoints left the router's table: %v", probeErrs)
+	if n := stops.checked.Load(); n < 4 {
+		t.Errorf("%d stops of routed instances checked, want at least 4 (3 scaled down, 1 evacuated)", n)
+	}
+	stops.mu.Lock()
+	defer stops.mu.Unlock()
+	if len(stops.violations) > 0 {
+		t.Errorf("the BBS asked reps to stop instances still in the router's table: %v", stops.violations)
 	}
 }
