@@ -395,6 +395,9 @@ func actualState(a *modelsv1.ActualLRP) cell {
 	if pr := a.GetPresence(); pr == modelsv1.ActualLRP_PRESENCE_EVACUATING || pr == modelsv1.ActualLRP_PRESENCE_SUSPECT {
 		s += "/" + trimEnum(pr.String(), "PRESENCE_")
 	}
+	if a.GetDrainingSince() != nil {
+		return cell{s + "/DRAINING", yellow} // unrouted, stopped once drained
+	}
 	switch a.GetState() {
 	case modelsv1.ActualLRP_STATE_RUNNING:
 		return cell{s, green}

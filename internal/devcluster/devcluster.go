@@ -78,7 +78,10 @@ type Config struct {
 	// plaintext on loopback either way.
 	TLS bool
 	// ConfigureBBS and ConfigureAuctioneer, when set, adjust those configurations last.
-	ConfigureBBS        func(*bbs.Config)
+	ConfigureBBS func(*bbs.Config)
+	// BBSOptions are further options of the BBS service (e.g. bbs.WithCellClient, to observe
+	// the stops it asks of reps).
+	BBSOptions          []bbs.Option
 	ConfigureAuctioneer func(*auctioneer.Config)
 	// ConfigureRouteEmitter, when set, adjusts the route-emitter's configuration last (with
 	// Routing).
@@ -296,7 +299,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 				return err
 			}
 			defer cli.Close()
-			svc, err := bbs.New(cfg, log.Named("bbs"), cli, bbs.WithListener(bbsListener))
+			svc, err := bbs.New(cfg, log.Named("bbs"), cli, append([]bbs.Option{bbs.WithListener(bbsListener)}, c.cfg.BBSOptions...)...)
 			if err != nil {
 				return err
 			}

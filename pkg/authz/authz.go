@@ -39,7 +39,7 @@ const (
 	Rep = "rep"
 	// Auctioneer may read and report placement failures; at a rep it may ask State and Perform.
 	Auctioneer = "auctioneer"
-	// RouteEmitter may read and subscribe to events.
+	// RouteEmitter may read, subscribe to events and report the revision it has published.
 	RouteEmitter = "route-emitter"
 	// Router may read the route-emitter's table.
 	Router = "router"

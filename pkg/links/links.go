@@ -515,10 +515,11 @@ func chooseNetwork(p *provider, want string) (string, *linkError) {
 }
 
 // running returns one RUNNING record per index, ordered by index, preferring the ordinary copy.
+// A draining record (withdrawn from routing before its stop) no longer serves and is left out.
 func running(as []*modelsv1.ActualLRP) []*modelsv1.ActualLRP {
 	byIndex := map[int32]*modelsv1.ActualLRP{}
 	for _, a := range as {
-		if a.GetState() != modelsv1.ActualLRP_STATE_RUNNING {
+		if a.GetState() != modelsv1.ActualLRP_STATE_RUNNING || a.GetDrainingSince() != nil {
 			continue
 		}
 		i := a.GetKey().GetIndex()

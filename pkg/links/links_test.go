@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
@@ -37,6 +38,13 @@ func lrp(guid, domain string, ports []uint32, provides []*modelsv1.LinkProvide, 
 
 // running instance idx of guid on cell, zone z, cell address addr, mapping container port cp to
 // host port hp.
+// draining marks a as withdrawn from routing before a stop (draining_since set).
+func draining(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
+	a.DrainingSince = timestamppb.Now()
+	a.Routable = false
+	return a
+}
+
 func inst(guid string, idx int32, cell, z, addr string, cp, hp uint32) *modelsv1.ActualLRP {
 	return &modelsv1.ActualLRP{
 		Key:         &modelsv1.ActualLRPKey{ProcessGuid: guid, Index: idx, Domain: "cf"},
@@ -345,7 +353,7 @@ func TestResolve(t *testing.T) {
 			want:     map[string]*modelsv1.ResolvedLink{"db": rlink(nil, "user", "u")},
 		},
 		{
-			name: "only RUNNING instances are nodes; a crashed or starting one is left out",
+			name: "only RUNNING instances are nodes; a crashed, starting or draining one is left out",
 			lrps: []LRP{
 				lrp("mysql", "cf", []uint32{3306}, []*modelsv1.LinkProvide{provide("db", "db", port(3306))}),
 				lrp("web", "cf", nil, nil, &modelsv1.LinkConsume{Name: "db", Type: "db"}),
@@ -354,6 +362,7 @@ func TestResolve(t *testing.T) {
 				inst("mysql", 0, "cell-1", "z1", "10.0.0.1", 3306, 61000),
 				state(inst("mysql", 1, "cell-1", "z1", "10.0.0.1", 3306, 61001), modelsv1.ActualLRP_STATE_CRASHED),
 				state(inst("mysql", 2, "cell-1", "z1", "10.0.0.1", 3306, 61002), modelsv1.ActualLRP_STATE_CLAIMED),
+				draining(inst("mysql", 3, "cell-1", "z1", "10.0.0.1", 3306, 61003)),
 			}},
 			consumer: "web",
 			want:     map[string]*modelsv1.ResolvedLink{"db": rlink([]*modelsv1.LinkNode{lnode("db", "mysql-a", 0, "z1", "10.0.0.1:61000")})},

@@ -75,6 +75,11 @@ type Config struct {
 	// UnclaimedTimeout is how long an instance may stay UNCLAIMED before convergence auctions
 	// it again; PENDING tasks and completed tasks' callbacks are retried after the same time.
 	UnclaimedTimeout Duration `json:"unclaimed_timeout"`
+	// DrainTimeout bounds drain-first stops: a RUNNING, routed instance the BBS stops (scale
+	// down, removal, retirement, the end of an evacuation) is first withdrawn from routing, and
+	// its cell is asked to stop it once every route-emitter has reported publishing that, or
+	// after this long, whichever comes first. Zero stops instances without draining them.
+	DrainTimeout Duration `json:"drain_timeout"`
 	// ClaimedTimeout is how long an instance may stay CLAIMED on a cell that is present before
 	// convergence unclaims it and auctions it again (its rep never reported it running).
 	ClaimedTimeout Duration `json:"claimed_timeout"`
@@ -140,6 +145,7 @@ func Default() Config {
 		WriteTimeout:           Duration(store.DefaultWriteTimeout),
 
 		ConvergenceInterval:  Duration(converge.DefaultInterval),
+		DrainTimeout:         Duration(core.DefaultDrainTimeout),
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
 		ClaimedTimeout:       Duration(converge.DefaultClaimedTimeout),
 		PendingTaskTimeout:   Duration(converge.DefaultPendingTaskTimeout),
@@ -159,6 +165,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	serviceconfig.ElectionFlags(fs, &c.Election)
 	fs.StringVar(&c.AuctioneerAddress, "auctioneer-address", c.AuctioneerAddress, "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
 	fs.Var(&c.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
+	fs.Var(&c.DrainTimeout, "drain-timeout", "how long an instance being stopped waits, unrouted, for the route-emitters to publish that before its cell stops it (0: no drain)")
 	fs.Var(&c.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
 	fs.Var(&c.ClaimedTimeout, "claimed-timeout", "unclaim and re-auction instances CLAIMED this long on a present cell without being reported running")
 	fs.Var(&c.EtcdUnreachableTimeout, "etcd-unreachable-timeout", "answer a write Unavailable (never made) when etcd cannot be reached for this long")
@@ -185,6 +192,9 @@ func (c Config) Validate() error {
 	}
 	if c.EventRing <= 0 {
 		errs = append(errs, errors.New("event_ring must be positive"))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, errors.New("drain_timeout must not be negative"))
 	}
 	if c.CallbackWorkers <= 0 {
 		errs = append(errs, errors.New("callback_workers must be positive"))
@@ -231,6 +241,7 @@ type Service struct {
 	core       *core.Core
 	callbacks  *callback.Worker
 	background *core.Background // runs the work requests promise but do not wait for
+	drainer    *core.Drainer    // stops the instances this BBS drains once they are drained
 	server     *grpcx.Server
 
 	reps       *reppool.Pool
@@ -329,6 +340,11 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Now:               o.now,
 		Auctions:          convergeMetrics,
 		Background:        core.NewBackground(0, 0, logger.Named("background")),
+		DrainTimeout:      time.Duration(cfg.DrainTimeout),
+		Drainer:           core.NewDrainer(logger.Named("drainer")),
+	}
+	if cfg.DrainTimeout == 0 {
+		coreCfg.DrainTimeout = -1 // stop at once
 	}
 	if o.cells != nil {
 		coreCfg.Cells = o.cells
@@ -371,12 +387,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		ClaimedTimeout:       time.Duration(cfg.ClaimedTimeout),
 		PendingTaskTimeout:   time.Duration(cfg.PendingTaskTimeout),
 		CompletedTaskTimeout: time.Duration(cfg.CompletedTaskTimeout),
+		DrainTimeout:         time.Duration(cfg.DrainTimeout),
 		Logger:               logger.Named("converge"),
 		Metrics:              convergeMetrics,
 	})
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
-		converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd, keyring: keyring}
+		drainer: coreCfg.Drainer, converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd, keyring: keyring}
 	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
 	registerCommitMetrics(registry, st)
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_records_to_reencrypt",
@@ -453,6 +470,8 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		{Name: "callbacks", Runner: lifecycle.RunFunc(s.callbacks.Run)},
 		// Stops after the API and convergence, which queue its work.
 		{Name: "background", Runner: lifecycle.RunFunc(s.background.Run)},
+		// Waits for drains the API and convergence start; queues stops on background.
+		{Name: "drainer", Runner: lifecycle.RunFunc(s.drainer.Run)},
 	}
 	if s.auctioneer != nil {
 		defer s.auctioneer.Close()

@@ -94,6 +94,7 @@ type Service struct {
 	log           hclog.Logger
 	hub           *api.Hub
 	syncer        *syncer.Syncer
+	reporter      *reporter
 	server        *grpcx.Server
 	metricsServer *metrics.Server // nil without metrics_address
 }
@@ -150,7 +151,8 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Op
 	}
 	routeemitterv1.RegisterRouteEmitterServiceServer(server.GRPC, api.New(hub))
 	logger.Info("route-emitter table", "table_id", hub.TableID())
-	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}
+	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server,
+		reporter: &reporter{bbs: bbs, src: sy, id: hub.TableID(), log: logger.Named("report")}}
 	svc.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
 	return svc, nil
 }
@@ -163,6 +165,10 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		lifecycle.Member{Name: "syncer", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			r()
 			return s.syncer.Run(ctx)
+		})},
+		lifecycle.Member{Name: "reporter", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
+			r()
+			return s.reporter.run(ctx)
 		})},
 		lifecycle.Member{Name: "grpc", Runner: lifecycle.RunFunc(func(ctx context.Context, r func()) error {
 			// End the watch streams first so the graceful stop does not wait for them.

@@ -37,6 +37,7 @@ type Server struct {
 	tasks         *core.Tasks
 	domains       *core.Domains
 	cells         *core.Cells
+	routing       *core.Routing
 	cache         Cache
 	bookmarkEvery time.Duration
 	logs          LogSource
@@ -53,6 +54,7 @@ func New(c *core.Core, cache Cache, bookmarkEvery time.Duration, opts ...Option)
 		tasks:         c.Tasks,
 		domains:       c.Domains,
 		cells:         c.Cells,
+		routing:       c.Routing,
 		cache:         cache,
 		bookmarkEvery: bookmarkEvery,
 	}
@@ -196,6 +198,11 @@ func (s *Server) RemoveActualLRP(ctx context.Context, r *bbsv1.RemoveActualLRPRe
 // RetireActualLRP implements bbsv1.BBSServiceServer.
 func (s *Server) RetireActualLRP(ctx context.Context, r *bbsv1.RetireActualLRPRequest) (*bbsv1.RetireActualLRPResponse, error) {
 	return &bbsv1.RetireActualLRPResponse{}, s.actual.RetireActualLRP(ctx, r.GetProcessGuid(), r.GetIndex())
+}
+
+// ReportRoutesPublished implements bbsv1.BBSServiceServer.
+func (s *Server) ReportRoutesPublished(ctx context.Context, r *bbsv1.ReportRoutesPublishedRequest) (*bbsv1.ReportRoutesPublishedResponse, error) {
+	return &bbsv1.ReportRoutesPublishedResponse{}, s.routing.ReportRoutesPublished(ctx, r.GetEmitterId(), r.GetRevision())
 }
 
 // EvacuateClaimedActualLRP implements bbsv1.BBSServiceServer.

@@ -34,17 +34,19 @@ type Lookup struct {
 }
 
 // Policy is the BBS's least-privilege rule (docs/architecture.md §11): every role reads; a rep changes only
-// instances and tasks on its own cell; the auctioneer reports placement failures; nsync
+// instances and tasks on its own cell; the auctioneer reports placement failures; a
+// route-emitter reports the revision it has published; nsync
 // desires, updates and removes work only in the domains of cfg; admin does anything.
 func Policy(cfg authz.Config, lookup Lookup) authz.Policy {
 	return authz.Methods{
 		Service: bbsv1.BBSService_ServiceDesc.ServiceName,
 		Reads:   Reads,
 		Grants: map[string][]string{
-			authz.Rep:        repCalls,
-			authz.Auctioneer: {"FailActualLRP", "RejectTask"},
-			authz.Nsync:      nsyncCalls,
-			authz.ReadOnly:   {"StreamLogs"},
+			authz.Rep:          repCalls,
+			authz.Auctioneer:   {"FailActualLRP", "RejectTask"},
+			authz.RouteEmitter: {"ReportRoutesPublished"},
+			authz.Nsync:        nsyncCalls,
+			authz.ReadOnly:     {"StreamLogs"},
 		},
 		Check: func(role authz.Role, method string, req any) error {
 			switch role.Kind {

@@ -37,6 +37,9 @@ type Applied struct {
 	// EvacuatingRemoved counts EVACUATING copies removed because their cell vanished or their
 	// slot is no longer desired.
 	EvacuatingRemoved int
+	// DrainsFinished counts draining instances stopped (or removed, their cell gone) after
+	// their drain timeout.
+	DrainsFinished int
 
 	// TasksReauctioned counts PENDING tasks sent to the auctioneer again.
 	TasksReauctioned int
@@ -122,6 +125,8 @@ func (a *Applied) counter(ch plan.Change) *int {
 		return &a.SuspectsRemoved
 	case plan.RemoveEvacuating:
 		return &a.EvacuatingRemoved
+	case plan.FinishDrain:
+		return &a.DrainsFinished
 	case plan.ExpirePendingTask, plan.FailTaskOnVanishedCell:
 		return &a.TasksFailed
 	case plan.RetryTaskCallback:
@@ -159,6 +164,8 @@ func applyChange(ctx context.Context, c *core.Core, ch plan.Change) (int, error)
 		return one(c.ActualLRPs.ConvergeRemoveSuspectLRP(ctx, ch.ProcessGuid, ch.Index))
 	case plan.RemoveEvacuating:
 		return one(c.ActualLRPs.ConvergeRemoveEvacuatingLRP(ctx, ch.ProcessGuid, ch.Index))
+	case plan.FinishDrain:
+		return one(c.ActualLRPs.ConvergeFinishDrain(ctx, ch.ProcessGuid, ch.Index, ch.Presence, ch.Instance))
 	case plan.ExpirePendingTask:
 		return one(c.Tasks.ConvergeExpirePendingTask(ctx, ch.TaskGuid, ch.Deadline))
 	case plan.FailTaskOnVanishedCell:

@@ -48,6 +48,9 @@ type Config struct {
 	// ClaimedTimeout unclaims and auctions again an instance CLAIMED this long on a cell that is
 	// present, whose rep never reported it running (default 5 min).
 	ClaimedTimeout time.Duration
+	// DrainTimeout is the drain timeout after which a draining instance is stopped by
+	// convergence (default core.DefaultDrainTimeout); keep it equal to the core's.
+	DrainTimeout time.Duration
 	// Now is the clock (default: the core's).
 	Now func() time.Time
 	// Logger receives convergence logs.
@@ -104,6 +107,9 @@ func New(c *core.Core, cache Cache, cfg Config) *Converger {
 	if cfg.ClaimedTimeout <= 0 {
 		cfg.ClaimedTimeout = DefaultClaimedTimeout
 	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = core.DefaultDrainTimeout
+	}
 	if cfg.Now == nil {
 		cfg.Now = c.Now
 	}
@@ -159,6 +165,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		PendingTask:   c.cfg.PendingTaskTimeout,
 		CompletedTask: c.cfg.CompletedTaskTimeout,
 		Claimed:       c.cfg.ClaimedTimeout,
+		Drain:         c.cfg.DrainTimeout,
 	})
 	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}

@@ -135,6 +135,9 @@ func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int3
 			if !sameInstance(a.GetInstanceKey(), ik) {
 				return nil, rpcerr.FailedPrecondition("%s is running as %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
 			}
+			if draining(a) {
+				routable = false // withdrawn from routing until it is stopped, whatever its readiness
+			}
 			if proto.Equal(a.GetNetInfo(), net) && a.GetRoutable() == routable {
 				return a, nil
 			}
@@ -178,6 +181,7 @@ func (c *ActualLRPs) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.Act
 	next.InstanceKey = nil
 	next.NetInfo = nil
 	next.Routable = false
+	next.DrainingSince = nil
 	return next
 }
 
@@ -261,38 +265,35 @@ func (c *deps) removeRecord(ctx context.Context, guid string, index int32, p mod
 	return nil
 }
 
-// retire stages the retirement of an ordinary record: deleted when it holds no container (or
-// its cell is gone), else its container is stopped by the cell's rep once t commits.
-func (c *ActualLRPs) retire(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) error {
+// retire stages the retirement of an ordinary record: deleted when it holds no container, else
+// its container is drained (when routed) and stopped by the cell's rep once t commits, or its
+// record removed when its cell is gone (withdraw).
+func (c *ActualLRPs) retire(t *store.Txn, a *modelsv1.ActualLRP, out *retirement) error {
 	guid, index := a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()
-	if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil {
-		if c.cfg.Cells == nil {
-			return rpcerr.FailedPrecondition("%s runs on live cell %s and this BBS has no rep client to stop it", describe(guid, index), a.GetInstanceKey().GetCellId())
-		}
-		*stops = append(*stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: ordinary})
-		return nil
+	if (a.GetState() == claimed || a.GetState() == running) && c.st.Cell(a.GetInstanceKey().GetCellId()) != nil && c.cfg.Cells == nil {
+		return rpcerr.FailedPrecondition("%s runs on live cell %s and this BBS has no rep client to stop it", describe(guid, index), a.GetInstanceKey().GetCellId())
 	}
-	deleteActual(t, a)
-	return nil
+	return c.withdraw(t, a, out)
 }
 
-// RetireActualLRP stops an instance: a record without a container (or on a vanished cell) is
-// deleted; a container on a live cell is stopped by its rep, which then removes the record.
+// RetireActualLRP stops an instance: a record without a container is deleted; a container on
+// a live cell is withdrawn from routing, drained and then stopped by its rep, which removes the
+// record; one on a vanished cell has its record removed.
 func (c *ActualLRPs) RetireActualLRP(ctx context.Context, guid string, index int32) error {
-	stops, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]stopRequest, error) {
+	retired, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retirement, error) {
 		a, err := ordinaryLRP(t, guid, index)
 		if err != nil {
-			return nil, err
+			return retirement{}, err
 		}
-		var stops []stopRequest
-		if err := c.retire(t, a, &stops); err != nil {
-			return nil, err
+		var out retirement
+		if err := c.retire(t, a, &out); err != nil {
+			return retirement{}, err
 		}
-		return stops, nil
+		return out, nil
 	})
 	if err != nil {
 		return fmt.Errorf("retire %s: %w", describe(guid, index), err)
 	}
-	c.stopInstances(stops)
+	c.retireAll(rev, retired)
 	return nil
 }

@@ -52,10 +52,10 @@ func (c *DesiredLRPs) ConvergeMissingLRP(ctx context.Context, guid string) ([]in
 // It reports whether the instance was retired (or its stop requested).
 func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	type retired struct {
-		done  bool
-		stops []stopRequest
+		done bool
+		r    retirement
 	}
-	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retired, error) {
+	out, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retired, error) {
 		a, err := t.ActualLRP(guid, index, ordinary)
 		if err != nil || a == nil {
 			return retired{}, err
@@ -72,7 +72,7 @@ func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index in
 			return retired{}, err // a stale domain keeps its instances
 		}
 		out := retired{done: true}
-		if err := c.retire(t, a, &out.stops); err != nil {
+		if err := c.retire(t, a, &out.r); err != nil {
 			return retired{}, err
 		}
 		return out, nil
@@ -80,8 +80,31 @@ func (c *ActualLRPs) ConvergeExtraLRP(ctx context.Context, guid string, index in
 	if err != nil {
 		return false, fmt.Errorf("converge extra %s: %w", describe(guid, index), err)
 	}
-	c.stopInstances(out.stops)
+	c.retireAll(rev, out.r)
 	return out.done, nil
+}
+
+// ConvergeFinishDrain finishes the drain of the record guid/index/presence held by ik, which
+// began at least the drain timeout ago (a drain whose BBS died or changed leadership before
+// stopping it): the cell is asked to stop the container, or, when the cell is gone, the record
+// is removed. A record no longer draining in that container is left alone. Asking a cell again
+// to stop a container that is already stopping is harmless. It reports whether it acted.
+func (c *ActualLRPs) ConvergeFinishDrain(ctx context.Context, guid string, index int32, p modelsv1.ActualLRP_Presence, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
+	a, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
+		a, err := t.ActualLRP(guid, index, p)
+		if err != nil || a == nil || !draining(a) || !sameInstance(a.GetInstanceKey(), ik) {
+			return nil, err
+		}
+		return a, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("converge finish drain %s: %w", describe(guid, index), err)
+	}
+	if a == nil {
+		return false, nil
+	}
+	c.stopInstances([]stopRequest{{key: a.GetKey(), instance: a.GetInstanceKey(), presence: p}})
+	return true, nil
 }
 
 // ConvergeCrashedLRP restarts a CRASHED instance whose restart delay has passed (and that has
@@ -239,7 +262,8 @@ func (c *ActualLRPs) ConvergeRemoveSuspectLRP(ctx context.Context, guid string, 
 
 // ConvergeRemoveEvacuatingLRP deletes the EVACUATING copy of an instance slot whose cell has
 // vanished (its container is gone with the cell; the slot was already handed to a replacement
-// when the evacuation started) or whose slot is no longer desired. It reports whether it did.
+// when the evacuation started) or whose slot is no longer desired, unless it is draining on a
+// present cell (its rep's evacuation finishes that). It reports whether it did.
 func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid string, index int32) (bool, error) {
 	return c.convergeStep(ctx, "converge remove evacuating", guid, index, func(t *store.Txn) (bool, error) {
 		evac, err := t.ActualLRP(guid, index, evacuating)
@@ -254,8 +278,8 @@ func (c *ActualLRPs) ConvergeRemoveEvacuatingLRP(ctx context.Context, guid strin
 		if err != nil {
 			return false, err
 		}
-		if cell != nil && sched != nil && index < sched.GetInstances() {
-			return false, nil
+		if cell != nil && (draining(evac) || (sched != nil && index < sched.GetInstances())) {
+			return false, nil // still desired, or draining under its rep (ConvergeFinishDrain)
 		}
 		deleteActual(t, evac)
 		return true, nil

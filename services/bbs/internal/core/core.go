@@ -79,6 +79,15 @@ type Config struct {
 	// Background runs the work requests are promised but do not wait for (auctions, stops);
 	// the service runs it in its run group. Nil runs that work inline, bounded by its timeout.
 	Background *Background
+	// DrainTimeout bounds how long a RUNNING, routed instance that is to be stopped waits,
+	// unrouted, for the route-emitters to publish its removal before its cell is asked to
+	// stop it (drain.go); zero takes DefaultDrainTimeout, a negative value stops instances
+	// without draining them.
+	DrainTimeout time.Duration
+	// Drainer waits for the drains this BBS starts and then stops the instances; the service
+	// runs it in its run group. Nil leaves every drain to convergence, which stops an instance
+	// once its drain timeout has passed.
+	Drainer *Drainer
 }
 
 // deps is what every entity of the core shares: the store it writes through, its configuration
@@ -103,6 +112,8 @@ type Core struct {
 	Domains *Domains
 	// Cells answers questions about registered cells.
 	Cells *Cells
+	// Routing records what the route-emitters have published.
+	Routing *Routing
 
 	d *deps
 }
@@ -118,6 +129,9 @@ func New(st *store.Store, cfg Config) *Core {
 	if cfg.MaxTaskRejections <= 0 {
 		cfg.MaxTaskRejections = 3
 	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
 	if cfg.Limits == (models.Limits{}) {
 		cfg.Limits = models.DefaultLimits()
 	}
@@ -128,6 +142,7 @@ func New(st *store.Store, cfg Config) *Core {
 		Tasks:       &Tasks{d},
 		Domains:     &Domains{d},
 		Cells:       &Cells{d},
+		Routing:     &Routing{d},
 		d:           d,
 	}
 }

@@ -108,23 +108,13 @@ type stopRequest struct {
 	presence modelsv1.ActualLRP_Presence
 }
 
-// retireOrStop deletes a record that holds no container, or schedules its container's stop.
-func retireOrStop(t *store.Txn, a *modelsv1.ActualLRP, stops *[]stopRequest) {
-	switch a.GetState() {
-	case modelsv1.ActualLRP_STATE_CLAIMED, modelsv1.ActualLRP_STATE_RUNNING:
-		*stops = append(*stops, stopRequest{key: a.GetKey(), instance: a.GetInstanceKey(), presence: a.GetPresence()})
-	default:
-		t.Delete(store.ActualKey(a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), a.GetPresence()))
-	}
-}
-
 // desiredUpdate is what an attempt at UpdateDesiredLRP decided: the records written, the
-// instances created and the stops to request once it commits.
+// instances created and the instances to drain or stop once it commits.
 type desiredUpdate struct {
 	sched   *modelsv1.DesiredLRPSchedulingInfo
 	run     *modelsv1.DesiredLRPRunInfo
 	created []int32
-	stops   []stopRequest
+	retired retirement
 }
 
 // UpdateDesiredLRP applies an update, creating or retiring instances when the count changes.
@@ -196,12 +186,23 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		out := desiredUpdate{sched: next, run: run}
 		if next.GetInstances() > sched.GetInstances() {
+			// An instance still draining from an earlier scale-down is desired again: route it
+			// again rather than stop it and start another.
+			for _, a := range actuals {
+				if a.GetPresence() == ordinary && draining(a) && a.GetKey().GetIndex() < next.GetInstances() {
+					if err := putActual(t, undrained(a)); err != nil {
+						return none, err
+					}
+				}
+			}
 			out.created, err = c.createMissing(t, next, actuals)
 			return out, err
 		}
 		for _, a := range actuals {
 			if a.GetKey().GetIndex() >= next.GetInstances() {
-				retireOrStop(t, a, &out.stops)
+				if err := c.withdraw(t, a, &out.retired); err != nil {
+					return none, err
+				}
 			}
 		}
 		return out, nil
@@ -210,47 +211,50 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		return nil, 0, fmt.Errorf("update desired lrp %s: %w", guid, err)
 	}
 	c.auctionLRPs(ctx, []LRPStart{{SchedulingInfo: out.sched, Indices: out.created}})
-	c.stopInstances(out.stops)
+	c.retireAll(rev, out.retired)
 	return models.JoinDesiredLRP(out.sched, out.run), rev, nil
 }
 
 // RemoveDesiredLRP deletes a desired LRP with every instance that holds no container, and asks
-// the cells of the others to stop them (their reps then remove the records). A provider other
-// LRPs consume is removed only when forced.
+// the cells of the others to stop them (their reps then remove the records), draining the
+// routed ones first (drain.go). A provider other LRPs consume is removed only when forced.
 func (c *DesiredLRPs) RemoveDesiredLRP(ctx context.Context, guid string, force bool) (int64, error) {
 	if err := c.checkNotConsumed(guid, force); err != nil {
 		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)
 	}
-	stops, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]stopRequest, error) {
+	retired, rev, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (retirement, error) {
+		var none retirement
 		sched, err := t.SchedulingInfo(guid)
 		if err != nil {
-			return nil, err
+			return none, err
 		}
 		if sched == nil {
-			return nil, rpcerr.NotFound("desired lrp %q not found", guid)
+			return none, rpcerr.NotFound("desired lrp %q not found", guid)
 		}
 		if _, err := t.RunInfo(guid); err != nil {
-			return nil, err
+			return none, err
 		}
 		actuals, err := t.ActualLRPs(guid)
 		if err != nil {
-			return nil, err
+			return none, err
 		}
 		if err := movePorts(t, guid, routerPorts(sched.GetRoutes()), nil); err != nil {
-			return nil, err
+			return none, err
 		}
 		t.Delete(store.DesiredSchedKey(guid))
 		t.Delete(store.DesiredRunKey(guid))
-		var stops []stopRequest
+		var out retirement
 		for _, a := range actuals {
-			retireOrStop(t, a, &stops)
+			if err := c.withdraw(t, a, &out); err != nil {
+				return none, err
+			}
 		}
-		return stops, nil
+		return out, nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("remove desired lrp %s: %w", guid, err)
 	}
-	c.stopInstances(stops)
+	c.retireAll(rev, retired)
 	return rev, nil
 }
 

@@ -26,6 +26,7 @@ func (c *ActualLRPs) unclaim(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 	next.InstanceKey = nil
 	next.NetInfo = nil
 	next.Routable = false
+	next.DrainingSince = nil
 	return next
 }
 
@@ -50,7 +51,8 @@ func (c *ActualLRPs) EvacuateClaimedActualLRP(ctx context.Context, guid string, 
 
 // EvacuateRunningActualLRP keeps a RUNNING instance of a draining cell routable as an
 // EVACUATING copy while its slot is placed again; once the replacement runs (or the slot is
-// gone) the copy is removed and the cell told to drop the container.
+// gone) the copy is withdrawn from routing and drained (drain.go), and then removed and the
+// cell told to drop the container. The rep asks again at every poll until then.
 func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, net *modelsv1.ActualLRPNetInfo) (bool, error) {
 	return c.evacuateStep(ctx, "evacuate running", guid, index, func(t *store.Txn) (bool, *modelsv1.ActualLRP, error) {
 		ord, evac, err := slotRecords(t, guid, index)
@@ -62,7 +64,12 @@ func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, 
 				return false, nil, rpcerr.FailedPrecondition("%s is already evacuating as %s", describe(guid, index), describeInstance(evac.GetInstanceKey()))
 			}
 			if ord == nil || (ord.GetState() == running && !sameInstance(ord.GetInstanceKey(), ik)) {
-				deleteActual(t, evac) // replaced, or no longer desired
+				// Replaced, or no longer desired: unrouted, drained, then given up.
+				done, err := c.evacuationDrained(t, evac)
+				if err != nil || !done {
+					return true, nil, err
+				}
+				deleteActual(t, evac)
 				return false, nil, nil
 			}
 			if !proto.Equal(evac.GetNetInfo(), net) {
@@ -96,6 +103,20 @@ func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, 
 		}
 		return true, nil, nil
 	})
+}
+
+// evacuationDrained reports whether the EVACUATING copy evac, whose replacement runs or whose
+// slot is gone, has been drained and may be removed; a routed copy not yet draining is written
+// draining (unrouted) in t.
+func (c *ActualLRPs) evacuationDrained(t *store.Txn, evac *modelsv1.ActualLRP) (bool, error) {
+	key := store.ActualKey(evac.GetKey().GetProcessGuid(), evac.GetKey().GetIndex(), evacuating)
+	switch {
+	case draining(evac):
+		return c.drainDone(t.Revision(key), evac.GetDrainingSince().AsTime()), nil
+	case evac.GetRoutable() && c.drainFirst():
+		return false, putActual(t, c.drained(evac))
+	}
+	return true, nil
 }
 
 // EvacuateStoppedActualLRP removes the records of a container that stopped on a draining cell.

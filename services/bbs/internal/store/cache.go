@@ -37,6 +37,7 @@ type state struct {
 	domains map[string]item
 	cells   map[string]item
 	ports   map[string]item // "<protocol>/<port>" → owner
+	routes  map[string]item // emitter id → revision published
 }
 
 func newState() *state {
@@ -48,6 +49,7 @@ func newState() *state {
 		domains: map[string]item{},
 		cells:   map[string]item{},
 		ports:   map[string]item{},
+		routes:  map[string]item{},
 	}
 }
 
@@ -65,6 +67,8 @@ func (s *state) table(k parsedKey) map[string]item {
 		return s.cells
 	case kindPort:
 		return s.ports
+	case kindRoutes:
+		return s.routes
 	}
 	return nil
 }
@@ -128,6 +132,8 @@ func newMessage(k parsedKey) proto.Message {
 		return &modelsv1.CellPresence{}
 	case kindPort:
 		return &wrapperspb.StringValue{}
+	case kindRoutes:
+		return &wrapperspb.Int64Value{}
 	}
 	return nil
 }
@@ -189,10 +195,17 @@ type Cache struct {
 	st     *state
 	rev    int64
 	notify chan struct{} // closed and replaced whenever rev advances
+	routes chan struct{} // closed and replaced whenever a route-emitter's report changes
 }
 
 func newCache() *Cache {
-	return &Cache{st: newState(), notify: make(chan struct{})}
+	return &Cache{st: newState(), notify: make(chan struct{}), routes: make(chan struct{})}
+}
+
+// routesChangedLocked wakes those waiting for a route-emitter report; the caller holds c.mu.
+func (c *Cache) routesChangedLocked() {
+	close(c.routes)
+	c.routes = make(chan struct{})
 }
 
 // Revision is the store revision the cache reflects.

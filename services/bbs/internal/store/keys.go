@@ -18,6 +18,8 @@ import (
 //	/gavel/v1/domain/<name>                         Domain, under a lease of its TTL
 //	/gavel/v1/cell/<cell_id>                        CellPresence, under the rep's lease
 //	/gavel/v1/port/<tcp|udp>/<incoming_port>        owner of a router port: StringValue(process_guid)
+//	/gavel/v1/routing/published/<emitter_id>        Int64Value: the BBS revision a route-emitter
+//	                                                has published, under a short lease
 //	/gavel/v1/lock/<service>                        leader election (built by etcdx.LockKey)
 //
 // Every key the BBS reads or writes is built here; the rep writes cell presences with the same
@@ -33,6 +35,7 @@ const (
 	domainPrefix       = Root + "domain/"
 	cellPrefix         = Root + "cell/"
 	portPrefix         = Root + "port/"
+	routesPrefix       = Root + "routing/published/"
 )
 
 // DesiredSchedKey is the key of a desired LRP's scheduling info.
@@ -64,6 +67,9 @@ func CellKey(cellID string) string { return cellPrefix + cellID }
 func PortOwnerKey(protocol string, port uint32) string {
 	return portPrefix + portID(protocol, port)
 }
+
+// RoutesPublishedKey is the key of the revision route-emitter emitterID reported published.
+func RoutesPublishedKey(emitterID string) string { return routesPrefix + emitterID }
 
 func portID(protocol string, port uint32) string {
 	return protocol + "/" + strconv.FormatUint(uint64(port), 10)
@@ -103,12 +109,13 @@ const (
 	kindDomain
 	kindCell
 	kindPort
+	kindRoutes
 )
 
 // parsedKey identifies the record a key holds.
 type parsedKey struct {
 	kind     kind
-	id       string // process guid, task guid, domain name, cell id or "<protocol>/<port>"
+	id       string // process guid, task guid, domain name, cell id, "<protocol>/<port>" or emitter id
 	index    int32
 	presence modelsv1.ActualLRP_Presence
 }
@@ -132,6 +139,9 @@ func parseKey(k string) (parsedKey, error) {
 	}
 	if id, ok := cut(cellPrefix); ok {
 		return parsedKey{kind: kindCell, id: id}, nil
+	}
+	if id, ok := cut(routesPrefix); ok {
+		return parsedKey{kind: kindRoutes, id: id}, nil
 	}
 	if rest, ok := strings.CutPrefix(k, portPrefix); ok {
 		proto, port, found := strings.Cut(rest, "/")
@@ -173,6 +183,8 @@ func (k parsedKey) String() string {
 		return CellKey(k.id)
 	case kindPort:
 		return portPrefix + k.id
+	case kindRoutes:
+		return RoutesPublishedKey(k.id)
 	}
 	return ""
 }

@@ -3,6 +3,8 @@ package store
 import (
 	"sort"
 
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -229,4 +231,30 @@ func readAt[T any](s *Store, fn func(st *state) T) (T, int64) {
 		out = fn(st)
 	})
 	return out, rev
+}
+
+// RoutesPublished is what the route-emitters reported: the lowest revision any of them has
+// published (0 when none reports), how many report, and a channel closed at the next change
+// of any report (a new revision, a new emitter, one whose lease expired).
+func (s *Store) RoutesPublished() (lowest int64, emitters int, changed <-chan struct{}) {
+	s.cache.mu.RLock()
+	defer s.cache.mu.RUnlock()
+	for _, it := range s.cache.st.routes {
+		rev := it.msg.(*wrapperspb.Int64Value).GetValue()
+		if emitters == 0 || rev < lowest {
+			lowest = rev
+		}
+		emitters++
+	}
+	return lowest, emitters, s.cache.routes
+}
+
+// RoutesPublishedBy is the revision route-emitter id last reported and the lease its report
+// lives under; ok is false when it has no live report.
+func (s *Store) RoutesPublishedBy(id string) (rev, lease int64, ok bool) {
+	it, ok := s.cache.get(parsedKey{kind: kindRoutes, id: id})
+	if !ok {
+		return 0, 0, false
+	}
+	return it.msg.(*wrapperspb.Int64Value).GetValue(), it.lease, true
 }

@@ -232,6 +232,7 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 	s.links.reset(st)
 	s.cache.rev = 0
 	s.cache.advanceLocked(rev)
+	s.cache.routesChangedLocked()
 	s.cache.mu.Unlock()
 	s.hub.reset(rev)
 	return rev, nil
@@ -309,7 +310,7 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 	s.cache.mu.Lock()
 	st := s.cache.st
 	changes := make([]change, 0, len(decoded))
-	cellGone := false
+	cellGone, routesChanged := false, false
 	for _, d := range decoded {
 		k, after := d.key, d.after
 		c := change{key: k, after: after}
@@ -326,6 +327,9 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 				s.cellsLost.Add(1)
 			}
 		}
+		if k.kind == kindRoutes {
+			routesChanged = true
+		}
 		if had && resealedOnly(old.label, d.label, old.msg, after) {
 			continue // the same record under another key: nothing happened to subscribers
 		}
@@ -339,6 +343,9 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 	events = append(events, s.linkEvents(rev, st, changes)...)
 	labels := eventLabels(events, changes, look)
 	s.cache.advanceLocked(rev)
+	if routesChanged {
+		s.cache.routesChangedLocked()
+	}
 	s.cache.mu.Unlock()
 	s.hub.publish(rev, events, labels)
 	if cellGone {

@@ -61,6 +61,9 @@ func (t *Txn) get(key string) (proto.Message, error) {
 	return m, err
 }
 
+// Revision is the mod revision at which this attempt read key (0 when absent or not read).
+func (t *Txn) Revision(key string) int64 { return t.reads[key] }
+
 // SchedulingInfo reads a desired LRP's scheduling info (nil when absent).
 func (t *Txn) SchedulingInfo(guid string) (*modelsv1.DesiredLRPSchedulingInfo, error) {
 	m, err := t.get(DesiredSchedKey(guid))

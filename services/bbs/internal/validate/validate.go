@@ -74,6 +74,9 @@ func (v Validator) Request(req any) error {
 		}
 	case *bbsv1.RetireActualLRPRequest:
 		slot(e, r.GetProcessGuid(), r.GetIndex())
+	case *bbsv1.ReportRoutesPublishedRequest:
+		emitterID(e, r.GetEmitterId())
+		nonNegative(e, "revision", r.GetRevision())
 
 	case *bbsv1.EvacuateClaimedActualLRPRequest:
 		slot(e, r.GetProcessGuid(), r.GetIndex())
@@ -156,6 +159,21 @@ func guid(e *rpcerr.InvalidError, field, s string) {
 }
 
 // slot checks the process guid and index naming an instance slot.
+// emitterID checks a route-emitter id: 1–128 characters of [A-Za-z0-9._-] (it is an etcd key
+// segment).
+func emitterID(e *rpcerr.InvalidError, id string) {
+	if id == "" || len(id) > 128 {
+		e.Add("emitter_id", "must be 1 to 128 characters, got %d", len(id))
+		return
+	}
+	for _, ch := range id {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '_' || ch == '-') {
+			e.Add("emitter_id", "may hold only letters, digits, '.', '_' and '-', got %q", id)
+			return
+		}
+	}
+}
+
 func slot(e *rpcerr.InvalidError, processGuid string, index int32) {
 	guid(e, "process_guid", processGuid)
 	nonNegative(e, "index", int64(index))

@@ -129,6 +129,9 @@ func requestCases() []requestCase {
 			[]string{"index", "instance_key.instance_guid", "instance_key.cell_id"}},
 		{"retire", &bbsv1.RetireActualLRPRequest{ProcessGuid: "web-1", Index: 3}, nil},
 		{"retire bad", &bbsv1.RetireActualLRPRequest{Index: -1}, []string{"process_guid", "index"}},
+		{"report routes", &bbsv1.ReportRoutesPublishedRequest{EmitterId: "0f3a9c-emitter_1.x", Revision: 42}, nil},
+		{"report routes bad", &bbsv1.ReportRoutesPublishedRequest{EmitterId: "a/b", Revision: -1}, []string{"emitter_id", "revision"}},
+		{"report routes no id", &bbsv1.ReportRoutesPublishedRequest{}, []string{"emitter_id"}},
 
 		{"evacuate claimed", &bbsv1.EvacuateClaimedActualLRPRequest{ProcessGuid: "web-1", InstanceKey: goodKey}, nil},
 		{"evacuate claimed bad", &bbsv1.EvacuateClaimedActualLRPRequest{ProcessGuid: "web-1"}, []string{"instance_key"}},

@@ -125,6 +125,7 @@ type Syncer struct {
 
 	lists, subscriptions, outOfRange, failures atomic.Uint64
 	revision                                   atomic.Int64
+	advanced                                   chan struct{} // one pending signal that revision moved
 }
 
 // errSyncDue ends a stream when a periodic listing must be done with the stream closed.
@@ -157,7 +158,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
-	return &Syncer{cfg: cfg, log: cfg.Logger}, nil
+	return &Syncer{cfg: cfg, log: cfg.Logger, advanced: make(chan struct{}, 1)}, nil
 }
 
 // Stats returns the syncer's counters.
@@ -460,6 +461,18 @@ func (s *Syncer) publish() {
 	}
 	s.cfg.Publisher.Publish(s.cfg.Table.Commit())
 	s.published = s.cursor
-	s.revision.Store(s.cursor)
+	if s.revision.Swap(s.cursor) != s.cursor {
+		select {
+		case s.advanced <- struct{}{}:
+		default:
+		}
+	}
 	s.cfg.Publisher.MarkSynced()
 }
+
+// Published is the BBS revision whose events (and all earlier ones) the published table
+// reflects (0 before the first sync); Advanced signals when it moves.
+func (s *Syncer) Published() int64 { return s.revision.Load() }
+
+// Advanced holds a signal whenever Published has moved since it was last received.
+func (s *Syncer) Advanced() <-chan struct{} { return s.advanced }

@@ -3308,6 +3308,100 @@ func (x *TagsResponse) GetTags() []string {
 	return nil
 }
 
+// ReportRoutesPublishedRequest is the request of ReportRoutesPublished.
+type ReportRoutesPublishedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// EmitterId names the reporting route-emitter (its table id): 1–128 characters of
+	// [A-Za-z0-9._-].
+	EmitterId string `protobuf:"bytes,1,opt,name=emitter_id,json=emitterId,proto3" json:"emitter_id,omitempty"`
+	// Revision is the BBS store revision whose events (and every earlier one) the emitter's
+	// published table reflects; not negative.
+	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportRoutesPublishedRequest) Reset() {
+	*x = ReportRoutesPublishedRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportRoutesPublishedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportRoutesPublishedRequest) ProtoMessage() {}
+
+func (x *ReportRoutesPublishedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportRoutesPublishedRequest.ProtoReflect.Descriptor instead.
+func (*ReportRoutesPublishedRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ReportRoutesPublishedRequest) GetEmitterId() string {
+	if x != nil {
+		return x.EmitterId
+	}
+	return ""
+}
+
+func (x *ReportRoutesPublishedRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// ReportRoutesPublishedResponse is the answer of ReportRoutesPublished.
+type ReportRoutesPublishedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportRoutesPublishedResponse) Reset() {
+	*x = ReportRoutesPublishedResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportRoutesPublishedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportRoutesPublishedResponse) ProtoMessage() {}
+
+func (x *ReportRoutesPublishedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportRoutesPublishedResponse.ProtoReflect.Descriptor instead.
+func (*ReportRoutesPublishedResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{64}
+}
+
 // ResolveLinksRequest is the request of ResolveLinks.
 type ResolveLinksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3322,7 +3416,7 @@ type ResolveLinksRequest struct {
 
 func (x *ResolveLinksRequest) Reset() {
 	*x = ResolveLinksRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3428,7 @@ func (x *ResolveLinksRequest) String() string {
 func (*ResolveLinksRequest) ProtoMessage() {}
 
 func (x *ResolveLinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3441,7 @@ func (x *ResolveLinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLinksRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLinksRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{63}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ResolveLinksRequest) GetProcessGuid() string {
@@ -3380,7 +3474,7 @@ type ResolveLinksResponse struct {
 
 func (x *ResolveLinksResponse) Reset() {
 	*x = ResolveLinksResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3392,7 +3486,7 @@ func (x *ResolveLinksResponse) String() string {
 func (*ResolveLinksResponse) ProtoMessage() {}
 
 func (x *ResolveLinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3405,7 +3499,7 @@ func (x *ResolveLinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLinksResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLinksResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{64}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ResolveLinksResponse) GetLinks() map[string]*v1.ResolvedLink {
@@ -3445,7 +3539,7 @@ type SubscribeToEventsRequest struct {
 
 func (x *SubscribeToEventsRequest) Reset() {
 	*x = SubscribeToEventsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3457,7 +3551,7 @@ func (x *SubscribeToEventsRequest) String() string {
 func (*SubscribeToEventsRequest) ProtoMessage() {}
 
 func (x *SubscribeToEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3470,7 +3564,7 @@ func (x *SubscribeToEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeToEventsRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeToEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{65}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SubscribeToEventsRequest) GetSinceRevision() int64 {
@@ -3502,7 +3596,7 @@ type SubscribeToEventsResponse struct {
 
 func (x *SubscribeToEventsResponse) Reset() {
 	*x = SubscribeToEventsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +3608,7 @@ func (x *SubscribeToEventsResponse) String() string {
 func (*SubscribeToEventsResponse) ProtoMessage() {}
 
 func (x *SubscribeToEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +3621,7 @@ func (x *SubscribeToEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeToEventsResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeToEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{66}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SubscribeToEventsResponse) GetRevision() int64 {
@@ -3573,7 +3667,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3585,7 +3679,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3598,7 +3692,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{67}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *StreamLogsRequest) GetProcessGuid() string {
@@ -3656,7 +3750,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3668,7 +3762,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3681,7 +3775,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{68}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *StreamLogsResponse) GetLines() []*v11.LogLine {
@@ -3882,7 +3976,12 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\r\n" +
 	"\vTagsRequest\"\"\n" +
 	"\fTagsResponse\x12\x12\n" +
-	"\x04tags\x18\x01 \x03(\tR\x04tags\"Q\n" +
+	"\x04tags\x18\x01 \x03(\tR\x04tags\"Y\n" +
+	"\x1cReportRoutesPublishedRequest\x12\x1d\n" +
+	"\n" +
+	"emitter_id\x18\x01 \x01(\tR\temitterId\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\x1f\n" +
+	"\x1dReportRoutesPublishedResponse\"Q\n" +
 	"\x13ResolveLinksRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x17\n" +
 	"\acell_id\x18\x02 \x01(\tR\x06cellId\"\x8e\x02\n" +
@@ -3912,7 +4011,7 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x05_tail\"Z\n" +
 	"\x12StreamLogsResponse\x12+\n" +
 	"\x05lines\x18\x01 \x03(\v2\x15.gavel.rep.v1.LogLineR\x05lines\x12\x17\n" +
-	"\acell_id\x18\x02 \x01(\tR\x06cellId2\xde\x18\n" +
+	"\acell_id\x18\x02 \x01(\tR\x06cellId2\xd0\x19\n" +
 	"\n" +
 	"BBSService\x12U\n" +
 	"\fUpsertDomain\x12!.gavel.bbs.v1.UpsertDomainRequest\x1a\".gavel.bbs.v1.UpsertDomainResponse\x12F\n" +
@@ -3952,7 +4051,8 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"DeleteTask\x12\x1f.gavel.bbs.v1.DeleteTaskRequest\x1a .gavel.bbs.v1.DeleteTaskResponse\x12@\n" +
 	"\x05Cells\x12\x1a.gavel.bbs.v1.CellsRequest\x1a\x1b.gavel.bbs.v1.CellsResponse\x12=\n" +
 	"\x04Tags\x12\x19.gavel.bbs.v1.TagsRequest\x1a\x1a.gavel.bbs.v1.TagsResponse\x12U\n" +
-	"\fResolveLinks\x12!.gavel.bbs.v1.ResolveLinksRequest\x1a\".gavel.bbs.v1.ResolveLinksResponse\x12f\n" +
+	"\fResolveLinks\x12!.gavel.bbs.v1.ResolveLinksRequest\x1a\".gavel.bbs.v1.ResolveLinksResponse\x12p\n" +
+	"\x15ReportRoutesPublished\x12*.gavel.bbs.v1.ReportRoutesPublishedRequest\x1a+.gavel.bbs.v1.ReportRoutesPublishedResponse\x12f\n" +
 	"\x11SubscribeToEvents\x12&.gavel.bbs.v1.SubscribeToEventsRequest\x1a'.gavel.bbs.v1.SubscribeToEventsResponse0\x01\x12Q\n" +
 	"\n" +
 	"StreamLogs\x12\x1f.gavel.bbs.v1.StreamLogsRequest\x1a .gavel.bbs.v1.StreamLogsResponse0\x01B\xa7\x01\n" +
@@ -3970,7 +4070,7 @@ func file_gavel_bbs_v1_bbs_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_bbs_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*Filter)(nil),                            // 0: gavel.bbs.v1.Filter
 	(*UpsertDomainRequest)(nil),               // 1: gavel.bbs.v1.UpsertDomainRequest
@@ -4035,73 +4135,75 @@ var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*CellsResponse)(nil),                     // 60: gavel.bbs.v1.CellsResponse
 	(*TagsRequest)(nil),                       // 61: gavel.bbs.v1.TagsRequest
 	(*TagsResponse)(nil),                      // 62: gavel.bbs.v1.TagsResponse
-	(*ResolveLinksRequest)(nil),               // 63: gavel.bbs.v1.ResolveLinksRequest
-	(*ResolveLinksResponse)(nil),              // 64: gavel.bbs.v1.ResolveLinksResponse
-	(*SubscribeToEventsRequest)(nil),          // 65: gavel.bbs.v1.SubscribeToEventsRequest
-	(*SubscribeToEventsResponse)(nil),         // 66: gavel.bbs.v1.SubscribeToEventsResponse
-	(*StreamLogsRequest)(nil),                 // 67: gavel.bbs.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil),                // 68: gavel.bbs.v1.StreamLogsResponse
-	nil,                                       // 69: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	(*v1.Domain)(nil),                         // 70: gavel.models.v1.Domain
-	(*v1.DesiredLRP)(nil),                     // 71: gavel.models.v1.DesiredLRP
-	(*v1.DesiredLRPUpdate)(nil),               // 72: gavel.models.v1.DesiredLRPUpdate
-	(*v1.ModificationTag)(nil),                // 73: gavel.models.v1.ModificationTag
-	(*v1.DesiredLRPSchedulingInfo)(nil),       // 74: gavel.models.v1.DesiredLRPSchedulingInfo
-	(*v1.ActualLRP)(nil),                      // 75: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPInstanceKey)(nil),           // 76: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.ActualLRPNetInfo)(nil),               // 77: gavel.models.v1.ActualLRPNetInfo
-	(*v1.PlacementError)(nil),                 // 78: gavel.models.v1.PlacementError
-	(*v1.TaskDefinition)(nil),                 // 79: gavel.models.v1.TaskDefinition
-	(*v1.Task)(nil),                           // 80: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),                   // 81: gavel.models.v1.CellPresence
-	(*v1.InstanceLinks)(nil),                  // 82: gavel.models.v1.InstanceLinks
-	(*Event)(nil),                             // 83: gavel.bbs.v1.Event
-	(*timestamppb.Timestamp)(nil),             // 84: google.protobuf.Timestamp
-	(*v11.LogLine)(nil),                       // 85: gavel.rep.v1.LogLine
-	(*v1.ResolvedLink)(nil),                   // 86: gavel.models.v1.ResolvedLink
+	(*ReportRoutesPublishedRequest)(nil),      // 63: gavel.bbs.v1.ReportRoutesPublishedRequest
+	(*ReportRoutesPublishedResponse)(nil),     // 64: gavel.bbs.v1.ReportRoutesPublishedResponse
+	(*ResolveLinksRequest)(nil),               // 65: gavel.bbs.v1.ResolveLinksRequest
+	(*ResolveLinksResponse)(nil),              // 66: gavel.bbs.v1.ResolveLinksResponse
+	(*SubscribeToEventsRequest)(nil),          // 67: gavel.bbs.v1.SubscribeToEventsRequest
+	(*SubscribeToEventsResponse)(nil),         // 68: gavel.bbs.v1.SubscribeToEventsResponse
+	(*StreamLogsRequest)(nil),                 // 69: gavel.bbs.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),                // 70: gavel.bbs.v1.StreamLogsResponse
+	nil,                                       // 71: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	(*v1.Domain)(nil),                         // 72: gavel.models.v1.Domain
+	(*v1.DesiredLRP)(nil),                     // 73: gavel.models.v1.DesiredLRP
+	(*v1.DesiredLRPUpdate)(nil),               // 74: gavel.models.v1.DesiredLRPUpdate
+	(*v1.ModificationTag)(nil),                // 75: gavel.models.v1.ModificationTag
+	(*v1.DesiredLRPSchedulingInfo)(nil),       // 76: gavel.models.v1.DesiredLRPSchedulingInfo
+	(*v1.ActualLRP)(nil),                      // 77: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPInstanceKey)(nil),           // 78: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.ActualLRPNetInfo)(nil),               // 79: gavel.models.v1.ActualLRPNetInfo
+	(*v1.PlacementError)(nil),                 // 80: gavel.models.v1.PlacementError
+	(*v1.TaskDefinition)(nil),                 // 81: gavel.models.v1.TaskDefinition
+	(*v1.Task)(nil),                           // 82: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),                   // 83: gavel.models.v1.CellPresence
+	(*v1.InstanceLinks)(nil),                  // 84: gavel.models.v1.InstanceLinks
+	(*Event)(nil),                             // 85: gavel.bbs.v1.Event
+	(*timestamppb.Timestamp)(nil),             // 86: google.protobuf.Timestamp
+	(*v11.LogLine)(nil),                       // 87: gavel.rep.v1.LogLine
+	(*v1.ResolvedLink)(nil),                   // 88: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
-	70, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
-	71, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	72, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
-	73, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
-	71, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	72, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
+	73, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	74, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
+	75, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
+	73, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 5: gavel.bbs.v1.DesiredLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	71, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
-	71, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	73, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
+	73, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 8: gavel.bbs.v1.DesiredLRPSchedulingInfosRequest.filter:type_name -> gavel.bbs.v1.Filter
-	74, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
+	76, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
 	0,  // 10: gavel.bbs.v1.ActualLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	75, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
-	76, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	71, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	76, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	75, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	76, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	75, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	78, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	76, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	76, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	76, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	76, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	76, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	76, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	79, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
+	77, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
+	78, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	77, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	73, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	78, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	79, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	77, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	78, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	77, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	80, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	78, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	78, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	78, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	79, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	78, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	78, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	78, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	81, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
 	0,  // 29: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
-	80, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
-	80, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
-	78, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	81, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
-	69, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	82, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	82, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
+	82, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
+	80, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	83, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
+	71, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	84, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
 	0,  // 36: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	83, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	84, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	85, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
-	86, // 40: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	85, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	86, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	87, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	88, // 40: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
 	1,  // 41: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
 	3,  // 42: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
 	5,  // 43: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
@@ -4133,45 +4235,47 @@ var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
 	57, // 69: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
 	59, // 70: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
 	61, // 71: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	63, // 72: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	65, // 73: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	67, // 74: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
-	2,  // 75: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 76: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 77: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 78: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 79: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 80: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 81: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 82: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 83: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 84: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 85: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 86: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 87: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 88: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 89: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 90: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 91: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 92: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 93: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 94: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 95: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 96: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 97: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 98: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 99: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 100: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 101: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 102: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 103: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 104: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 105: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	64, // 106: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	66, // 107: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	68, // 108: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
-	75, // [75:109] is the sub-list for method output_type
-	41, // [41:75] is the sub-list for method input_type
+	65, // 72: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	63, // 73: gavel.bbs.v1.BBSService.ReportRoutesPublished:input_type -> gavel.bbs.v1.ReportRoutesPublishedRequest
+	67, // 74: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	69, // 75: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
+	2,  // 76: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,  // 77: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,  // 78: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,  // 79: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10, // 80: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12, // 81: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14, // 82: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16, // 83: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18, // 84: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20, // 85: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	22, // 86: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	24, // 87: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	26, // 88: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	28, // 89: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	30, // 90: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	32, // 91: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	34, // 92: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	36, // 93: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	38, // 94: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	40, // 95: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	42, // 96: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	44, // 97: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	46, // 98: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	48, // 99: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	50, // 100: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	52, // 101: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	54, // 102: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	56, // 103: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	58, // 104: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	60, // 105: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	62, // 106: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	66, // 107: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	64, // 108: gavel.bbs.v1.BBSService.ReportRoutesPublished:output_type -> gavel.bbs.v1.ReportRoutesPublishedResponse
+	68, // 109: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	70, // 110: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
+	76, // [76:111] is the sub-list for method output_type
+	41, // [41:76] is the sub-list for method input_type
 	41, // [41:41] is the sub-list for extension type_name
 	41, // [41:41] is the sub-list for extension extendee
 	0,  // [0:41] is the sub-list for field type_name
@@ -4184,14 +4288,14 @@ func file_gavel_bbs_v1_bbs_proto_init() {
 	}
 	file_gavel_bbs_v1_events_proto_init()
 	file_gavel_bbs_v1_bbs_proto_msgTypes[17].OneofWrappers = []any{}
-	file_gavel_bbs_v1_bbs_proto_msgTypes[67].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[69].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_bbs_proto_rawDesc), len(file_gavel_bbs_v1_bbs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   70,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -54,6 +54,7 @@ const (
 	BBSService_Cells_FullMethodName                     = "/gavel.bbs.v1.BBSService/Cells"
 	BBSService_Tags_FullMethodName                      = "/gavel.bbs.v1.BBSService/Tags"
 	BBSService_ResolveLinks_FullMethodName              = "/gavel.bbs.v1.BBSService/ResolveLinks"
+	BBSService_ReportRoutesPublished_FullMethodName     = "/gavel.bbs.v1.BBSService/ReportRoutesPublished"
 	BBSService_SubscribeToEvents_FullMethodName         = "/gavel.bbs.v1.BBSService/SubscribeToEvents"
 	BBSService_StreamLogs_FullMethodName                = "/gavel.bbs.v1.BBSService/StreamLogs"
 )
@@ -132,6 +133,11 @@ type BBSServiceClient interface {
 	Tags(ctx context.Context, in *TagsRequest, opts ...grpc.CallOption) (*TagsResponse, error)
 	// ResolveLinks returns the links a desired LRP consumes, resolved against running providers.
 	ResolveLinks(ctx context.Context, in *ResolveLinksRequest, opts ...grpc.CallOption) (*ResolveLinksResponse, error)
+	// ReportRoutesPublished is a route-emitter saying that its routing table, as sent to its
+	// routers, reflects every BBS event up to revision. The BBS waits for it (bounded by its
+	// drain_timeout) before stopping an instance it withdrew from routing. The report lives
+	// under a short lease: a route-emitter that stops reporting is no longer waited for.
+	ReportRoutesPublished(ctx context.Context, in *ReportRoutesPublishedRequest, opts ...grpc.CallOption) (*ReportRoutesPublishedResponse, error)
 	// SubscribeToEvents streams every change after since_revision, with periodic bookmarks.
 	SubscribeToEvents(ctx context.Context, in *SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeToEventsResponse], error)
 	// StreamLogs streams the log lines of an LRP's instances (all, or one index) or of a task,
@@ -469,6 +475,16 @@ func (c *bBSServiceClient) ResolveLinks(ctx context.Context, in *ResolveLinksReq
 	return out, nil
 }
 
+func (c *bBSServiceClient) ReportRoutesPublished(ctx context.Context, in *ReportRoutesPublishedRequest, opts ...grpc.CallOption) (*ReportRoutesPublishedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportRoutesPublishedResponse)
+	err := c.cc.Invoke(ctx, BBSService_ReportRoutesPublished_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *bBSServiceClient) SubscribeToEvents(ctx context.Context, in *SubscribeToEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeToEventsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &BBSService_ServiceDesc.Streams[0], BBSService_SubscribeToEvents_FullMethodName, cOpts...)
@@ -581,6 +597,11 @@ type BBSServiceServer interface {
 	Tags(context.Context, *TagsRequest) (*TagsResponse, error)
 	// ResolveLinks returns the links a desired LRP consumes, resolved against running providers.
 	ResolveLinks(context.Context, *ResolveLinksRequest) (*ResolveLinksResponse, error)
+	// ReportRoutesPublished is a route-emitter saying that its routing table, as sent to its
+	// routers, reflects every BBS event up to revision. The BBS waits for it (bounded by its
+	// drain_timeout) before stopping an instance it withdrew from routing. The report lives
+	// under a short lease: a route-emitter that stops reporting is no longer waited for.
+	ReportRoutesPublished(context.Context, *ReportRoutesPublishedRequest) (*ReportRoutesPublishedResponse, error)
 	// SubscribeToEvents streams every change after since_revision, with periodic bookmarks.
 	SubscribeToEvents(*SubscribeToEventsRequest, grpc.ServerStreamingServer[SubscribeToEventsResponse]) error
 	// StreamLogs streams the log lines of an LRP's instances (all, or one index) or of a task,
@@ -693,6 +714,9 @@ func (UnimplementedBBSServiceServer) Tags(context.Context, *TagsRequest) (*TagsR
 }
 func (UnimplementedBBSServiceServer) ResolveLinks(context.Context, *ResolveLinksRequest) (*ResolveLinksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveLinks not implemented")
+}
+func (UnimplementedBBSServiceServer) ReportRoutesPublished(context.Context, *ReportRoutesPublishedRequest) (*ReportRoutesPublishedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportRoutesPublished not implemented")
 }
 func (UnimplementedBBSServiceServer) SubscribeToEvents(*SubscribeToEventsRequest, grpc.ServerStreamingServer[SubscribeToEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method SubscribeToEvents not implemented")
@@ -1297,6 +1321,24 @@ func _BBSService_ResolveLinks_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BBSService_ReportRoutesPublished_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportRoutesPublishedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BBSServiceServer).ReportRoutesPublished(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BBSService_ReportRoutesPublished_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BBSServiceServer).ReportRoutesPublished(ctx, req.(*ReportRoutesPublishedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BBSService_SubscribeToEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(SubscribeToEventsRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1453,6 +1495,10 @@ var BBSService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveLinks",
 			Handler:    _BBSService_ResolveLinks_Handler,
+		},
+		{
+			MethodName: "ReportRoutesPublished",
+			Handler:    _BBSService_ReportRoutesPublished_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

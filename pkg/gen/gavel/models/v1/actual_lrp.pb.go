@@ -405,8 +405,14 @@ type ActualLRP struct {
 	Routable bool `protobuf:"varint,11,opt,name=routable,proto3" json:"routable,omitempty"`
 	// ModificationTag versions the record.
 	ModificationTag *ModificationTag `protobuf:"bytes,12,opt,name=modification_tag,json=modificationTag,proto3" json:"modification_tag,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// DrainingSince is set when the BBS has decided to stop this RUNNING instance and withdrew
+	// it from routing first (routable is false from then on): the instance still runs and
+	// serves the requests it has, and is stopped once the route-emitters have published its
+	// removal or the BBS's drain_timeout has passed since this time. A draining instance is not
+	// counted as serving.
+	DrainingSince *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=draining_since,json=drainingSince,proto3" json:"draining_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ActualLRP) Reset() {
@@ -523,6 +529,13 @@ func (x *ActualLRP) GetModificationTag() *ModificationTag {
 	return nil
 }
 
+func (x *ActualLRP) GetDrainingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainingSince
+	}
+	return nil
+}
+
 var File_gavel_models_v1_actual_lrp_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
@@ -541,7 +554,7 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	"\x10ActualLRPNetInfo\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12)\n" +
 	"\x10instance_address\x18\x02 \x01(\tR\x0finstanceAddress\x122\n" +
-	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\xd4\x06\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\x97\a\n" +
 	"\tActualLRP\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x12H\n" +
 	"\finstance_key\x18\x02 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x126\n" +
@@ -556,7 +569,8 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	"\x05since\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
 	"\broutable\x18\v \x01(\bR\broutable\x12K\n" +
-	"\x10modification_tag\x18\f \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\"l\n" +
+	"\x10modification_tag\x18\f \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\x12A\n" +
+	"\x0edraining_since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingSince\"l\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSTATE_UNCLAIMED\x10\x01\x12\x11\n" +
@@ -597,20 +611,21 @@ var file_gavel_models_v1_actual_lrp_proto_goTypes = []any{
 	(*ModificationTag)(nil),       // 9: gavel.models.v1.ModificationTag
 }
 var file_gavel_models_v1_actual_lrp_proto_depIdxs = []int32{
-	4, // 0: gavel.models.v1.ActualLRPNetInfo.ports:type_name -> gavel.models.v1.PortMapping
-	2, // 1: gavel.models.v1.ActualLRP.key:type_name -> gavel.models.v1.ActualLRPKey
-	3, // 2: gavel.models.v1.ActualLRP.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	0, // 3: gavel.models.v1.ActualLRP.state:type_name -> gavel.models.v1.ActualLRP.State
-	1, // 4: gavel.models.v1.ActualLRP.presence:type_name -> gavel.models.v1.ActualLRP.Presence
-	5, // 5: gavel.models.v1.ActualLRP.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	7, // 6: gavel.models.v1.ActualLRP.placement_error:type_name -> gavel.models.v1.PlacementError
-	8, // 7: gavel.models.v1.ActualLRP.since:type_name -> google.protobuf.Timestamp
-	9, // 8: gavel.models.v1.ActualLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	4,  // 0: gavel.models.v1.ActualLRPNetInfo.ports:type_name -> gavel.models.v1.PortMapping
+	2,  // 1: gavel.models.v1.ActualLRP.key:type_name -> gavel.models.v1.ActualLRPKey
+	3,  // 2: gavel.models.v1.ActualLRP.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	0,  // 3: gavel.models.v1.ActualLRP.state:type_name -> gavel.models.v1.ActualLRP.State
+	1,  // 4: gavel.models.v1.ActualLRP.presence:type_name -> gavel.models.v1.ActualLRP.Presence
+	5,  // 5: gavel.models.v1.ActualLRP.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	7,  // 6: gavel.models.v1.ActualLRP.placement_error:type_name -> gavel.models.v1.PlacementError
+	8,  // 7: gavel.models.v1.ActualLRP.since:type_name -> google.protobuf.Timestamp
+	9,  // 8: gavel.models.v1.ActualLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
+	8,  // 9: gavel.models.v1.ActualLRP.draining_since:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gavel_models_v1_actual_lrp_proto_init() }

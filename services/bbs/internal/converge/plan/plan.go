@@ -20,7 +20,10 @@
 //   - SUSPECT copies are removed once their replacement runs or their slot is no longer desired
 //     (RemoveSuspect), and promoted back when their cell returns first (PromoteSuspect);
 //   - EVACUATING copies are removed once their cell is gone or their slot is no longer desired
-//     (RemoveEvacuating).
+//     (RemoveEvacuating), unless they are draining on a present cell (their rep finishes that);
+//   - draining records (draining_since set: withdrawn from routing before a stop) are finished
+//     once the drain timeout has passed, or at once when their cell is gone (FinishDrain): the
+//     BBS that began the drain may have died before stopping them. They are not retired again.
 //
 // Task rules: a PENDING task is failed when not started within the pending timeout
 // (ExpirePendingTask), else auctioned again after the unclaimed timeout (AuctionTask); a RUNNING
@@ -67,6 +70,8 @@ type Timeouts struct {
 	// Claimed is how long an instance may stay CLAIMED on a present cell before it is unclaimed
 	// and auctioned again; zero never does.
 	Claimed time.Duration
+	// Drain is the drain timeout: a record draining this long is finished (FinishDrain).
+	Drain time.Duration
 }
 
 // Found counts what a pass found wrong, whether or not it acts on it.
@@ -172,6 +177,18 @@ type RemoveEvacuating struct {
 	Index       int32
 }
 
+// FinishDrain stops the container of a record that has been draining for the drain timeout, or
+// removes the record when its cell is gone.
+type FinishDrain struct {
+	// ProcessGuid and Index name the instance slot.
+	ProcessGuid string
+	Index       int32
+	// Presence is the record's presence (ORDINARY or EVACUATING).
+	Presence modelsv1.ActualLRP_Presence
+	// Instance is the draining container.
+	Instance *modelsv1.ActualLRPInstanceKey
+}
+
 // ExpirePendingTask fails a task still PENDING that was created at or before Deadline.
 type ExpirePendingTask struct {
 	// TaskGuid is the task.
@@ -215,6 +232,7 @@ func (UnclaimStale) change()           {}
 func (PromoteSuspect) change()         {}
 func (RemoveSuspect) change()          {}
 func (RemoveEvacuating) change()       {}
+func (FinishDrain) change()            {}
 func (ExpirePendingTask) change()      {}
 func (AuctionTask) change()            {}
 func (FailTaskOnVanishedCell) change() {}
@@ -247,6 +265,9 @@ func (c RemoveSuspect) String() string {
 }
 func (c RemoveEvacuating) String() string {
 	return fmt.Sprintf("remove-evacuating %s/%d", c.ProcessGuid, c.Index)
+}
+func (c FinishDrain) String() string {
+	return fmt.Sprintf("finish-drain %s/%d (%s) on %s", c.ProcessGuid, c.Index, c.Presence, c.Instance.GetCellId())
 }
 func (c ExpirePendingTask) String() string { return "expire-pending-task " + c.TaskGuid }
 func (c AuctionTask) String() string       { return "auction-task " + c.Task.GetTaskGuid() }
@@ -335,8 +356,21 @@ func Make(s Snapshot, t Timeouts) Plan {
 		if stale != nil && stale.SchedulingInfo.GetProcessGuid() != guid {
 			flush()
 		}
+		finish := func(a *modelsv1.ActualLRP) bool {
+			if a == nil || a.GetDrainingSince() == nil {
+				return false
+			}
+			if !cells[a.GetInstanceKey().GetCellId()] || expired(a.GetDrainingSince().AsTime(), t.Drain, now) {
+				p.Changes = append(p.Changes, FinishDrain{ProcessGuid: guid, Index: index, Presence: a.GetPresence(), Instance: a.GetInstanceKey()})
+			}
+			return true
+		}
 		if a := sl.ord; a != nil {
 			switch {
+			case finish(a):
+				if !isDesired(guid, index) {
+					p.Found.LRPsExtra++
+				}
 			case !isDesired(guid, index):
 				p.Found.LRPsExtra++
 				if domains[a.GetKey().GetDomain()] {
@@ -365,7 +399,9 @@ func Make(s Snapshot, t Timeouts) Plan {
 				}
 			}
 		}
-		if sl.evac != nil && (!cells[sl.evac.GetInstanceKey().GetCellId()] || !isDesired(guid, index)) {
+		if finish(sl.evac) {
+			// a draining evacuating copy: finished above, never removed under its rep
+		} else if sl.evac != nil && (!cells[sl.evac.GetInstanceKey().GetCellId()] || !isDesired(guid, index)) {
 			p.Changes = append(p.Changes, RemoveEvacuating{ProcessGuid: guid, Index: index})
 		}
 		if sl.sus != nil {

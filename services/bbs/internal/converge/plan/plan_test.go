@@ -480,3 +480,57 @@ func TestCellLossIsMakesCellRules(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishDrain checks the drain rule: a draining record (withdrawn from routing before a
+// stop) is finished once the drain timeout has passed, or at once when its cell is gone; it is
+// never retired again meanwhile, and a draining EVACUATING copy is not removed under its rep.
+func TestFinishDrain(t *testing.T) {
+	drainingFor := func(d time.Duration) func(*modelsv1.ActualLRP) {
+		return func(a *modelsv1.ActualLRP) { a.DrainingSince = ago(d) }
+	}
+	to := timeouts
+	to.Drain = 2 * time.Second
+	tests := []struct {
+		name  string
+		snap  Snapshot
+		want  []string
+		found Found
+	}{
+		{name: "a drain within its timeout waits (not retired again)",
+			snap:  snap(ds(desired("a", 1)), as(lrp("a", 0), lrp("a", 1, drainingFor(time.Second))), nil),
+			found: Found{LRPsExtra: 1}},
+		{name: "a drain past its timeout is finished",
+			snap:  snap(ds(desired("a", 1)), as(lrp("a", 0), lrp("a", 1, drainingFor(3*time.Second))), nil),
+			want:  []string{"finish-drain a/1 (PRESENCE_ORDINARY) on cell-1"},
+			found: Found{LRPsExtra: 1}},
+		{name: "a drain of a removed LRP in a stale domain is finished too",
+			snap:  snap(nil, as(lrp("gone", 0, domain("stale"), drainingFor(time.Minute))), nil),
+			want:  []string{"finish-drain gone/0 (PRESENCE_ORDINARY) on cell-1"},
+			found: Found{LRPsExtra: 1}},
+		{name: "a drain on a vanished cell is finished at once",
+			snap:  snap(nil, as(lrp("a", 0, onCell("gone"), drainingFor(0))), nil),
+			want:  []string{"finish-drain a/0 (PRESENCE_ORDINARY) on gone"},
+			found: Found{LRPsExtra: 1}},
+		{name: "a draining evacuating copy is left to its rep within its timeout",
+			snap: snap(ds(desired("a", 1)), as(lrp("a", 0, onCell("cell-2")),
+				lrp("a", 0, presence(evacuating), drainingFor(time.Second))), nil)},
+		{name: "a draining evacuating copy past its timeout is finished, not removed",
+			snap: snap(nil, as(lrp("a", 0, presence(evacuating), drainingFor(time.Minute))), nil),
+			want: []string{"finish-drain a/0 (PRESENCE_EVACUATING) on cell-1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Make(tt.snap, to)
+			var got []string
+			for _, c := range p.Changes {
+				got = append(got, c.String())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("changes:\n got  %s\n want %s", strings.Join(got, "; "), strings.Join(tt.want, "; "))
+			}
+			if p.Found != tt.found {
+				t.Errorf("found %+v, want %+v", p.Found, tt.found)
+			}
+		})
+	}
+}
