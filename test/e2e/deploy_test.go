@@ -3,27 +3,16 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 )
 
-// bbsDrainsFirst reports whether the built BBS stops an instance drain-first (unrouted, the
-// route-emitter's publication awaited up to its drain_timeout, then stopped): the zero-failure
-// guarantee of a rollout rests on it.
-func bbsDrainsFirst(t *testing.T) bool {
-	t.Helper()
-	out, _ := exec.Command(binary(t, "bbs"), "-help").CombinedOutput()
-	return strings.Contains(string(out), "drain-timeout")
-}
-
 // TestRollingDeployUnderLoad rolls a new version of a routed 4-instance app (real processes on
 // cells 1–4) out through nsync while a request loop runs through the router, and checks that
-// the deployment succeeds, every instance runs the new version, and — when the BBS stops
-// instances drain-first — that no request failed.
+// the deployment succeeds, every instance runs the new version, and that no request failed (the
+// BBS stops every retired instance drain-first).
 func TestRollingDeployUnderLoad(t *testing.T) {
 	c := startNsyncCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -61,11 +50,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 	ok, failed, first := l.finish()
 	t.Logf("through the router during the rollout: %d ok, %d failed (first: %s)", ok, failed, first)
 	if failed > 0 {
-		if bbsDrainsFirst(t) {
-			t.Errorf("%d of %d requests failed during the rollout (first: %s), want none", failed, ok+failed, first)
-		} else {
-			t.Logf("this BBS does not stop instances drain-first yet: failed requests are not judged")
-		}
+		t.Errorf("%d of %d requests failed during the rollout (first: %s), want none", failed, ok+failed, first)
 	}
 	running := c.waitRunning(t, "roll-v2", 4, 30*time.Second)
 	within(t, "roll v2", cellsOf(running), 1, 2, 3, 4)

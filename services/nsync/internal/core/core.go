@@ -465,10 +465,10 @@ func (c *Core) Apps(ctx context.Context, req *nsyncv1.AppsRequest) ([]*nsyncv1.A
 				if v != app.GetVersion() || a.GetPresence() != modelsv1.ActualLRP_PRESENCE_ORDINARY {
 					continue
 				}
-				switch a.GetState() {
-				case modelsv1.ActualLRP_STATE_RUNNING:
+				switch {
+				case a.GetState() == modelsv1.ActualLRP_STATE_RUNNING && a.GetDrainingSince() == nil: // a draining one is on its way out
 					info.Running++
-				case modelsv1.ActualLRP_STATE_CRASHED:
+				case a.GetState() == modelsv1.ActualLRP_STATE_CRASHED:
 					info.Crashed++
 				}
 			}
