@@ -100,7 +100,7 @@ ARGS ?=
 bench-scale:
 	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime 1x -count 1 -timeout 3h ./test/scale/ -args $(ARGS)
 
-## bench-router: the router side by side with HAProxy (issue 23's data-plane comparison): wrk over
+## bench-router: the router side by side with HAProxy (the data-plane comparison): wrk over
 ## the sample app directly, through HAProxy and through the router, plain, TLS and with 1,000
 ## routes; needs haproxy and wrk (skips with one line without them). BENCH_ROUTER_FLAGS adds go
 ## test flags, e.g. BENCH_ROUTER_FLAGS='-cpuprofile /tmp/router.prof' profiles the router
