@@ -109,6 +109,16 @@ type Config struct {
 	EvacuationTimeout Duration `json:"evacuation_timeout"`
 	// Logs configures the capture of containers' output on the cell (work_dir/logs).
 	Logs LogsConfig `json:"logs"`
+	// Metrics configures the sampling of every container's resource use.
+	Metrics MetricsConfig `json:"metrics"`
+}
+
+// MetricsConfig configures the sampling of containers' CPU, memory and disk use (served by
+// InstanceMetrics and as container_* series on /metrics).
+type MetricsConfig struct {
+	// SampleInterval is how often every container is measured; a CPU percentage is the use
+	// over one interval.
+	SampleInterval Duration `json:"sample_interval"`
 }
 
 // LogsConfig configures the cell's log store (see services/rep/README.md, "Logs").
@@ -196,6 +206,7 @@ func Default() Config {
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
 		Logs:              LogsConfig{MaxFileBytes: logs.DefaultMaxFileBytes, Retention: Duration(logs.DefaultRetention)},
+		Metrics:           MetricsConfig{SampleInterval: Duration(cell.DefaultSampleInterval)},
 	}
 }
 
@@ -295,6 +306,9 @@ func (c Config) Validate() error {
 	}
 	if c.Logs.Retention <= 0 {
 		errs = append(errs, errors.New("logs.retention must be positive"))
+	}
+	if c.Metrics.SampleInterval < Duration(100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("metrics.sample_interval must be at least 100ms, got %s", time.Duration(c.Metrics.SampleInterval)))
 	}
 	if c.Sim.CrashRate < 0 || c.Sim.CrashRate > 1 {
 		errs = append(errs, fmt.Errorf("sim.crash_rate must be between 0 and 1, got %v", c.Sim.CrashRate))
@@ -443,6 +457,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s := &Service{cfg: cfg, log: logger}
 	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
 	m.watchLogs(store)
+	m.watchContainers(func() []*repv1.ContainerMetrics { return c.ContainerMetrics(logs.Filter{}, true) })
 	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
 		Zone:      cfg.Zone,
@@ -483,7 +498,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 }
 
 // Run serves until ctx ends, as an ordered group: the metrics server (with metrics_address),
-// the log store's writer, the cell, the gRPC API, the end of its log followers, the presence
+// the log store's writer, the cell, the links follower, the usage sampler, the gRPC API, the end of its log followers, the presence
 // (once the API listens, so the registered address answers) and the bulk loop; ready is
 // called once all run. On stop the bulk loop ends, the presence is revoked, log followers are
 // let go, the API stops, the containers are stopped, their last lines are written and the
@@ -493,6 +508,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		lifecycle.Member{Name: "logs", Runner: lifecycle.RunFunc(s.logs.Run)},
 		lifecycle.Member{Name: "cell", Runner: s.cell},
 		lifecycle.Member{Name: "links", Runner: lifecycle.RunFunc(s.cell.FollowLinks)},
+		lifecycle.Member{Name: "usage", Runner: lifecycle.RunFunc(s.cell.SampleUsage(time.Duration(s.cfg.Metrics.SampleInterval)))},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
 		lifecycle.Member{Name: "log followers", Runner: lifecycle.RunFunc(s.handlers.EndFollows)},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
@@ -545,6 +561,6 @@ var Policy = authz.Methods{
 	Reads:   []string{"State"},
 	Grants: map[string][]string{
 		authz.Auctioneer: {"Perform"},
-		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs"},
+		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs", "InstanceMetrics", "Exec"},
 	},
 }

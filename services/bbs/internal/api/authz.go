@@ -44,7 +44,7 @@ func Policy(cfg authz.Config, lookup Lookup) authz.Policy {
 			authz.Rep:        repCalls,
 			authz.Auctioneer: {"FailActualLRP", "RejectTask"},
 			authz.Nsync:      nsyncCalls,
-			authz.ReadOnly:   {"StreamLogs"},
+			authz.ReadOnly:   {"StreamLogs", "InstanceMetrics"},
 		},
 		Check: func(role authz.Role, method string, req any) error {
 			switch role.Kind {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 
 	"google.golang.org/grpc"
 
@@ -13,7 +12,6 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // LogSource opens a cell's log stream (the rep's StreamLogs, with the BBS's identity).
@@ -35,22 +33,11 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 	if s.logs == nil {
 		return rpcerr.FailedPrecondition("this BBS does not proxy logs")
 	}
-	cellIDs := s.logCells(r)
+	cellIDs := s.selectedCells(r.GetProcessGuid(), r.Index, r.GetTaskGuid())
 	if len(cellIDs) == 0 {
-		what := fmt.Sprintf("desired lrp %q", r.GetProcessGuid())
-		if r.Index != nil {
-			what = fmt.Sprintf("instance %s/%d", r.GetProcessGuid(), r.GetIndex())
-		}
-		if r.GetTaskGuid() != "" {
-			what = fmt.Sprintf("task %q", r.GetTaskGuid())
-		}
-		return rpcerr.NotFound("%s is on no cell", what)
+		return rpcerr.NotFound("%s is on no cell", selectionName(r.GetProcessGuid(), r.Index, r.GetTaskGuid()))
 	}
-	present, _ := s.cache.Cells()
-	byID := map[string]*modelsv1.CellPresence{}
-	for _, c := range present {
-		byID[c.GetCellId()] = c
-	}
+	byID := s.presentCells()
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	req := &repv1.StreamLogsRequest{ProcessGuid: r.GetProcessGuid(), Index: r.Index, TaskGuid: r.GetTaskGuid(),
@@ -123,30 +110,4 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 		return errors.Join(errs...) // no cell answered
 	}
 	return nil
-}
-
-// logCells are the cells that hold (or last held) the containers r selects, sorted.
-func (s *Server) logCells(r *bbsv1.StreamLogsRequest) []string {
-	ids := map[string]bool{}
-	if guid := r.GetTaskGuid(); guid != "" {
-		tasks, _ := s.cache.Tasks(store.ListFilter{Guids: map[string]struct{}{guid: {}}})
-		for _, t := range tasks {
-			if t.GetCellId() != "" {
-				ids[t.GetCellId()] = true
-			}
-		}
-	} else {
-		actual, _ := s.cache.ActualLRPs(store.ListFilter{Guids: map[string]struct{}{r.GetProcessGuid(): {}}, Index: r.Index})
-		for _, a := range actual {
-			if id := a.GetInstanceKey().GetCellId(); id != "" {
-				ids[id] = true
-			}
-		}
-	}
-	out := make([]string, 0, len(ids))
-	for id := range ids {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -297,3 +297,21 @@ func (r *Reps) StreamLogs(ctx context.Context, cell *modelsv1.CellPresence, req 
 	}
 	return c.StreamLogs(ctx, req)
 }
+
+// InstanceMetrics asks a cell's rep for its containers' latest resource samples.
+func (r *Reps) InstanceMetrics(ctx context.Context, cell *modelsv1.CellPresence, req *repv1.InstanceMetricsRequest) (*repv1.InstanceMetricsResponse, error) {
+	c, err := r.pool.Presence(cell)
+	if err != nil {
+		return nil, err
+	}
+	return c.InstanceMetrics(ctx, req)
+}
+
+// Exec opens an exec stream to a cell's rep.
+func (r *Reps) Exec(ctx context.Context, cell *modelsv1.CellPresence) (grpc.BidiStreamingClient[repv1.ExecRequest, repv1.ExecResponse], error) {
+	c, err := r.pool.Presence(cell)
+	if err != nil {
+		return nil, err
+	}
+	return c.Exec(ctx)
+}

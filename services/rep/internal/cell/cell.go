@@ -198,7 +198,8 @@ type container struct {
 	stopping bool // the rep stops it itself: its end is not a crash or a completion
 	exec     executor.Container
 	netInfo  *modelsv1.ActualLRPNetInfo
-	links    *consumer // set before exec, nil when the LRP consumes no links
+	links    *consumer   // set before exec, nil when the LRP consumes no links
+	usage    usageSample // the latest resource sample (SampleUsage)
 
 	// logs is the container's log, open from its creation to its release (nil without a
 	// store); only its lifecycle goroutine sets it.
