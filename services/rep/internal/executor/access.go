@@ -3,6 +3,9 @@ package executor
 import (
 	"context"
 	"io"
+	"io/fs"
+	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -55,4 +58,30 @@ type Execer interface {
 	// fails when the command cannot be started (e.g. not found in PATH); when ctx ends the
 	// command is killed.
 	Exec(ctx context.Context, spec ExecSpec) (int, error)
+}
+
+// DirSize is the disk the regular files under dir take (their allocated blocks), stopping
+// early when ctx ends: a container's disk use for the backends that measure a directory.
+func DirSize(ctx context.Context, dir string) uint64 {
+	var total uint64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // vanished or unreadable: count what can be read
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				total += uint64(st.Blocks) * 512
+			} else {
+				total += uint64(info.Size())
+			}
+		}
+		return nil
+	})
+	return total
 }

@@ -3,12 +3,10 @@ package process
 import (
 	"bytes"
 	"context"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -31,7 +29,7 @@ func (c *container) Usage(ctx context.Context) (executor.Usage, error) {
 	} else {
 		u.CPU, u.MemoryBytes = procUsage(c.groups())
 	}
-	u.DiskBytes = dirSize(ctx, c.dir)
+	u.DiskBytes = executor.DirSize(ctx, c.dir)
 	return u, nil
 }
 
@@ -106,35 +104,4 @@ func statFields(b []byte) []string {
 		return nil
 	}
 	return strings.Fields(string(b[i+1:]))
-}
-
-// dirSize is the disk the regular files under dir take (their allocated blocks), stopping
-// early when ctx ends.
-func dirSize(ctx context.Context, dir string) uint64 {
-	var total uint64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // vanished or unreadable: count what can be read
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		if info, err := d.Info(); err == nil {
-			total += allocated(info)
-		}
-		return nil
-	})
-	return total
-}
-
-// allocated is the disk a file takes: its allocated 512-byte blocks, or its size when the
-// file system does not say.
-func allocated(info fs.FileInfo) uint64 {
-	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Blocks) * 512
-	}
-	return uint64(info.Size())
 }
