@@ -38,6 +38,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(&c.Sim.StartLatency, "sim-start-latency", "sim backend: time to become healthy")
 	fs.Float64Var(&c.Sim.CrashRate, "sim-crash-rate", c.Sim.CrashRate, "sim backend: crash probability per second")
 	fs.Var(&c.Sim.LogInterval, "sim-log-interval", "sim backend: time between two synthetic log lines of a container (0: none)")
+	fs.Var(&c.Metrics.SampleInterval, "metrics-sample-interval", "how often every container's CPU, memory and disk use is measured (at least 100ms)")
 	fs.Int64Var(&c.Logs.MaxFileBytes, "log-max-file-bytes", c.Logs.MaxFileBytes, "bound of each of a container's two log files on the cell")
 	fs.Var(&c.Logs.Retention, "log-retention", "how long the logs of a container the cell no longer holds are kept")
 	fs.StringVar(&c.OCI.ContainerdSocket, "containerd-socket", c.OCI.ContainerdSocket, "oci backend: containerd's socket")
