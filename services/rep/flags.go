@@ -41,6 +41,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(&c.Metrics.SampleInterval, "metrics-sample-interval", "how often every container's CPU, memory and disk use is measured (at least 100ms)")
 	fs.Int64Var(&c.Logs.MaxFileBytes, "log-max-file-bytes", c.Logs.MaxFileBytes, "bound of each of a container's two log files on the cell")
 	fs.Var(&c.Logs.Retention, "log-retention", "how long the logs of a container the cell no longer holds are kept")
+	fs.StringVar(&c.Logs.DrainCAFile, "log-drain-ca", c.Logs.DrainCAFile, "PEM file of the CAs syslog-tls drains are verified against (default: the system roots)")
 	fs.StringVar(&c.OCI.ContainerdSocket, "containerd-socket", c.OCI.ContainerdSocket, "oci backend: containerd's socket")
 	fs.StringVar(&c.OCI.Namespace, "containerd-namespace", c.OCI.Namespace, "oci backend: containerd namespace of the cell's containers")
 	fs.StringVar(&c.OCI.Runtime, "containerd-runtime", c.OCI.Runtime, "oci backend: containerd runtime")

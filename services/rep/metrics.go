@@ -10,6 +10,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
@@ -211,4 +212,15 @@ func (c containerCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(containerMemDesc, float64(cm.GetMemoryBytes()))
 		gauge(containerFsDesc, float64(cm.GetDiskBytes()))
 	}
+}
+
+// watchDrains registers the log drains' counters, read at scrape time.
+func (m *serviceMetrics) watchDrains(c *drain.Counters) {
+	m.registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "drain_lines_total",
+			Help: "Container log lines written to a syslog drain's connection."}, func() float64 { return float64(c.Sent.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "drain_lines_dropped_total",
+			Help: "Container log lines a syslog drain lost: its queue was full, or it was unreachable or failed."},
+			func() float64 { return float64(c.Dropped.Load()) }),
+	)
 }

@@ -6,6 +6,8 @@ package rep
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +34,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/services/rep/internal/api"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
@@ -129,6 +132,9 @@ type LogsConfig struct {
 	// Retention is how long the lines of a container the cell no longer holds are kept (a
 	// restarted rep serves them meanwhile).
 	Retention Duration `json:"retention"`
+	// DrainCAFile is a PEM file of the CAs that syslog-tls drains' certificates are verified
+	// against (empty: the system roots).
+	DrainCAFile string `json:"drain_ca_file"`
 }
 
 // Capacity is the cell's total capacity.
@@ -457,6 +463,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s := &Service{cfg: cfg, log: logger}
 	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
 	m.watchLogs(store)
+	drainTLS, err := drainTLSConfig(cfg.Logs.DrainCAFile)
+	if err != nil {
+		return nil, err
+	}
+	drains := &cell.Drains{TLS: drainTLS, Counters: &drain.Counters{}}
+	m.watchDrains(drains.Counters)
 	m.watchContainers(func() []*repv1.ContainerMetrics { return c.ContainerMetrics(logs.Filter{}, true) })
 	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
@@ -476,6 +488,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Observer:          m,
 		PresenceHeld:      func() bool { return s.presence.Held() }, // set below, before Run
 		Logs:              store,
+		Drains:            drains,
 	}, bbs, backend, resolver)
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
@@ -563,4 +576,20 @@ var Policy = authz.Methods{
 		authz.Auctioneer: {"Perform"},
 		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs", "InstanceMetrics", "Exec"},
 	},
+}
+
+// drainTLSConfig verifies syslog-tls drains against the CAs of caFile, or the system roots.
+func drainTLSConfig(caFile string) (*tls.Config, error) {
+	if caFile == "" {
+		return &tls.Config{MinVersion: tls.VersionTLS12}, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("logs.drain_ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("logs.drain_ca_file: no PEM certificate in %s", caFile)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
 }
