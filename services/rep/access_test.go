@@ -12,11 +12,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/authz"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
 	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/ocitest"
@@ -172,5 +176,83 @@ func TestOCIInstanceAccess(t *testing.T) {
 	_, _, _, err = repExec(ctx, t, r, &repv1.ExecStart{ProcessGuid: "web", Command: []string{"/bin/nothing"}}, nil)
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("exec of a missing program: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestUserRoleRecheck: over mutual TLS the rep checks again the role of the user the BBS
+// calls for (authz.OnBehalfOf): logs and metrics for a read-only user pass the check, exec for
+// one is refused, as is any of them when the BBS names no user; admin calling directly passes.
+func TestUserRoleRecheck(t *testing.T) {
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "rep", "bbs", "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := bbstest.Start(t)
+	r := startRep(t, env, func(c *rep.Config) { c.TLS = pki["rep"] })
+	dial := func(name string) repv1.RepServiceClient {
+		conn, err := grpcx.Dial(r.svc.Addr().String(), grpcx.ClientConfig{TLS: pki[name]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return repv1.NewRepServiceClient(conn)
+	}
+	bbs, admin := dial("bbs"), dial("admin")
+	as := func(role string) context.Context {
+		return metadata.AppendToOutgoingContext(ctxT(t), authz.UserIdentityKey, "spiffe://gavel/someone", authz.UserRoleKey, role)
+	}
+	metrics := func(ctx context.Context, c repv1.RepServiceClient) error {
+		_, err := c.InstanceMetrics(ctx, &repv1.InstanceMetricsRequest{ProcessGuid: "web"})
+		return err
+	}
+	exec := func(ctx context.Context, c repv1.RepServiceClient) error {
+		s, err := c.Exec(ctx)
+		if err == nil {
+			err = s.Send(&repv1.ExecRequest{Start: &repv1.ExecStart{ProcessGuid: "web", Command: []string{"id"}}})
+		}
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return err
+	}
+	logs := func(ctx context.Context, c repv1.RepServiceClient) error {
+		_, err := readLogsFrom(ctx, c, &repv1.StreamLogsRequest{ProcessGuid: "web"})
+		return err
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want codes.Code
+	}{
+		{"metrics for read-only", metrics(as("read-only"), bbs), codes.NotFound},
+		{"logs for read-only", logs(as("read-only"), bbs), codes.NotFound},
+		{"exec for admin", exec(as("admin"), bbs), codes.NotFound},
+		{"exec for read-only", exec(as("read-only"), bbs), codes.PermissionDenied},
+		{"logs for a rep", logs(as("rep/cell-9"), bbs), codes.PermissionDenied},
+		{"metrics for nobody", metrics(ctxT(t), bbs), codes.PermissionDenied},
+		{"exec by admin itself", exec(ctxT(t), admin), codes.NotFound},
+	} {
+		if status.Code(tt.err) != tt.want {
+			t.Errorf("%s: %v, want %s", tt.name, tt.err, tt.want)
+		}
+	}
+}
+
+// readLogsFrom reads a StreamLogs stream of client c to its end.
+func readLogsFrom(ctx context.Context, c repv1.RepServiceClient, req *repv1.StreamLogsRequest) ([]*repv1.LogLine, error) {
+	stream, err := c.StreamLogs(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	var out []*repv1.LogLine
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, resp.GetLines()...)
 	}
 }

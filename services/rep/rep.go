@@ -490,10 +490,12 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Logs:              store,
 		Drains:            drains,
 	}, bbs, backend, resolver)
-	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
+	audit := logger.Named("audit")
+	authorizer := authz.New(cfg.Authz, Policy, audit)
+	users := UserRecheck(audit)
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), users.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), users.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
 		grpcx.WithMetrics(m.registry),
 	)
@@ -592,4 +594,20 @@ func drainTLSConfig(caFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("logs.drain_ca_file: no PEM certificate in %s", caFile)
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// UserRecheck checks, at the rep, the role of the user the BBS streams logs, reads metrics or
+// execs for (the BBS checked it first and says whose call it makes): logs and metrics for admin
+// and read-only, exec for admin only. Refusals go to audit.
+func UserRecheck(audit hclog.Logger) authz.UserRecheck {
+	return authz.UserRecheck{
+		Service: repv1.RepService_ServiceDesc.ServiceName,
+		Proxy:   authz.BBS,
+		Users: map[string][]string{
+			"StreamLogs":      {authz.Admin, authz.ReadOnly},
+			"InstanceMetrics": {authz.Admin, authz.ReadOnly},
+			"Exec":            {authz.Admin},
+		},
+		Audit: audit,
+	}
 }
