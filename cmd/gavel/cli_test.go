@@ -39,6 +39,7 @@ func startCluster(t *testing.T, withNsync bool) *env {
 	cfg.Backend = rep.BackendSim
 	cfg.Capacity = rep.Capacity{MemoryMB: 1024, DiskMB: 4096, Containers: 10}
 	cfg.Sim.StartLatency = rep.Duration(50 * time.Millisecond)
+	cfg.Metrics.SampleInterval = rep.Duration(time.Hour) // no sample before the golden listings: their CPU, MEMORY and DISK read "-"
 	c := devcluster.New(devcluster.Config{
 		Dir:                 t.TempDir(),
 		BBSAddress:          "127.0.0.1:0",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -48,28 +51,29 @@ func (c *cli) logsCommand() *cobra.Command {
 			if since > 0 {
 				req.Since = timestamppb.New(time.Now().Add(-since))
 			}
-			stream, err := bbs.StreamLogs(cmd.Context(), req, grpc.WaitForReady(true))
-			if err != nil {
-				return err
-			}
-			for {
-				msg, err := stream.Recv()
-				if err != nil {
-					if cmd.Context().Err() != nil || errors.Is(err, io.EOF) {
-						return nil
-					}
+			// Following an LRP goes on across its instances' moves: when the BBS ends the
+			// stream (no cell holds a selected instance any more), it is opened again from the
+			// last line seen, until the LRP is removed or Ctrl-C.
+			start := time.Now()
+			for reopened := false; ; reopened = true {
+				last, err := c.printLogs(cmd.Context(), p, bbs, req, reopened)
+				if err != nil || !follow || task || cmd.Context().Err() != nil {
 					return err
 				}
-				if p.format == formatJSON {
-					b, err := docJSON(msg)
-					if err != nil {
-						return err
-					}
-					fmt.Fprintf(c.out, "%s\n", b)
-					continue
+				switch {
+				case last != nil:
+					req.Since = timestamppb.New(last.AsTime().Add(time.Nanosecond))
+				case req.GetSince() == nil || req.GetSince().AsTime().Before(start):
+					req.Since = timestamppb.New(start)
 				}
-				for _, l := range msg.GetLines() {
-					fmt.Fprintln(c.out, logLine(l))
+				req.Tail = nil
+				if !c.lrpExists(cmd.Context(), bbs, req.GetProcessGuid()) {
+					return nil
+				}
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(followReopen):
 				}
 			}
 		},
@@ -80,6 +84,52 @@ func (c *cli) logsCommand() *cobra.Command {
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep streaming new lines")
 	cmd.Flags().BoolVar(&task, "task", false, "GUID is a task guid")
 	return cmd
+}
+
+// followReopen is how long `gavel logs -f` waits before opening the stream of an LRP again.
+const followReopen = time.Second
+
+// printLogs prints one StreamLogs stream to its end and returns the timestamp of the last line
+// (nil when none came). A clean end and the client's own end are no error, nor, when reopened
+// is set (following again), NotFound: no instance is on a cell right now.
+func (c *cli) printLogs(ctx context.Context, p *printer, bbs bbsv1.BBSServiceClient, req *bbsv1.StreamLogsRequest, reopened bool) (*timestamppb.Timestamp, error) {
+	var last *timestamppb.Timestamp
+	stream, err := bbs.StreamLogs(ctx, req, grpc.WaitForReady(true))
+	if err != nil {
+		return nil, err
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil || errors.Is(err, io.EOF):
+				return last, nil
+			case status.Code(err) == codes.NotFound && reopened:
+				return last, nil // following: the instances are between cells
+			}
+			return last, err
+		}
+		if n := len(msg.GetLines()); n > 0 {
+			last = msg.GetLines()[n-1].GetTimestamp()
+		}
+		if p.format == formatJSON {
+			b, err := docJSON(msg)
+			if err != nil {
+				return last, err
+			}
+			fmt.Fprintf(c.out, "%s\n", b)
+			continue
+		}
+		for _, l := range msg.GetLines() {
+			fmt.Fprintln(c.out, logLine(l))
+		}
+	}
+}
+
+// lrpExists reports whether the desired LRP guid still exists (true when the BBS cannot say).
+func (c *cli) lrpExists(ctx context.Context, bbs bbsv1.BBSServiceClient, guid string) bool {
+	_, err := bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: guid})
+	return status.Code(err) != codes.NotFound
 }
 
 // logLine is a log line as cf logs prints one: time, [SOURCE/INDEX], OUT or ERR, text.

@@ -12,6 +12,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 )
 
 // Paths of routes maps in the documents the LRP commands print (see docJSON).
@@ -81,7 +82,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printDesiredLRP(p, resp.GetDesiredLrp(), actuals.GetActualLrps())
+			return printDesiredLRP(p, resp.GetDesiredLrp(), actuals.GetActualLrps(), instanceMetrics(cmd.Context(), bbs, args[0]))
 		},
 	}
 
@@ -332,8 +333,9 @@ func printDesiredLRPs(p *printer, resp *bbsv1.DesiredLRPsResponse) error {
 	return t.flush()
 }
 
-// printDesiredLRP renders one LRP: its fields, then its instances.
-func printDesiredLRP(p *printer, d *modelsv1.DesiredLRP, actuals []*modelsv1.ActualLRP) error {
+// printDesiredLRP renders one LRP: its fields, then its instances (with their latest
+// resource samples, by instance guid, when metrics is not nil).
+func printDesiredLRP(p *printer, d *modelsv1.DesiredLRP, actuals []*modelsv1.ActualLRP, metrics map[string]*repv1.ContainerMetrics) error {
 	t := p.table("FIELD", "VALUE")
 	t.row("process_guid", d.GetProcessGuid())
 	t.row("domain", d.GetDomain())
@@ -351,14 +353,23 @@ func printDesiredLRP(p *printer, d *modelsv1.DesiredLRP, actuals []*modelsv1.Act
 		return err
 	}
 	fmt.Fprintln(p.out)
-	return printActualLRPs(p, actuals)
+	return printInstances(p, actuals, metrics)
 }
 
 // printActualLRPs renders instances, sorted by guid, index and presence.
 func printActualLRPs(p *printer, actuals []*modelsv1.ActualLRP) error {
+	return printInstances(p, actuals, nil)
+}
+
+// printInstances renders instances, sorted by guid, index and presence, with CPU, MEMORY and
+// DISK columns when metrics (by instance guid) is not nil.
+func printInstances(p *printer, actuals []*modelsv1.ActualLRP, metrics map[string]*repv1.ContainerMetrics) error {
 	sorted := append([]*modelsv1.ActualLRP(nil), actuals...)
 	sortActualLRPs(sorted)
 	headers := []string{"PROCESS_GUID", "INDEX", "STATE", "CELL", "ADDRESS", "AGE", "DETAILS"}
+	if metrics != nil {
+		headers = append(headers, "CPU", "MEMORY", "DISK")
+	}
 	if p.wide() {
 		headers = append(headers, "PRESENCE", "INSTANCE_GUID", "ZONE", "CRASHES", "ROUTABLE")
 	}
@@ -366,6 +377,13 @@ func printActualLRPs(p *printer, actuals []*modelsv1.ActualLRP) error {
 	for _, a := range sorted {
 		r := []any{a.GetKey().GetProcessGuid(), a.GetKey().GetIndex(), actualState(a), a.GetInstanceKey().GetCellId(),
 			addressString(a.GetNetInfo()), p.age(a.GetSince()), actualDetails(a)}
+		if metrics != nil {
+			cpu, mem, disk := "", "", ""
+			if m := metrics[a.GetInstanceKey().GetInstanceGuid()]; m != nil && a.GetInstanceKey().GetInstanceGuid() != "" {
+				cpu, mem, disk = metricsColumns(m)
+			}
+			r = append(r, cpu, mem, disk)
+		}
 		if p.wide() {
 			r = append(r, trimEnum(a.GetPresence().String(), "PRESENCE_"), a.GetInstanceKey().GetInstanceGuid(), a.GetZone(),
 				a.GetCrashCount(), strconv.FormatBool(a.GetRoutable()))

@@ -93,7 +93,7 @@ stored byte for byte. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 r
 		&cobra.Group{ID: "apps", Title: "Apps and placement pools (nsync):"},
 		&cobra.Group{ID: "local", Title: "Local cluster, certificates, keys and backups:"},
 	)
-	for _, cmd := range append(c.lrpCommands(), c.linksCommand()) {
+	for _, cmd := range append(append(c.lrpCommands(), c.linksCommand()), c.accessCommands()...) {
 		cmd.GroupID = "lrp"
 		root.AddCommand(cmd)
 	}

@@ -70,7 +70,7 @@ func SchedulingInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPSchedulingInfo {
 }
 
 // RunInfo returns the part of d that only the cell running it needs: properties, ports, env,
-// actions, checks, start timeout, links, privilege and CPU weight, with the identity.
+// actions, checks, start timeout, links, privilege, CPU weight and log drains, with the identity.
 // The result shares no memory with d.
 func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 	if d == nil {
@@ -90,6 +90,7 @@ func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 		Links:           cloneMsg(d.GetLinks()),
 		Privileged:      d.GetPrivileged(),
 		CpuWeight:       d.GetCpuWeight(),
+		LogDrains:       slices.Clone(d.GetLogDrains()),
 	}
 }
 
@@ -128,5 +129,6 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 	d.Links = cloneMsg(r.GetLinks())
 	d.Privileged = r.GetPrivileged()
 	d.CpuWeight = r.GetCpuWeight()
+	d.LogDrains = slices.Clone(r.GetLogDrains())
 	return d
 }

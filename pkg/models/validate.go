@@ -554,6 +554,7 @@ func ValidateDesiredLRP(prefix string, d *modelsv1.DesiredLRP, l Limits) error {
 	checkNonNegative(e, sub(prefix, "start_timeout_ms"), d.GetStartTimeoutMs())
 	checkLinks(e, sub(prefix, "links"), d.GetLinks())
 	checkCPUWeight(e, sub(prefix, "cpu_weight"), d.GetCpuWeight())
+	checkLogDrains(e, sub(prefix, "log_drains"), d.GetLogDrains())
 	return e.Err()
 }
 
@@ -727,4 +728,28 @@ func sameRootfs(a, b string) bool {
 		return a == b
 	}
 	return ca == cb
+}
+
+// MaxLogDrains bounds an LRP's syslog drains.
+const MaxLogDrains = 8
+
+// checkLogDrains checks syslog drain URLs: syslog:// or syslog-tls://, with a host and a port.
+func checkLogDrains(e *rpcerr.InvalidError, field string, drains []string) {
+	if len(drains) > MaxLogDrains {
+		e.Add(field, "has %d drains, at most %d", len(drains), MaxLogDrains)
+	}
+	for i, d := range drains {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		u, err := url.Parse(d)
+		switch {
+		case err != nil:
+			e.Add(f, "is not a URL: %v", err)
+		case u.Scheme != "syslog" && u.Scheme != "syslog-tls":
+			e.Add(f, "must be a syslog:// or syslog-tls:// URL, got %q", d)
+		case u.Hostname() == "" || u.Port() == "":
+			e.Add(f, "must name a host and a port, e.g. syslog-tls://logs.example.com:6514, got %q", d)
+		case u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil:
+			e.Add(f, "must be only scheme://host:port, got %q", d)
+		}
+	}
 }

@@ -100,6 +100,7 @@ func validLRP() *modelsv1.DesiredLRP {
 		},
 		LogGuid:   "log",
 		CpuWeight: 50,
+		LogDrains: []string{"syslog://logs.example.com:514", "syslog-tls://10.0.0.5:6514"},
 	}
 }
 
@@ -139,6 +140,12 @@ func TestValidateDesiredLRP(t *testing.T) {
 			d.CpuWeight = 101
 		}, want: []string{"desired_lrp.instances", "desired_lrp.memory_mb", "desired_lrp.disk_mb", "desired_lrp.max_pids",
 			"desired_lrp.start_timeout_ms", "desired_lrp.cpu_weight"}},
+		{name: "log drains", mutate: func(d *modelsv1.DesiredLRP) {
+			d.LogDrains = []string{"https://logs.example.com:443", "syslog://nohost", "syslog-tls://h:6514/path", "syslog://h:514", "::"}
+		}, want: []string{"desired_lrp.log_drains[0]", "desired_lrp.log_drains[1]", "desired_lrp.log_drains[2]", "desired_lrp.log_drains[4]"}},
+		{name: "too many log drains", mutate: func(d *modelsv1.DesiredLRP) {
+			d.LogDrains = slices.Repeat([]string{"syslog://h:514"}, MaxLogDrains+1)
+		}, want: []string{"desired_lrp.log_drains"}},
 		{name: "placement tags", mutate: func(d *modelsv1.DesiredLRP) {
 			d.PlacementConstraint = &modelsv1.PlacementConstraint{
 				Require:  []string{"ok", "", "a,b", strings.Repeat("t", 64), strings.Repeat("t", 63)},

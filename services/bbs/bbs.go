@@ -366,7 +366,8 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	c := core.New(st, coreCfg)
 	callbacks := callback.New(callback.Config{Workers: cfg.CallbackWorkers, Logger: logger.Named("callback")}, callbackQueue, c.Tasks)
 	v := validate.Validator{Limits: limits}
-	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), logger.Named("audit"))
+	audit := logger.Named("audit")
+	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), audit)
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(authorizer.Unary(),
@@ -380,7 +381,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		_ = transformers.Close()
 		return nil, err
 	}
-	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval), api.WithLogs(reps)))
+	bbsv1.RegisterBBSServiceServer(server.GRPC, api.New(c, st, time.Duration(cfg.BookmarkInterval), api.WithLogs(reps), api.WithInstanceAccess(reps, audit)))
 	conv := converge.New(c, st, converge.Config{
 		Interval:             time.Duration(cfg.ConvergenceInterval),
 		UnclaimedTimeout:     time.Duration(cfg.UnclaimedTimeout),

@@ -26,7 +26,7 @@ func TestConfigFile(t *testing.T) {
 	  "preloaded_rootfses": {"cflinuxfs4": "/var/gavel/cflinuxfs4"}, "supported_rootfs_providers": ["docker"],
 	  "capacity": {"memory_mb": 2048, "disk_mb": 8192, "containers": 20}, "backend": "sim",
 	  "lease_ttl": "3s", "bulk_interval": "5s", "sim": {"start_latency": "2s", "crash_rate": 0.01, "log_interval": "1s"},
-	  "logs": {"max_file_bytes": 65536, "retention": "10m"},
+	  "logs": {"max_file_bytes": 65536, "retention": "10m"}, "metrics": {"sample_interval": "2s"},
 	  "hooks": {"timeout": "5s"}, "port_range": "62000-62099",
 	  "oci": {"containerd_socket": "/run/k3s/containerd.sock", "namespace": "cells"}}`
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -41,7 +41,7 @@ func TestConfigFile(t *testing.T) {
 	}
 	if c.CellID != "cell-z1-0" || c.Capacity.Containers != 20 || time.Duration(c.LeaseTTL) != 3*time.Second ||
 		time.Duration(c.Sim.StartLatency) != 2*time.Second || c.Sim.CrashRate != 0.01 || c.PreloadedRootfses["cflinuxfs4"] == "" ||
-		c.Logs.MaxFileBytes != 65536 || time.Duration(c.Logs.Retention) != 10*time.Minute {
+		c.Logs.MaxFileBytes != 65536 || time.Duration(c.Logs.Retention) != 10*time.Minute || time.Duration(c.Metrics.SampleInterval) != 2*time.Second {
 		t.Fatalf("loaded %+v", c)
 	}
 	o := rep.BackendOptions(c)
@@ -84,6 +84,7 @@ func TestConfigValidate(t *testing.T) {
 		{"sim log interval", func(c *rep.Config) { c.Sim.LogInterval = -1 }, "sim.log_interval"},
 		{"log file bound", func(c *rep.Config) { c.Logs.MaxFileBytes = 100 }, "logs.max_file_bytes"},
 		{"log retention", func(c *rep.Config) { c.Logs.Retention = 0 }, "logs.retention"},
+		{"metrics sample interval", func(c *rep.Config) { c.Metrics.SampleInterval = rep.Duration(time.Millisecond) }, "metrics.sample_interval"},
 		{"bulk interval", func(c *rep.Config) { c.BulkInterval = 0 }, "bulk_interval"},
 		{"log level", func(c *rep.Config) { c.Log.Level = "loud" }, "log"},
 	}

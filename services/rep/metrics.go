@@ -1,13 +1,16 @@
 package rep
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
@@ -161,4 +164,63 @@ func (c cellCollector) Collect(ch chan<- prometheus.Metric) {
 		evac = 1
 	}
 	gauge(evacuatingDesc, evac)
+}
+
+// Descriptions of the per-container series, in the manner of cAdvisor's container_* series,
+// labelled by process guid, index and instance guid (a task: its guid in task_guid), so their
+// number is bounded by the cell's containers.
+var (
+	containerLabels   = []string{"process_guid", "index", "instance_guid", "task_guid"}
+	containerCPUDesc  = prometheus.NewDesc("container_cpu_usage_seconds_total", "CPU time the container's processes have used (at the latest sample).", containerLabels, nil)
+	containerMemDesc  = prometheus.NewDesc("container_memory_usage_bytes", "Memory the container uses (at the latest sample).", containerLabels, nil)
+	containerMemLimit = prometheus.NewDesc("container_spec_memory_limit_bytes", "The container's memory quota (0: none).", containerLabels, nil)
+	containerFsDesc   = prometheus.NewDesc("container_fs_usage_bytes", "Disk the container has written (at the latest sample).", containerLabels, nil)
+	containerFsLimit  = prometheus.NewDesc("container_fs_limit_bytes", "The container's disk quota (0: none).", containerLabels, nil)
+)
+
+// watchContainers registers the per-container series, read from list at scrape time.
+func (m *serviceMetrics) watchContainers(list func() []*repv1.ContainerMetrics) {
+	m.registry.MustRegister(containerCollector{list: list})
+}
+
+// containerCollector reads every container's latest sample at scrape time; a container not
+// sampled yet has only its limits.
+type containerCollector struct {
+	list func() []*repv1.ContainerMetrics
+}
+
+// Describe implements prometheus.Collector.
+func (containerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{containerCPUDesc, containerMemDesc, containerMemLimit, containerFsDesc, containerFsLimit} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c containerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, cm := range c.list() {
+		labels := []string{cm.GetProcessGuid(), strconv.Itoa(int(cm.GetIndex())), cm.GetInstanceGuid(), cm.GetTaskGuid()}
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		}
+		gauge(containerMemLimit, float64(cm.GetMemoryLimitBytes()))
+		gauge(containerFsLimit, float64(cm.GetDiskLimitBytes()))
+		if cm.GetSampledAt() == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(containerCPUDesc, prometheus.CounterValue, cm.GetCpuSeconds(), labels...)
+		gauge(containerMemDesc, float64(cm.GetMemoryBytes()))
+		gauge(containerFsDesc, float64(cm.GetDiskBytes()))
+	}
+}
+
+// watchDrains registers the log drains' counters, read at scrape time.
+func (m *serviceMetrics) watchDrains(c *drain.Counters) {
+	m.registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "drain_lines_total",
+			Help: "Container log lines written to a syslog drain's connection."}, func() float64 { return float64(c.Sent.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "rep", Name: "drain_lines_dropped_total",
+			Help: "Container log lines a syslog drain lost: its queue was full, or it was unreachable or failed."},
+			func() float64 { return float64(c.Dropped.Load()) }),
+	)
 }

@@ -6,6 +6,8 @@ package rep
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +34,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/serviceconfig"
 	"github.com/gavel-sched/gavel/services/rep/internal/api"
 	"github.com/gavel-sched/gavel/services/rep/internal/cell"
+	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
@@ -109,6 +112,16 @@ type Config struct {
 	EvacuationTimeout Duration `json:"evacuation_timeout"`
 	// Logs configures the capture of containers' output on the cell (work_dir/logs).
 	Logs LogsConfig `json:"logs"`
+	// Metrics configures the sampling of every container's resource use.
+	Metrics MetricsConfig `json:"metrics"`
+}
+
+// MetricsConfig configures the sampling of containers' CPU, memory and disk use (served by
+// InstanceMetrics and as container_* series on /metrics).
+type MetricsConfig struct {
+	// SampleInterval is how often every container is measured; a CPU percentage is the use
+	// over one interval.
+	SampleInterval Duration `json:"sample_interval"`
 }
 
 // LogsConfig configures the cell's log store (see services/rep/README.md, "Logs").
@@ -119,6 +132,9 @@ type LogsConfig struct {
 	// Retention is how long the lines of a container the cell no longer holds are kept (a
 	// restarted rep serves them meanwhile).
 	Retention Duration `json:"retention"`
+	// DrainCAFile is a PEM file of the CAs that syslog-tls drains' certificates are verified
+	// against (empty: the system roots).
+	DrainCAFile string `json:"drain_ca_file"`
 }
 
 // Capacity is the cell's total capacity.
@@ -196,6 +212,7 @@ func Default() Config {
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
 		Logs:              LogsConfig{MaxFileBytes: logs.DefaultMaxFileBytes, Retention: Duration(logs.DefaultRetention)},
+		Metrics:           MetricsConfig{SampleInterval: Duration(cell.DefaultSampleInterval)},
 	}
 }
 
@@ -295,6 +312,9 @@ func (c Config) Validate() error {
 	}
 	if c.Logs.Retention <= 0 {
 		errs = append(errs, errors.New("logs.retention must be positive"))
+	}
+	if c.Metrics.SampleInterval < Duration(100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("metrics.sample_interval must be at least 100ms, got %s", time.Duration(c.Metrics.SampleInterval)))
 	}
 	if c.Sim.CrashRate < 0 || c.Sim.CrashRate > 1 {
 		errs = append(errs, fmt.Errorf("sim.crash_rate must be between 0 and 1, got %v", c.Sim.CrashRate))
@@ -446,6 +466,13 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s := &Service{cfg: cfg, log: logger}
 	m := newServiceMetrics(func() cell.Stats { return c.Stats() })
 	m.watchLogs(store)
+	drainTLS, err := drainTLSConfig(cfg.Logs.DrainCAFile)
+	if err != nil {
+		return nil, err
+	}
+	drains := &cell.Drains{TLS: drainTLS, Counters: &drain.Counters{}}
+	m.watchDrains(drains.Counters)
+	m.watchContainers(func() []*repv1.ContainerMetrics { return c.ContainerMetrics(logs.Filter{}, true) })
 	c = cell.New(cell.Config{
 		CellID:    cfg.CellID,
 		Zone:      cfg.Zone,
@@ -464,11 +491,14 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 		Observer:          m,
 		PresenceHeld:      func() bool { return s.presence.Held() }, // set below, before Run
 		Logs:              store,
+		Drains:            drains,
 	}, bbs, backend, resolver)
-	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))
+	audit := logger.Named("audit")
+	authorizer := authz.New(cfg.Authz, Policy, audit)
+	users := UserRecheck(audit)
 	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
-		grpcx.WithUnaryInterceptors(authorizer.Unary(), rpcerr.UnaryServerInterceptor()),
-		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor()),
+		grpcx.WithUnaryInterceptors(authorizer.Unary(), users.Unary(), rpcerr.UnaryServerInterceptor()),
+		grpcx.WithStreamInterceptors(authorizer.Stream(), users.Stream(), rpcerr.StreamServerInterceptor()),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(api.Validate(req)) }),
 		grpcx.WithMetrics(m.registry),
 	)
@@ -486,7 +516,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 }
 
 // Run serves until ctx ends, as an ordered group: the metrics server (with metrics_address),
-// the log store's writer, the cell, the gRPC API, the end of its log followers, the presence
+// the log store's writer, the cell, the links follower, the usage sampler, the gRPC API, the end of its log followers, the presence
 // (once the API listens, so the registered address answers) and the bulk loop; ready is
 // called once all run. On stop the bulk loop ends, the presence is revoked, log followers are
 // let go, the API stops, the containers are stopped, their last lines are written and the
@@ -496,6 +526,7 @@ func (s *Service) Run(ctx context.Context, ready func()) error {
 		lifecycle.Member{Name: "logs", Runner: lifecycle.RunFunc(s.logs.Run)},
 		lifecycle.Member{Name: "cell", Runner: s.cell},
 		lifecycle.Member{Name: "links", Runner: lifecycle.RunFunc(s.cell.FollowLinks)},
+		lifecycle.Member{Name: "usage", Runner: lifecycle.RunFunc(s.cell.SampleUsage(time.Duration(s.cfg.Metrics.SampleInterval)))},
 		lifecycle.Member{Name: "grpc", Runner: s.server},
 		lifecycle.Member{Name: "log followers", Runner: lifecycle.RunFunc(s.handlers.EndFollows)},
 		lifecycle.Member{Name: "presence", Runner: s.presence},
@@ -548,6 +579,38 @@ var Policy = authz.Methods{
 	Reads:   []string{"State"},
 	Grants: map[string][]string{
 		authz.Auctioneer: {"Perform"},
-		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs"},
+		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs", "InstanceMetrics", "Exec"},
 	},
+}
+
+// drainTLSConfig verifies syslog-tls drains against the CAs of caFile, or the system roots.
+func drainTLSConfig(caFile string) (*tls.Config, error) {
+	if caFile == "" {
+		return &tls.Config{MinVersion: tls.VersionTLS12}, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("logs.drain_ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("logs.drain_ca_file: no PEM certificate in %s", caFile)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// UserRecheck checks, at the rep, the role of the user the BBS streams logs, reads metrics or
+// execs for (the BBS checked it first and says whose call it makes): logs and metrics for admin
+// and read-only, exec for admin only. Refusals go to audit.
+func UserRecheck(audit hclog.Logger) authz.UserRecheck {
+	return authz.UserRecheck{
+		Service: repv1.RepService_ServiceDesc.ServiceName,
+		Proxy:   authz.BBS,
+		Users: map[string][]string{
+			"StreamLogs":      {authz.Admin, authz.ReadOnly},
+			"InstanceMetrics": {authz.Admin, authz.ReadOnly},
+			"Exec":            {authz.Admin},
+		},
+		Audit: audit,
+	}
 }

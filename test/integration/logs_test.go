@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -103,5 +105,103 @@ func TestLogsThroughTheBBS(t *testing.T) {
 	}
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("logs of an unknown LRP: %v, want NotFound", err)
+	}
+}
+
+// TestLogsFollowAnInstanceThatMoves follows an LRP's logs through the BBS while its only
+// instance's cell evacuates: the replacement on the other cell is picked up by the same stream
+// (its lines, with the new instance guid and cell, follow the old ones).
+func TestLogsFollowAnInstanceThatMoves(t *testing.T) {
+	var cells []devcluster.Cell
+	for i := range 2 {
+		c := simCell(fmt.Sprintf("cell-%d", i), fmt.Sprintf("z%d", i), nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
+		c.Config.Sim.LogInterval = rep.Duration(50 * time.Millisecond)
+		cells = append(cells, c)
+	}
+	c := startCluster(t, cells)
+	ctx := t.Context()
+	if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: desiredLRP("web", "preloaded:cflinuxfs4", 1, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	var first *modelsv1.ActualLRP
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+		as := actualLRPs(t, c, "web")
+		if len(as) == 1 && as[0].GetState() == modelsv1.ActualLRP_STATE_RUNNING {
+			first = as[0]
+			return true, ""
+		}
+		return false, fmt.Sprint(as)
+	}, "web running")
+	zero := int32(0)
+	follow, err := c.BBS.StreamLogs(ctx, &bbsv1.StreamLogsRequest{ProcessGuid: "web", Tail: &zero, Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type seen struct{ cell, instance string }
+	var (
+		mu     sync.Mutex
+		got    = map[seen]bool{}
+		ended  error
+		closed = make(chan struct{})
+	)
+	go func() {
+		defer close(closed)
+		for {
+			msg, err := follow.Recv()
+			if err != nil {
+				mu.Lock()
+				ended = err
+				mu.Unlock()
+				return
+			}
+			mu.Lock()
+			for _, l := range msg.GetLines() {
+				got[seen{msg.GetCellId(), l.GetInstanceGuid()}] = true
+			}
+			mu.Unlock()
+		}
+	}()
+	old := seen{first.GetInstanceKey().GetCellId(), first.GetInstanceKey().GetInstanceGuid()}
+	state := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("seen %v, stream ended: %v", got, ended)
+	}
+	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[old], ""
+	}, "lines of the first instance")
+
+	presences, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evacuating *rep.Service
+	for _, p := range presences.GetCells() {
+		for _, r := range c.Reps {
+			if p.GetCellId() == old.cell && p.GetRepAddress() == r.AdvertiseAddress() {
+				evacuating = r
+			}
+		}
+	}
+	if evacuating == nil {
+		t.Fatalf("no rep for %s among %v", old.cell, presences.GetCells())
+	}
+	go func() { _ = evacuating.Evacuate(ctx) }()
+	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for s := range got {
+			if s.cell != old.cell && s.instance != old.instance {
+				return true, ""
+			}
+		}
+		return false, ""
+	}, "lines of the replacement on the other cell, on the same stream")
+	select {
+	case <-closed:
+		t.Fatalf("the follow ended: %s", state())
+	default:
 	}
 }

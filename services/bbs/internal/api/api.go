@@ -8,6 +8,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
@@ -41,6 +43,8 @@ type Server struct {
 	cache         Cache
 	bookmarkEvery time.Duration
 	logs          LogSource
+	access        InstanceAccess
+	audit         hclog.Logger
 }
 
 var _ bbsv1.BBSServiceServer = (*Server)(nil)
@@ -57,6 +61,7 @@ func New(c *core.Core, cache Cache, bookmarkEvery time.Duration, opts ...Option)
 		routing:       c.Routing,
 		cache:         cache,
 		bookmarkEvery: bookmarkEvery,
+		audit:         hclog.NewNullLogger(),
 	}
 	for _, o := range opts {
 		o(s)

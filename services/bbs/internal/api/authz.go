@@ -46,7 +46,7 @@ func Policy(cfg authz.Config, lookup Lookup) authz.Policy {
 			authz.Auctioneer:   {"FailActualLRP", "RejectTask"},
 			authz.RouteEmitter: {"ReportRoutesPublished"},
 			authz.Nsync:        nsyncCalls,
-			authz.ReadOnly:     {"StreamLogs"},
+			authz.ReadOnly:     {"StreamLogs", "InstanceMetrics"},
 		},
 		Check: func(role authz.Role, method string, req any) error {
 			switch role.Kind {

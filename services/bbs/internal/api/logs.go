@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
-	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // LogSource opens a cell's log stream (the rep's StreamLogs, with the BBS's identity).
@@ -27,46 +27,46 @@ type Option func(*Server)
 // WithLogs proxies StreamLogs to the cells through l; without it StreamLogs is Unimplemented.
 func WithLogs(l LogSource) Option { return func(s *Server) { s.logs = l } }
 
+// followRecheck is how often a following StreamLogs looks for cells that came to hold a
+// selected container (an instance placed or moved there) and opens their streams too.
+const followRecheck = time.Second
+
 // StreamLogs implements bbsv1.BBSServiceServer (the request is validated by the validate
 // package's interceptor, as every request is): it finds the cells that hold the selected
-// containers, opens each one's log stream, and forwards their batches as they come. The BBS
-// keeps no lines: a slow client slows only its own streams.
+// containers, opens each one's log stream, and forwards their batches as they come. While
+// following it also opens, every followRecheck, the stream of any cell that has come to hold a
+// selected container since (an instance that moved there), from the start of the follow; it
+// ends once every stream it opened has ended. The BBS keeps no lines: a slow client slows only
+// its own streams.
 func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStreamingServer[bbsv1.StreamLogsResponse]) error {
 	if s.logs == nil {
 		return rpcerr.FailedPrecondition("this BBS does not proxy logs")
 	}
-	cellIDs := s.logCells(r)
+	cellIDs := s.selectedCells(r.GetProcessGuid(), r.Index, r.GetTaskGuid())
 	if len(cellIDs) == 0 {
-		what := fmt.Sprintf("desired lrp %q", r.GetProcessGuid())
-		if r.Index != nil {
-			what = fmt.Sprintf("instance %s/%d", r.GetProcessGuid(), r.GetIndex())
-		}
-		if r.GetTaskGuid() != "" {
-			what = fmt.Sprintf("task %q", r.GetTaskGuid())
-		}
-		return rpcerr.NotFound("%s is on no cell", what)
+		return rpcerr.NotFound("%s is on no cell", selectionName(r.GetProcessGuid(), r.Index, r.GetTaskGuid()))
 	}
-	present, _ := s.cache.Cells()
-	byID := map[string]*modelsv1.CellPresence{}
-	for _, c := range present {
-		byID[c.GetCellId()] = c
-	}
+	started := time.Now()
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	req := &repv1.StreamLogsRequest{ProcessGuid: r.GetProcessGuid(), Index: r.Index, TaskGuid: r.GetTaskGuid(),
 		Tail: r.Tail, Since: r.GetSince(), Follow: r.GetFollow()}
+	// A cell found later sends what it captured since the follow started (or since, if later).
+	later := &repv1.StreamLogsRequest{ProcessGuid: r.GetProcessGuid(), Index: r.Index, TaskGuid: r.GetTaskGuid(),
+		Since: timestamppb.New(started), Follow: true}
+	if r.GetSince() != nil && r.GetSince().AsTime().After(started) {
+		later.Since = r.GetSince()
+	}
 	type batch struct {
 		resp *bbsv1.StreamLogsResponse
 		err  error
 		done bool
 	}
 	out := make(chan batch)
+	opened := map[string]bool{}
 	open := 0
-	for _, id := range cellIDs {
-		cell := byID[id]
-		if cell == nil {
-			continue // the cell is gone: its containers' lines went with it
-		}
+	openCell := func(id string, cell *modelsv1.CellPresence, req *repv1.StreamLogsRequest) {
+		opened[id] = true
 		open++
 		go func() {
 			send := func(b batch) bool {
@@ -97,14 +97,34 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 			}
 		}()
 	}
+	byID := s.presentCells()
+	for _, id := range cellIDs {
+		if cell := byID[id]; cell != nil {
+			openCell(id, cell, req) // a cell that is gone took its containers' lines with it
+		}
+	}
 	if open == 0 {
 		return rpcerr.Unavailable("no cell holding the selected containers is present")
+	}
+	var recheck <-chan time.Time
+	if r.GetFollow() {
+		t := time.NewTicker(followRecheck)
+		defer t.Stop()
+		recheck = t.C
 	}
 	var errs []error
 	for open > 0 {
 		var b batch
 		select {
 		case b = <-out:
+		case <-recheck:
+			byID := s.presentCells()
+			for _, id := range s.selectedCells(r.GetProcessGuid(), r.Index, r.GetTaskGuid()) {
+				if cell := byID[id]; cell != nil && !opened[id] {
+					openCell(id, cell, later)
+				}
+			}
+			continue
 		case <-ctx.Done():
 			return ctx.Err() // the client went (the cells' streams end with it)
 		}
@@ -119,34 +139,8 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 			return err
 		}
 	}
-	if len(errs) == len(cellIDs) {
+	if len(errs) == len(opened) {
 		return errors.Join(errs...) // no cell answered
 	}
 	return nil
-}
-
-// logCells are the cells that hold (or last held) the containers r selects, sorted.
-func (s *Server) logCells(r *bbsv1.StreamLogsRequest) []string {
-	ids := map[string]bool{}
-	if guid := r.GetTaskGuid(); guid != "" {
-		tasks, _ := s.cache.Tasks(store.ListFilter{Guids: map[string]struct{}{guid: {}}})
-		for _, t := range tasks {
-			if t.GetCellId() != "" {
-				ids[t.GetCellId()] = true
-			}
-		}
-	} else {
-		actual, _ := s.cache.ActualLRPs(store.ListFilter{Guids: map[string]struct{}{r.GetProcessGuid(): {}}, Index: r.Index})
-		for _, a := range actual {
-			if id := a.GetInstanceKey().GetCellId(); id != "" {
-				ids[id] = true
-			}
-		}
-	}
-	out := make([]string, 0, len(ids))
-	for id := range ids {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out
 }

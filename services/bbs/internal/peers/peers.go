@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/pkg/authz"
 	auctioneerv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/auctioneer/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -295,5 +296,23 @@ func (r *Reps) StreamLogs(ctx context.Context, cell *modelsv1.CellPresence, req 
 	if err != nil {
 		return nil, err
 	}
-	return c.StreamLogs(ctx, req)
+	return c.StreamLogs(authz.OnBehalfOf(ctx), req) // the rep checks the user's role again
+}
+
+// InstanceMetrics asks a cell's rep for its containers' latest resource samples.
+func (r *Reps) InstanceMetrics(ctx context.Context, cell *modelsv1.CellPresence, req *repv1.InstanceMetricsRequest) (*repv1.InstanceMetricsResponse, error) {
+	c, err := r.pool.Presence(cell)
+	if err != nil {
+		return nil, err
+	}
+	return c.InstanceMetrics(authz.OnBehalfOf(ctx), req)
+}
+
+// Exec opens an exec stream to a cell's rep.
+func (r *Reps) Exec(ctx context.Context, cell *modelsv1.CellPresence) (grpc.BidiStreamingClient[repv1.ExecRequest, repv1.ExecResponse], error) {
+	c, err := r.pool.Presence(cell)
+	if err != nil {
+		return nil, err
+	}
+	return c.Exec(authz.OnBehalfOf(ctx))
 }

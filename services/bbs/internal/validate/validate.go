@@ -130,28 +130,46 @@ func (v Validator) Request(req any) error {
 		nonNegative(e, "since_revision", r.GetSinceRevision())
 		filter(e, "filter", r.GetFilter())
 	case *bbsv1.StreamLogsRequest:
-		switch {
-		case (r.GetProcessGuid() == "") == (r.GetTaskGuid() == ""):
-			e.Add("process_guid", "exactly one of process_guid and task_guid is required")
-		case r.GetTaskGuid() != "":
-			guid(e, "task_guid", r.GetTaskGuid())
-			if r.Index != nil {
-				e.Add("index", "applies to an LRP (process_guid), not a task")
-			}
-		default:
-			guid(e, "process_guid", r.GetProcessGuid())
-		}
-		if r.Index != nil && r.GetIndex() < 0 {
-			e.Add("index", "must not be negative, got %d", r.GetIndex())
-		}
+		selection(e, r.GetProcessGuid(), r.Index, r.GetTaskGuid())
 		if r.Tail != nil && r.GetTail() < 0 {
 			e.Add("tail", "must not be negative, got %d", r.GetTail())
 		}
 		if r.GetSince() != nil && r.GetSince().AsTime().After(time.Now()) {
 			e.Add("since", "must not be in the future")
 		}
+	case *bbsv1.InstanceMetricsRequest:
+		selection(e, r.GetProcessGuid(), r.Index, r.GetTaskGuid())
+	case *bbsv1.ExecRequest:
+		st := r.GetStart()
+		if st == nil {
+			e.Add("start", "is required in the first message")
+			break
+		}
+		guid(e, "start.process_guid", st.GetProcessGuid())
+		nonNegative(e, "start.index", int64(st.GetIndex()))
+		if len(st.GetCommand()) == 0 || st.GetCommand()[0] == "" {
+			e.Add("start.command", "is required: the program and its arguments")
+		}
 	}
 	return e.Err()
+}
+
+// selection checks a selection of an LRP's instances (all, or one index) or of a task.
+func selection(e *rpcerr.InvalidError, processGuid string, index *int32, taskGuid string) {
+	switch {
+	case (processGuid == "") == (taskGuid == ""):
+		e.Add("process_guid", "exactly one of process_guid and task_guid is required")
+	case taskGuid != "":
+		guid(e, "task_guid", taskGuid)
+		if index != nil {
+			e.Add("index", "applies to an LRP (process_guid), not a task")
+		}
+	default:
+		guid(e, "process_guid", processGuid)
+	}
+	if index != nil && *index < 0 {
+		e.Add("index", "must not be negative, got %d", *index)
+	}
 }
 
 func guid(e *rpcerr.InvalidError, field, s string) {

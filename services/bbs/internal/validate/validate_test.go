@@ -14,6 +14,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
@@ -190,6 +191,12 @@ func requestCases() []requestCase {
 		{"logs bad", &bbsv1.StreamLogsRequest{ProcessGuid: "web", Index: proto.Int32(-1), Tail: proto.Int32(-2),
 			Since: timestamppb.New(time.Now().Add(time.Hour))}, []string{"index", "tail", "since"}},
 		{"logs of a task with an index", &bbsv1.StreamLogsRequest{TaskGuid: "t1", Index: proto.Int32(0)}, []string{"index"}},
+		{"metrics", &bbsv1.InstanceMetricsRequest{ProcessGuid: "web", Index: proto.Int32(1)}, nil},
+		{"metrics of neither", &bbsv1.InstanceMetricsRequest{}, []string{"process_guid"}},
+		{"metrics of a task with an index", &bbsv1.InstanceMetricsRequest{TaskGuid: "t1", Index: proto.Int32(-1)}, []string{"index", "index"}},
+		{"exec", &bbsv1.ExecRequest{Start: &repv1.ExecStart{ProcessGuid: "web", Index: 2, Command: []string{"/bin/sh"}, Tty: true}}, nil},
+		{"exec without start", &bbsv1.ExecRequest{Stdin: []byte("x")}, []string{"start"}},
+		{"exec bad", &bbsv1.ExecRequest{Start: &repv1.ExecStart{ProcessGuid: "", Index: -1}}, []string{"start.process_guid", "start.index", "start.command"}},
 
 		{"nil", nil, nil},
 		{"foreign type", &modelsv1.DesiredLRP{}, nil},

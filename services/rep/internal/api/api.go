@@ -14,6 +14,7 @@ import (
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
 
@@ -33,6 +34,11 @@ type Cell interface {
 	Evacuate(ctx context.Context) error
 	// Holds reports whether the cell holds a container f selects.
 	Holds(f logs.Filter) bool
+	// ContainerMetrics is the latest resource sample of the containers f selects (all: every
+	// container).
+	ContainerMetrics(f logs.Filter, all bool) []*repv1.ContainerMetrics
+	// ExecTarget is the running container of an instance, to run a command in.
+	ExecTarget(processGuid string, index int32) (string, executor.Execer, error)
 }
 
 // Server implements repv1.RepServiceServer.
@@ -224,6 +230,10 @@ func Validate(req any) error {
 		e.Merge("task_guid", models.ValidateGuid("task_guid", r.GetTaskGuid()))
 	case *repv1.StreamLogsRequest:
 		checkStreamLogs(e, r)
+	case *repv1.InstanceMetricsRequest:
+		checkSelection(e, r.GetProcessGuid(), r.Index, r.GetTaskGuid())
+	case *repv1.ExecRequest:
+		CheckExecStart(e, r.GetStart())
 	}
 	return e.Err()
 }
@@ -252,20 +262,7 @@ func checkResources(e *rpcerr.InvalidError, field string, r *modelsv1.Resources)
 }
 
 func checkStreamLogs(e *rpcerr.InvalidError, r *repv1.StreamLogsRequest) {
-	switch {
-	case r.GetProcessGuid() != "" && r.GetTaskGuid() != "":
-		e.Add("task_guid", "must be empty when process_guid is set")
-	case r.GetTaskGuid() != "":
-		e.Merge("task_guid", models.ValidateGuid("task_guid", r.GetTaskGuid()))
-		if r.Index != nil {
-			e.Add("index", "applies to process_guid only")
-		}
-	default:
-		e.Merge("process_guid", models.ValidateGuid("process_guid", r.GetProcessGuid()))
-	}
-	if r.Index != nil && r.GetIndex() < 0 {
-		e.Add("index", "must not be negative, got %d", r.GetIndex())
-	}
+	checkSelection(e, r.GetProcessGuid(), r.Index, r.GetTaskGuid())
 	if r.Tail != nil && r.GetTail() < 0 {
 		e.Add("tail", "must not be negative, got %d", r.GetTail())
 	}
@@ -275,5 +272,23 @@ func checkStreamLogs(e *rpcerr.InvalidError, r *repv1.StreamLogsRequest) {
 		} else if t := r.GetSince().AsTime(); t.After(time.Now()) {
 			e.Add("since", "must not be in the future, got %s", t.Format(time.RFC3339Nano))
 		}
+	}
+}
+
+// checkSelection checks a selection of an LRP's instances (all, or one index) or of a task.
+func checkSelection(e *rpcerr.InvalidError, processGuid string, index *int32, taskGuid string) {
+	switch {
+	case processGuid != "" && taskGuid != "":
+		e.Add("task_guid", "must be empty when process_guid is set")
+	case taskGuid != "":
+		e.Merge("task_guid", models.ValidateGuid("task_guid", taskGuid))
+		if index != nil {
+			e.Add("index", "applies to process_guid only")
+		}
+	default:
+		e.Merge("process_guid", models.ValidateGuid("process_guid", processGuid))
+	}
+	if index != nil && *index < 0 {
+		e.Add("index", "must not be negative, got %d", *index)
 	}
 }

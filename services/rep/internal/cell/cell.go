@@ -15,6 +15,7 @@ package cell
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"sort"
 	"strings"
@@ -30,6 +31,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
@@ -135,6 +137,16 @@ type Config struct {
 	// Logs captures every container's output and the cell's lifecycle lines for it; nil
 	// captures nothing.
 	Logs *logs.Store
+	// Drains forwards the log lines of LRPs with log drains; nil forwards nothing.
+	Drains *Drains
+}
+
+// Drains configures the forwarding of containers' log lines to their LRPs' syslog drains.
+type Drains struct {
+	// TLS verifies syslog-tls drains (nil: the system roots).
+	TLS *tls.Config
+	// Counters count the lines sent and dropped.
+	Counters *drain.Counters
 }
 
 // Cell runs work on one cell.
@@ -199,11 +211,15 @@ type container struct {
 	stopping bool // the rep stops it itself: its end is not a crash or a completion
 	exec     executor.Container
 	netInfo  *modelsv1.ActualLRPNetInfo
-	links    *consumer // set before exec, nil when the LRP consumes no links
+	links    *consumer   // set before exec, nil when the LRP consumes no links
+	usage    usageSample // the latest resource sample (SampleUsage)
 
 	// logs is the container's log, open from its creation to its release (nil without a
 	// store); only its lifecycle goroutine sets it.
 	logs *logs.Instance
+	// drains forwards the container's lines to its syslog drains (nil without); only its
+	// lifecycle goroutine sets it.
+	drains *drain.Set
 }
 
 func (ctr *container) instanceKey(cellID string) *modelsv1.ActualLRPInstanceKey {
@@ -514,6 +530,9 @@ func (c *Cell) release(ctr *container) {
 	}
 	c.mu.Unlock()
 	// After the removal: a follower told of it finds the container gone.
+	if ctr.drains != nil {
+		go ctr.drains.Close() // sends what is queued, bounded
+	}
 	switch {
 	case ctr.logs != nil:
 		ctr.logs.Close()
@@ -648,6 +667,16 @@ func (c *Cell) openLog(ctr *container, spec *executor.Spec) {
 			return
 		}
 		ctr.logs = l
+		if d := c.cfg.Drains; d != nil && len(spec.LogDrains) > 0 {
+			k := ctr.logKey()
+			app := spec.LogGuid
+			if app == "" {
+				app = k.ProcessGuid
+			}
+			ctr.drains = drain.Open(spec.LogDrains, drain.Tags{Hostname: c.cfg.CellID, AppName: app, ProcessGuid: k.ProcessGuid,
+				Index: k.Index, InstanceGuid: k.InstanceGuid}, d.TLS, d.Counters, c.log.Named("drain").With("guid", ctr.guid))
+			l.SetTap(ctr.drains.Line)
+		}
 	}
 	spec.Log = ctr.logs
 }

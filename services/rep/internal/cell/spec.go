@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -45,6 +46,7 @@ func lrpSpec(d *modelsv1.DesiredLRP, key *modelsv1.ActualLRPKey, instanceGuid st
 		StartTimeout: time.Duration(d.GetStartTimeoutMs()) * time.Millisecond,
 		Properties:   maps.Clone(d.GetProperties()),
 		LogGuid:      d.GetLogGuid(),
+		LogDrains:    slices.Clone(d.GetLogDrains()),
 	}
 }
 

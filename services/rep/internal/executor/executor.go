@@ -76,6 +76,8 @@ type Spec struct {
 	Properties map[string]string `json:"properties,omitempty"`
 	// LogGuid tags the container's logs.
 	LogGuid string `json:"log_guid,omitempty"`
+	// LogDrains are the syslog drains the cell forwards the container's log lines to.
+	LogDrains []string `json:"log_drains,omitempty"`
 	// FilesDir, when set, is a directory (a path inside the container, relative to its root
 	// as its processes see it) that the backend creates and fills with Files before any
 	// process starts; the cell rewrites files in it while the container runs (link files).

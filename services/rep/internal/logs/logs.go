@@ -207,7 +207,12 @@ type Instance struct {
 	source string // default source of the container's processes
 	closed atomic.Bool
 	size   int64 // of the current file; -1 until stat'ed (writer goroutine only)
+	tap    atomic.Pointer[func(Line)]
 }
+
+// SetTap makes every later line of the container also go to f (the container's log drains),
+// called on the capturing goroutine: f must not block.
+func (i *Instance) SetTap(f func(Line)) { i.tap.Store(&f) }
 
 // Open opens the log of the container k; source is its processes' default source. Lines of a
 // key already open go to the same files.
@@ -246,12 +251,15 @@ func (i *Instance) Line(source, stream, text string) {
 	if len(text) > MaxLineBytes {
 		text = text[:MaxLineBytes]
 	}
+	l := Line{Time: time.Now().UTC(), Source: source, Stream: stream, Index: i.key.Index, InstanceGuid: i.key.InstanceGuid, Text: text}
+	if f := i.tap.Load(); f != nil {
+		(*f)(l)
+	}
 	if i.s.queued.Add(int64(len(text))) > QueueBytes {
 		i.s.queued.Add(-int64(len(text)))
 		i.s.dropped.Add(1)
 		return
 	}
-	l := Line{Time: time.Now().UTC(), Source: source, Stream: stream, Index: i.key.Index, InstanceGuid: i.key.InstanceGuid, Text: text}
 	select {
 	case i.s.queue <- entry{inst: i, line: l}:
 	default:

@@ -3792,6 +3792,284 @@ func (x *StreamLogsResponse) GetCellId() string {
 	return ""
 }
 
+// InstanceMetricsRequest is the request of InstanceMetrics: exactly one of process_guid and
+// task_guid.
+type InstanceMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid selects an LRP's instances.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index, with process_guid, selects one instance index; unset selects every index.
+	Index *int32 `protobuf:"varint,2,opt,name=index,proto3,oneof" json:"index,omitempty"`
+	// TaskGuid selects a task.
+	TaskGuid      string `protobuf:"bytes,3,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceMetricsRequest) Reset() {
+	*x = InstanceMetricsRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceMetricsRequest) ProtoMessage() {}
+
+func (x *InstanceMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceMetricsRequest.ProtoReflect.Descriptor instead.
+func (*InstanceMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *InstanceMetricsRequest) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *InstanceMetricsRequest) GetIndex() int32 {
+	if x != nil && x.Index != nil {
+		return *x.Index
+	}
+	return 0
+}
+
+func (x *InstanceMetricsRequest) GetTaskGuid() string {
+	if x != nil {
+		return x.TaskGuid
+	}
+	return ""
+}
+
+// InstanceMetricsResponse is the answer of InstanceMetrics.
+type InstanceMetricsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Containers are the selected containers of every cell that answered, by index then
+	// instance guid, each with its cell_id.
+	Containers []*v11.ContainerMetrics `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	// Unreachable lists the cells holding selected containers that did not answer.
+	Unreachable   []string `protobuf:"bytes,2,rep,name=unreachable,proto3" json:"unreachable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceMetricsResponse) Reset() {
+	*x = InstanceMetricsResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceMetricsResponse) ProtoMessage() {}
+
+func (x *InstanceMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceMetricsResponse.ProtoReflect.Descriptor instead.
+func (*InstanceMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *InstanceMetricsResponse) GetContainers() []*v11.ContainerMetrics {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+func (x *InstanceMetricsResponse) GetUnreachable() []string {
+	if x != nil {
+		return x.Unreachable
+	}
+	return nil
+}
+
+// ExecRequest is one message of an Exec stream from the client: the first carries start and
+// nothing else; later ones carry stdin, resize or close_stdin.
+type ExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Start names the instance and the command; only in the first message.
+	Start *v11.ExecStart `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	// Stdin is more input for the command.
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Resize is the terminal's new size (with tty only).
+	Resize *v11.TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
+	// CloseStdin ends the command's input.
+	CloseStdin    bool `protobuf:"varint,4,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecRequest) Reset() {
+	*x = ExecRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecRequest) ProtoMessage() {}
+
+func (x *ExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
+func (*ExecRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ExecRequest) GetStart() *v11.ExecStart {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetResize() *v11.TerminalSize {
+	if x != nil {
+		return x.Resize
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+// ExecResponse is one message of an Exec stream to the client.
+type ExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stdout is output of the command (all of it with tty).
+	Stdout []byte `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	// Stderr is error output of the command.
+	Stderr []byte `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// ExitCode is set in the last message: the command's exit status (128+n when killed by
+	// signal n).
+	ExitCode *int32 `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
+	// InstanceGuid is the container the command runs in; set in the first message.
+	InstanceGuid string `protobuf:"bytes,4,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	// CellId is the cell of that container; set in the first message.
+	CellId        string `protobuf:"bytes,5,opt,name=cell_id,json=cellId,proto3" json:"cell_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResponse) Reset() {
+	*x = ExecResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResponse) ProtoMessage() {}
+
+func (x *ExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
+func (*ExecResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ExecResponse) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetExitCode() int32 {
+	if x != nil && x.ExitCode != nil {
+		return *x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecResponse) GetInstanceGuid() string {
+	if x != nil {
+		return x.InstanceGuid
+	}
+	return ""
+}
+
+func (x *ExecResponse) GetCellId() string {
+	if x != nil {
+		return x.CellId
+	}
+	return ""
+}
+
 var File_gavel_bbs_v1_bbs_proto protoreflect.FileDescriptor
 
 const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
@@ -4011,7 +4289,31 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x05_tail\"Z\n" +
 	"\x12StreamLogsResponse\x12+\n" +
 	"\x05lines\x18\x01 \x03(\v2\x15.gavel.rep.v1.LogLineR\x05lines\x12\x17\n" +
-	"\acell_id\x18\x02 \x01(\tR\x06cellId2\xd0\x19\n" +
+	"\acell_id\x18\x02 \x01(\tR\x06cellId\"}\n" +
+	"\x16InstanceMetricsRequest\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x19\n" +
+	"\x05index\x18\x02 \x01(\x05H\x00R\x05index\x88\x01\x01\x12\x1b\n" +
+	"\ttask_guid\x18\x03 \x01(\tR\btaskGuidB\b\n" +
+	"\x06_index\"{\n" +
+	"\x17InstanceMetricsResponse\x12>\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2\x1e.gavel.rep.v1.ContainerMetricsR\n" +
+	"containers\x12 \n" +
+	"\vunreachable\x18\x02 \x03(\tR\vunreachable\"\xa7\x01\n" +
+	"\vExecRequest\x12-\n" +
+	"\x05start\x18\x01 \x01(\v2\x17.gavel.rep.v1.ExecStartR\x05start\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\fR\x05stdin\x122\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1a.gavel.rep.v1.TerminalSizeR\x06resize\x12\x1f\n" +
+	"\vclose_stdin\x18\x04 \x01(\bR\n" +
+	"closeStdin\"\xac\x01\n" +
+	"\fExecResponse\x12\x16\n" +
+	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12 \n" +
+	"\texit_code\x18\x03 \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12#\n" +
+	"\rinstance_guid\x18\x04 \x01(\tR\finstanceGuid\x12\x17\n" +
+	"\acell_id\x18\x05 \x01(\tR\x06cellIdB\f\n" +
+	"\n" +
+	"_exit_code2\xf3\x1a\n" +
 	"\n" +
 	"BBSService\x12U\n" +
 	"\fUpsertDomain\x12!.gavel.bbs.v1.UpsertDomainRequest\x1a\".gavel.bbs.v1.UpsertDomainResponse\x12F\n" +
@@ -4055,7 +4357,9 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x15ReportRoutesPublished\x12*.gavel.bbs.v1.ReportRoutesPublishedRequest\x1a+.gavel.bbs.v1.ReportRoutesPublishedResponse\x12f\n" +
 	"\x11SubscribeToEvents\x12&.gavel.bbs.v1.SubscribeToEventsRequest\x1a'.gavel.bbs.v1.SubscribeToEventsResponse0\x01\x12Q\n" +
 	"\n" +
-	"StreamLogs\x12\x1f.gavel.bbs.v1.StreamLogsRequest\x1a .gavel.bbs.v1.StreamLogsResponse0\x01B\xa7\x01\n" +
+	"StreamLogs\x12\x1f.gavel.bbs.v1.StreamLogsRequest\x1a .gavel.bbs.v1.StreamLogsResponse0\x01\x12^\n" +
+	"\x0fInstanceMetrics\x12$.gavel.bbs.v1.InstanceMetricsRequest\x1a%.gavel.bbs.v1.InstanceMetricsResponse\x12A\n" +
+	"\x04Exec\x12\x19.gavel.bbs.v1.ExecRequest\x1a\x1a.gavel.bbs.v1.ExecResponse(\x010\x01B\xa7\x01\n" +
 	"\x10com.gavel.bbs.v1B\bBbsProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1;bbsv1\xa2\x02\x03GBX\xaa\x02\fGavel.Bbs.V1\xca\x02\fGavel\\Bbs\\V1\xe2\x02\x18Gavel\\Bbs\\V1\\GPBMetadata\xea\x02\x0eGavel::Bbs::V1b\x06proto3"
 
 var (
@@ -4070,7 +4374,7 @@ func file_gavel_bbs_v1_bbs_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_bbs_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
+var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*Filter)(nil),                            // 0: gavel.bbs.v1.Filter
 	(*UpsertDomainRequest)(nil),               // 1: gavel.bbs.v1.UpsertDomainRequest
@@ -4143,142 +4447,156 @@ var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*SubscribeToEventsResponse)(nil),         // 68: gavel.bbs.v1.SubscribeToEventsResponse
 	(*StreamLogsRequest)(nil),                 // 69: gavel.bbs.v1.StreamLogsRequest
 	(*StreamLogsResponse)(nil),                // 70: gavel.bbs.v1.StreamLogsResponse
-	nil,                                       // 71: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	(*v1.Domain)(nil),                         // 72: gavel.models.v1.Domain
-	(*v1.DesiredLRP)(nil),                     // 73: gavel.models.v1.DesiredLRP
-	(*v1.DesiredLRPUpdate)(nil),               // 74: gavel.models.v1.DesiredLRPUpdate
-	(*v1.ModificationTag)(nil),                // 75: gavel.models.v1.ModificationTag
-	(*v1.DesiredLRPSchedulingInfo)(nil),       // 76: gavel.models.v1.DesiredLRPSchedulingInfo
-	(*v1.ActualLRP)(nil),                      // 77: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPInstanceKey)(nil),           // 78: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.ActualLRPNetInfo)(nil),               // 79: gavel.models.v1.ActualLRPNetInfo
-	(*v1.PlacementError)(nil),                 // 80: gavel.models.v1.PlacementError
-	(*v1.TaskDefinition)(nil),                 // 81: gavel.models.v1.TaskDefinition
-	(*v1.Task)(nil),                           // 82: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),                   // 83: gavel.models.v1.CellPresence
-	(*v1.InstanceLinks)(nil),                  // 84: gavel.models.v1.InstanceLinks
-	(*Event)(nil),                             // 85: gavel.bbs.v1.Event
-	(*timestamppb.Timestamp)(nil),             // 86: google.protobuf.Timestamp
-	(*v11.LogLine)(nil),                       // 87: gavel.rep.v1.LogLine
-	(*v1.ResolvedLink)(nil),                   // 88: gavel.models.v1.ResolvedLink
+	(*InstanceMetricsRequest)(nil),            // 71: gavel.bbs.v1.InstanceMetricsRequest
+	(*InstanceMetricsResponse)(nil),           // 72: gavel.bbs.v1.InstanceMetricsResponse
+	(*ExecRequest)(nil),                       // 73: gavel.bbs.v1.ExecRequest
+	(*ExecResponse)(nil),                      // 74: gavel.bbs.v1.ExecResponse
+	nil,                                       // 75: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	(*v1.Domain)(nil),                         // 76: gavel.models.v1.Domain
+	(*v1.DesiredLRP)(nil),                     // 77: gavel.models.v1.DesiredLRP
+	(*v1.DesiredLRPUpdate)(nil),               // 78: gavel.models.v1.DesiredLRPUpdate
+	(*v1.ModificationTag)(nil),                // 79: gavel.models.v1.ModificationTag
+	(*v1.DesiredLRPSchedulingInfo)(nil),       // 80: gavel.models.v1.DesiredLRPSchedulingInfo
+	(*v1.ActualLRP)(nil),                      // 81: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPInstanceKey)(nil),           // 82: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.ActualLRPNetInfo)(nil),               // 83: gavel.models.v1.ActualLRPNetInfo
+	(*v1.PlacementError)(nil),                 // 84: gavel.models.v1.PlacementError
+	(*v1.TaskDefinition)(nil),                 // 85: gavel.models.v1.TaskDefinition
+	(*v1.Task)(nil),                           // 86: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),                   // 87: gavel.models.v1.CellPresence
+	(*v1.InstanceLinks)(nil),                  // 88: gavel.models.v1.InstanceLinks
+	(*Event)(nil),                             // 89: gavel.bbs.v1.Event
+	(*timestamppb.Timestamp)(nil),             // 90: google.protobuf.Timestamp
+	(*v11.LogLine)(nil),                       // 91: gavel.rep.v1.LogLine
+	(*v11.ContainerMetrics)(nil),              // 92: gavel.rep.v1.ContainerMetrics
+	(*v11.ExecStart)(nil),                     // 93: gavel.rep.v1.ExecStart
+	(*v11.TerminalSize)(nil),                  // 94: gavel.rep.v1.TerminalSize
+	(*v1.ResolvedLink)(nil),                   // 95: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
-	72, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
-	73, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	74, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
-	75, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
-	73, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	76, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
+	77, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	78, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
+	79, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
+	77, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 5: gavel.bbs.v1.DesiredLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	73, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
-	73, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	77, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
+	77, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
 	0,  // 8: gavel.bbs.v1.DesiredLRPSchedulingInfosRequest.filter:type_name -> gavel.bbs.v1.Filter
-	76, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
+	80, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
 	0,  // 10: gavel.bbs.v1.ActualLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	77, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
-	78, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	73, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	78, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	79, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	77, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	78, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	77, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	80, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	78, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	78, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	78, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	79, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	78, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	78, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	78, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	81, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
+	81, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
+	82, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	81, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	77, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	82, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	83, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	81, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	82, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	81, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	84, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	82, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	82, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	82, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	83, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	82, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	82, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	82, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	85, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
 	0,  // 29: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
-	82, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
-	82, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
-	80, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	83, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
-	71, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	84, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	86, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
+	86, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
+	84, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	87, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
+	75, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	88, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
 	0,  // 36: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	85, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	86, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	87, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
-	88, // 40: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	1,  // 41: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
-	3,  // 42: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
-	5,  // 43: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
-	7,  // 44: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
-	9,  // 45: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
-	11, // 46: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
-	13, // 47: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
-	15, // 48: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
-	17, // 49: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
-	19, // 50: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
-	21, // 51: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
-	23, // 52: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
-	25, // 53: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
-	27, // 54: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
-	29, // 55: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
-	31, // 56: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	33, // 57: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	35, // 58: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	37, // 59: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	39, // 60: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	41, // 61: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
-	43, // 62: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
-	45, // 63: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
-	47, // 64: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
-	49, // 65: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
-	51, // 66: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
-	53, // 67: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
-	55, // 68: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
-	57, // 69: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
-	59, // 70: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
-	61, // 71: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	65, // 72: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	63, // 73: gavel.bbs.v1.BBSService.ReportRoutesPublished:input_type -> gavel.bbs.v1.ReportRoutesPublishedRequest
-	67, // 74: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	69, // 75: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
-	2,  // 76: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 77: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 78: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 79: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 80: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 81: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 82: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 83: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 84: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 85: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 86: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 87: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 88: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 89: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 90: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 91: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 92: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 93: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 94: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 95: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 96: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 97: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 98: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 99: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 100: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 101: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 102: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 103: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 104: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 105: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 106: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	66, // 107: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	64, // 108: gavel.bbs.v1.BBSService.ReportRoutesPublished:output_type -> gavel.bbs.v1.ReportRoutesPublishedResponse
-	68, // 109: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	70, // 110: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
-	76, // [76:111] is the sub-list for method output_type
-	41, // [41:76] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	89, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	90, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	91, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	92, // 40: gavel.bbs.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
+	93, // 41: gavel.bbs.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
+	94, // 42: gavel.bbs.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
+	95, // 43: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	1,  // 44: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
+	3,  // 45: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
+	5,  // 46: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
+	7,  // 47: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
+	9,  // 48: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
+	11, // 49: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
+	13, // 50: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
+	15, // 51: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
+	17, // 52: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
+	19, // 53: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
+	21, // 54: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
+	23, // 55: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
+	25, // 56: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
+	27, // 57: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
+	29, // 58: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
+	31, // 59: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	33, // 60: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	35, // 61: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	37, // 62: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	39, // 63: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	41, // 64: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
+	43, // 65: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
+	45, // 66: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
+	47, // 67: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
+	49, // 68: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
+	51, // 69: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
+	53, // 70: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
+	55, // 71: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
+	57, // 72: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
+	59, // 73: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
+	61, // 74: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
+	65, // 75: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	63, // 76: gavel.bbs.v1.BBSService.ReportRoutesPublished:input_type -> gavel.bbs.v1.ReportRoutesPublishedRequest
+	67, // 77: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	69, // 78: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
+	71, // 79: gavel.bbs.v1.BBSService.InstanceMetrics:input_type -> gavel.bbs.v1.InstanceMetricsRequest
+	73, // 80: gavel.bbs.v1.BBSService.Exec:input_type -> gavel.bbs.v1.ExecRequest
+	2,  // 81: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,  // 82: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,  // 83: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,  // 84: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10, // 85: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12, // 86: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14, // 87: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16, // 88: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18, // 89: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20, // 90: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	22, // 91: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	24, // 92: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	26, // 93: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	28, // 94: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	30, // 95: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	32, // 96: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	34, // 97: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	36, // 98: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	38, // 99: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	40, // 100: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	42, // 101: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	44, // 102: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	46, // 103: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	48, // 104: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	50, // 105: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	52, // 106: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	54, // 107: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	56, // 108: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	58, // 109: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	60, // 110: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	62, // 111: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	66, // 112: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	64, // 113: gavel.bbs.v1.BBSService.ReportRoutesPublished:output_type -> gavel.bbs.v1.ReportRoutesPublishedResponse
+	68, // 114: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	70, // 115: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
+	72, // 116: gavel.bbs.v1.BBSService.InstanceMetrics:output_type -> gavel.bbs.v1.InstanceMetricsResponse
+	74, // 117: gavel.bbs.v1.BBSService.Exec:output_type -> gavel.bbs.v1.ExecResponse
+	81, // [81:118] is the sub-list for method output_type
+	44, // [44:81] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_bbs_proto_init() }
@@ -4289,13 +4607,15 @@ func file_gavel_bbs_v1_bbs_proto_init() {
 	file_gavel_bbs_v1_events_proto_init()
 	file_gavel_bbs_v1_bbs_proto_msgTypes[17].OneofWrappers = []any{}
 	file_gavel_bbs_v1_bbs_proto_msgTypes[69].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[71].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[74].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_bbs_proto_rawDesc), len(file_gavel_bbs_v1_bbs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   72,
+			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -57,6 +57,8 @@ const (
 	BBSService_ReportRoutesPublished_FullMethodName     = "/gavel.bbs.v1.BBSService/ReportRoutesPublished"
 	BBSService_SubscribeToEvents_FullMethodName         = "/gavel.bbs.v1.BBSService/SubscribeToEvents"
 	BBSService_StreamLogs_FullMethodName                = "/gavel.bbs.v1.BBSService/StreamLogs"
+	BBSService_InstanceMetrics_FullMethodName           = "/gavel.bbs.v1.BBSService/InstanceMetrics"
+	BBSService_Exec_FullMethodName                      = "/gavel.bbs.v1.BBSService/Exec"
 )
 
 // BBSServiceClient is the client API for BBSService service.
@@ -145,6 +147,14 @@ type BBSServiceClient interface {
 	// the order captured, in batches; with follow it then sends new lines until the client goes
 	// or no cell holds a selected container any more. For admin and read-only.
 	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
+	// InstanceMetrics reports the latest resource sample (CPU, memory, disk and their limits) of
+	// an LRP's instances (all, or one index) or of a task, asked of the cells that hold them.
+	// For admin and read-only.
+	InstanceMetrics(ctx context.Context, in *InstanceMetricsRequest, opts ...grpc.CallOption) (*InstanceMetricsResponse, error)
+	// Exec runs a command in a running LRP instance, proxied to the rep of its cell (a
+	// bidirectional stream: see gavel.rep.v1.ExecRequest). For admin only; every exec is
+	// audited with the caller's identity, the instance and the command.
+	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 }
 
 type bBSServiceClient struct {
@@ -523,6 +533,29 @@ func (c *bBSServiceClient) StreamLogs(ctx context.Context, in *StreamLogsRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BBSService_StreamLogsClient = grpc.ServerStreamingClient[StreamLogsResponse]
 
+func (c *bBSServiceClient) InstanceMetrics(ctx context.Context, in *InstanceMetricsRequest, opts ...grpc.CallOption) (*InstanceMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstanceMetricsResponse)
+	err := c.cc.Invoke(ctx, BBSService_InstanceMetrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *bBSServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BBSService_ServiceDesc.Streams[2], BBSService_Exec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecRequest, ExecResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BBSService_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
+
 // BBSServiceServer is the server API for BBSService service.
 // All implementations must embed UnimplementedBBSServiceServer
 // for forward compatibility.
@@ -609,6 +642,14 @@ type BBSServiceServer interface {
 	// the order captured, in batches; with follow it then sends new lines until the client goes
 	// or no cell holds a selected container any more. For admin and read-only.
 	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
+	// InstanceMetrics reports the latest resource sample (CPU, memory, disk and their limits) of
+	// an LRP's instances (all, or one index) or of a task, asked of the cells that hold them.
+	// For admin and read-only.
+	InstanceMetrics(context.Context, *InstanceMetricsRequest) (*InstanceMetricsResponse, error)
+	// Exec runs a command in a running LRP instance, proxied to the rep of its cell (a
+	// bidirectional stream: see gavel.rep.v1.ExecRequest). For admin only; every exec is
+	// audited with the caller's identity, the instance and the command.
+	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	mustEmbedUnimplementedBBSServiceServer()
 }
 
@@ -723,6 +764,12 @@ func (UnimplementedBBSServiceServer) SubscribeToEvents(*SubscribeToEventsRequest
 }
 func (UnimplementedBBSServiceServer) StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error {
 	return status.Error(codes.Unimplemented, "method StreamLogs not implemented")
+}
+func (UnimplementedBBSServiceServer) InstanceMetrics(context.Context, *InstanceMetricsRequest) (*InstanceMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method InstanceMetrics not implemented")
+}
+func (UnimplementedBBSServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method Exec not implemented")
 }
 func (UnimplementedBBSServiceServer) mustEmbedUnimplementedBBSServiceServer() {}
 func (UnimplementedBBSServiceServer) testEmbeddedByValue()                    {}
@@ -1361,6 +1408,31 @@ func _BBSService_StreamLogs_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BBSService_StreamLogsServer = grpc.ServerStreamingServer[StreamLogsResponse]
 
+func _BBSService_InstanceMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InstanceMetricsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BBSServiceServer).InstanceMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BBSService_InstanceMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BBSServiceServer).InstanceMetrics(ctx, req.(*InstanceMetricsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BBSService_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(BBSServiceServer).Exec(&grpc.GenericServerStream[ExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BBSService_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
+
 // BBSService_ServiceDesc is the grpc.ServiceDesc for BBSService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1500,6 +1572,10 @@ var BBSService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ReportRoutesPublished",
 			Handler:    _BBSService_ReportRoutesPublished_Handler,
 		},
+		{
+			MethodName: "InstanceMetrics",
+			Handler:    _BBSService_InstanceMetrics_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -1511,6 +1587,12 @@ var BBSService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "StreamLogs",
 			Handler:       _BBSService_StreamLogs_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Exec",
+			Handler:       _BBSService_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "gavel/bbs/v1/bbs.proto",

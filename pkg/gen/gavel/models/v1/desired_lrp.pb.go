@@ -71,7 +71,12 @@ type DesiredLRP struct {
 	// Privileged runs the processes without dropping privileges.
 	Privileged bool `protobuf:"varint,23,opt,name=privileged,proto3" json:"privileged,omitempty"`
 	// CpuWeight is the relative CPU share of each instance.
-	CpuWeight     uint32 `protobuf:"varint,24,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	CpuWeight uint32 `protobuf:"varint,24,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	// LogDrains are syslog drains every instance's log lines are forwarded to, as RFC 5424
+	// messages with octet-counting framing: "syslog://host:port" (TCP) or
+	// "syslog-tls://host:port" (TLS, verified against the cell's system roots). At most 8. A slow
+	// or unreachable drain loses lines (counted on the rep) and never blocks the instance.
+	LogDrains     []string `protobuf:"bytes,25,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -274,6 +279,13 @@ func (x *DesiredLRP) GetCpuWeight() uint32 {
 	return 0
 }
 
+func (x *DesiredLRP) GetLogDrains() []string {
+	if x != nil {
+		return x.LogDrains
+	}
+	return nil
+}
+
 // DesiredLRPSchedulingInfo is the part of a DesiredLRP that placement and routing read often.
 type DesiredLRPSchedulingInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -438,7 +450,9 @@ type DesiredLRPRunInfo struct {
 	// Privileged runs the processes without dropping privileges.
 	Privileged bool `protobuf:"varint,12,opt,name=privileged,proto3" json:"privileged,omitempty"`
 	// CpuWeight is the relative CPU share of each instance.
-	CpuWeight     uint32 `protobuf:"varint,13,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	CpuWeight uint32 `protobuf:"varint,13,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	// LogDrains are the syslog drains of the LRP's log lines.
+	LogDrains     []string `protobuf:"bytes,14,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,6 +576,13 @@ func (x *DesiredLRPRunInfo) GetCpuWeight() uint32 {
 		return x.CpuWeight
 	}
 	return 0
+}
+
+func (x *DesiredLRPRunInfo) GetLogDrains() []string {
+	if x != nil {
+		return x.LogDrains
+	}
+	return nil
 }
 
 // DesiredLRPUpdate changes a DesiredLRP. Only instances, routes, annotation and labels may
@@ -807,7 +828,8 @@ var File_gavel_models_v1_desired_lrp_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\n" +
-	"!gavel/models/v1/desired_lrp.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1bgavel/models/v1/links.proto\"\xf8\t\n" +
+	"!gavel/models/v1/desired_lrp.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1bgavel/models/v1/links.proto\"\x97\n" +
+	"\n" +
 	"\n" +
 	"DesiredLRP\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
@@ -841,7 +863,9 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"privileged\x18\x17 \x01(\bR\n" +
 	"privileged\x12\x1d\n" +
 	"\n" +
-	"cpu_weight\x18\x18 \x01(\rR\tcpuWeight\x1a=\n" +
+	"cpu_weight\x18\x18 \x01(\rR\tcpuWeight\x12\x1d\n" +
+	"\n" +
+	"log_drains\x18\x19 \x03(\tR\tlogDrains\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -871,7 +895,7 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vRoutesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xa6\x05\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xc5\x05\n" +
 	"\x11DesiredLRPRunInfo\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12R\n" +
@@ -891,7 +915,9 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"privileged\x18\f \x01(\bR\n" +
 	"privileged\x12\x1d\n" +
 	"\n" +
-	"cpu_weight\x18\r \x01(\rR\tcpuWeight\x1a=\n" +
+	"cpu_weight\x18\r \x01(\rR\tcpuWeight\x12\x1d\n" +
+	"\n" +
+	"log_drains\x18\x0e \x03(\tR\tlogDrains\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x03\n" +

@@ -875,6 +875,564 @@ func (*EvacuateResponse) Descriptor() ([]byte, []int) {
 	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{11}
 }
 
+// InstanceMetricsRequest is the request of InstanceMetrics: exactly one of process_guid and
+// task_guid.
+type InstanceMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid selects an LRP's instances on this cell.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index, with process_guid, selects one instance index; unset selects every index.
+	Index *int32 `protobuf:"varint,2,opt,name=index,proto3,oneof" json:"index,omitempty"`
+	// TaskGuid selects a task on this cell.
+	TaskGuid      string `protobuf:"bytes,3,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceMetricsRequest) Reset() {
+	*x = InstanceMetricsRequest{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceMetricsRequest) ProtoMessage() {}
+
+func (x *InstanceMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceMetricsRequest.ProtoReflect.Descriptor instead.
+func (*InstanceMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *InstanceMetricsRequest) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *InstanceMetricsRequest) GetIndex() int32 {
+	if x != nil && x.Index != nil {
+		return *x.Index
+	}
+	return 0
+}
+
+func (x *InstanceMetricsRequest) GetTaskGuid() string {
+	if x != nil {
+		return x.TaskGuid
+	}
+	return ""
+}
+
+// InstanceMetricsResponse is the answer of InstanceMetrics.
+type InstanceMetricsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Containers are the selected containers, by index then instance guid.
+	Containers    []*ContainerMetrics `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceMetricsResponse) Reset() {
+	*x = InstanceMetricsResponse{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceMetricsResponse) ProtoMessage() {}
+
+func (x *InstanceMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceMetricsResponse.ProtoReflect.Descriptor instead.
+func (*InstanceMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *InstanceMetricsResponse) GetContainers() []*ContainerMetrics {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+// ContainerMetrics is one container's latest resource sample and its limits. The rep samples
+// every container every sample interval (rep config metrics.sample_interval) from its backend:
+// the container's cgroup, or its processes' /proc entries where the rep has no cgroup, the
+// containerd task's metrics for oci, synthetic values for sim.
+type ContainerMetrics struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid is the LRP (empty for a task).
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index is the instance index (0 for a task).
+	Index int32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// InstanceGuid is the container's guid (the task guid for a task).
+	InstanceGuid string `protobuf:"bytes,3,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	// TaskGuid is the task (empty for an LRP instance).
+	TaskGuid string `protobuf:"bytes,4,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
+	// State is where the container is on the cell: reserved, starting, running or completed.
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// SampledAt is when the sample was taken; unset when the container has not been sampled yet
+	// (the values below are then zero).
+	SampledAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=sampled_at,json=sampledAt,proto3" json:"sampled_at,omitempty"`
+	// CpuPercent is the CPU used over the last sample interval, in percent of one core (200 is
+	// two cores busy).
+	CpuPercent float64 `protobuf:"fixed64,7,opt,name=cpu_percent,json=cpuPercent,proto3" json:"cpu_percent,omitempty"`
+	// CpuSeconds is the CPU time the container has used since it started.
+	CpuSeconds float64 `protobuf:"fixed64,8,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	// MemoryBytes is the memory in use: the cgroup's usage, or the resident set of the
+	// container's processes.
+	MemoryBytes uint64 `protobuf:"varint,9,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// MemoryLimitBytes is the container's memory quota (0: none).
+	MemoryLimitBytes uint64 `protobuf:"varint,10,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	// DiskBytes is the disk the container has written: its directory or writable layer.
+	DiskBytes uint64 `protobuf:"varint,11,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	// DiskLimitBytes is the container's disk quota (0: none).
+	DiskLimitBytes uint64 `protobuf:"varint,12,opt,name=disk_limit_bytes,json=diskLimitBytes,proto3" json:"disk_limit_bytes,omitempty"`
+	// CellId is the cell holding the container (set by the BBS).
+	CellId        string `protobuf:"bytes,13,opt,name=cell_id,json=cellId,proto3" json:"cell_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerMetrics) Reset() {
+	*x = ContainerMetrics{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerMetrics) ProtoMessage() {}
+
+func (x *ContainerMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerMetrics.ProtoReflect.Descriptor instead.
+func (*ContainerMetrics) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ContainerMetrics) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *ContainerMetrics) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetInstanceGuid() string {
+	if x != nil {
+		return x.InstanceGuid
+	}
+	return ""
+}
+
+func (x *ContainerMetrics) GetTaskGuid() string {
+	if x != nil {
+		return x.TaskGuid
+	}
+	return ""
+}
+
+func (x *ContainerMetrics) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ContainerMetrics) GetSampledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SampledAt
+	}
+	return nil
+}
+
+func (x *ContainerMetrics) GetCpuPercent() float64 {
+	if x != nil {
+		return x.CpuPercent
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetMemoryLimitBytes() uint64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetDiskLimitBytes() uint64 {
+	if x != nil {
+		return x.DiskLimitBytes
+	}
+	return 0
+}
+
+func (x *ContainerMetrics) GetCellId() string {
+	if x != nil {
+		return x.CellId
+	}
+	return ""
+}
+
+// ExecRequest is one message of an Exec stream from the client. The first carries start and
+// nothing else; later ones carry stdin, resize or close_stdin.
+type ExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Start names the instance and the command; only in the first message.
+	Start *ExecStart `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	// Stdin is more input for the command.
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Resize is the terminal's new size (with tty only).
+	Resize *TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
+	// CloseStdin ends the command's input (with tty the terminal's end-of-file character is
+	// sent instead).
+	CloseStdin    bool `protobuf:"varint,4,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecRequest) Reset() {
+	*x = ExecRequest{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecRequest) ProtoMessage() {}
+
+func (x *ExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
+func (*ExecRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ExecRequest) GetStart() *ExecStart {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetResize() *TerminalSize {
+	if x != nil {
+		return x.Resize
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+// ExecStart names the instance to exec in and what to run.
+type ExecStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid is the LRP.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// Index is the instance index.
+	Index int32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// Command is the program and its arguments; the program is looked up in the instance's
+	// PATH. Required.
+	Command []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
+	// Tty runs the command on a pseudo-terminal (its stderr is then the terminal too).
+	Tty bool `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`
+	// Size is the terminal's initial size (with tty).
+	Size          *TerminalSize `protobuf:"bytes,5,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStart) Reset() {
+	*x = ExecStart{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStart) ProtoMessage() {}
+
+func (x *ExecStart) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
+func (*ExecStart) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ExecStart) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *ExecStart) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ExecStart) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *ExecStart) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *ExecStart) GetSize() *TerminalSize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+// TerminalSize is a terminal's size in characters.
+type TerminalSize struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Rows is the number of lines.
+	Rows uint32 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	// Cols is the number of columns.
+	Cols          uint32 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TerminalSize) Reset() {
+	*x = TerminalSize{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TerminalSize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TerminalSize) ProtoMessage() {}
+
+func (x *TerminalSize) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
+func (*TerminalSize) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TerminalSize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TerminalSize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+// ExecResponse is one message of an Exec stream to the client.
+type ExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stdout is output of the command (all of it with tty).
+	Stdout []byte `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	// Stderr is error output of the command.
+	Stderr []byte `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// ExitCode is set in the last message: the command's exit status (128+n when killed by
+	// signal n).
+	ExitCode *int32 `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
+	// InstanceGuid is the container the command runs in; set in the first message.
+	InstanceGuid  string `protobuf:"bytes,4,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResponse) Reset() {
+	*x = ExecResponse{}
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResponse) ProtoMessage() {}
+
+func (x *ExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
+func (*ExecResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ExecResponse) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetExitCode() int32 {
+	if x != nil && x.ExitCode != nil {
+		return *x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecResponse) GetInstanceGuid() string {
+	if x != nil {
+		return x.InstanceGuid
+	}
+	return ""
+}
+
 // StreamLogsRequest is the request of StreamLogs: exactly one of process_guid and task_guid.
 type StreamLogsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -898,7 +1456,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1468,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[12]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1481,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{12}
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StreamLogsRequest) GetProcessGuid() string {
@@ -979,7 +1537,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1549,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[13]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1562,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{13}
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StreamLogsResponse) GetLines() []*LogLine {
@@ -1037,7 +1595,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1607,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_rep_v1_rep_proto_msgTypes[14]
+	mi := &file_gavel_rep_v1_rep_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1620,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{14}
+	return file_gavel_rep_v1_rep_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LogLine) GetTimestamp() *timestamppb.Timestamp {
@@ -1174,7 +1732,57 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\"\x14\n" +
 	"\x12CancelTaskResponse\"\x11\n" +
 	"\x0fEvacuateRequest\"\x12\n" +
-	"\x10EvacuateResponse\"\xe4\x01\n" +
+	"\x10EvacuateResponse\"}\n" +
+	"\x16InstanceMetricsRequest\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x19\n" +
+	"\x05index\x18\x02 \x01(\x05H\x00R\x05index\x88\x01\x01\x12\x1b\n" +
+	"\ttask_guid\x18\x03 \x01(\tR\btaskGuidB\b\n" +
+	"\x06_index\"Y\n" +
+	"\x17InstanceMetricsResponse\x12>\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2\x1e.gavel.rep.v1.ContainerMetricsR\n" +
+	"containers\"\xd3\x03\n" +
+	"\x10ContainerMetrics\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x05R\x05index\x12#\n" +
+	"\rinstance_guid\x18\x03 \x01(\tR\finstanceGuid\x12\x1b\n" +
+	"\ttask_guid\x18\x04 \x01(\tR\btaskGuid\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"sampled_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tsampledAt\x12\x1f\n" +
+	"\vcpu_percent\x18\a \x01(\x01R\n" +
+	"cpuPercent\x12\x1f\n" +
+	"\vcpu_seconds\x18\b \x01(\x01R\n" +
+	"cpuSeconds\x12!\n" +
+	"\fmemory_bytes\x18\t \x01(\x04R\vmemoryBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\n" +
+	" \x01(\x04R\x10memoryLimitBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\v \x01(\x04R\tdiskBytes\x12(\n" +
+	"\x10disk_limit_bytes\x18\f \x01(\x04R\x0ediskLimitBytes\x12\x17\n" +
+	"\acell_id\x18\r \x01(\tR\x06cellId\"\xa7\x01\n" +
+	"\vExecRequest\x12-\n" +
+	"\x05start\x18\x01 \x01(\v2\x17.gavel.rep.v1.ExecStartR\x05start\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\fR\x05stdin\x122\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1a.gavel.rep.v1.TerminalSizeR\x06resize\x12\x1f\n" +
+	"\vclose_stdin\x18\x04 \x01(\bR\n" +
+	"closeStdin\"\xa0\x01\n" +
+	"\tExecStart\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x18\n" +
+	"\acommand\x18\x03 \x03(\tR\acommand\x12\x10\n" +
+	"\x03tty\x18\x04 \x01(\bR\x03tty\x12.\n" +
+	"\x04size\x18\x05 \x01(\v2\x1a.gavel.rep.v1.TerminalSizeR\x04size\"6\n" +
+	"\fTerminalSize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x93\x01\n" +
+	"\fExecResponse\x12\x16\n" +
+	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12 \n" +
+	"\texit_code\x18\x03 \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12#\n" +
+	"\rinstance_guid\x18\x04 \x01(\tR\finstanceGuidB\f\n" +
+	"\n" +
+	"_exit_code\"\xe4\x01\n" +
 	"\x11StreamLogsRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x19\n" +
 	"\x05index\x18\x02 \x01(\x05H\x00R\x05index\x88\x01\x01\x12\x1b\n" +
@@ -1196,7 +1804,7 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\tLogStream\x12\x1a\n" +
 	"\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n" +
-	"\x11LOG_STREAM_STDERR\x10\x022\xe5\x03\n" +
+	"\x11LOG_STREAM_STDERR\x10\x022\x88\x05\n" +
 	"\n" +
 	"RepService\x12@\n" +
 	"\x05State\x12\x1a.gavel.rep.v1.StateRequest\x1a\x1b.gavel.rep.v1.StateResponse\x12F\n" +
@@ -1206,7 +1814,9 @@ const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"CancelTask\x12\x1f.gavel.rep.v1.CancelTaskRequest\x1a .gavel.rep.v1.CancelTaskResponse\x12I\n" +
 	"\bEvacuate\x12\x1d.gavel.rep.v1.EvacuateRequest\x1a\x1e.gavel.rep.v1.EvacuateResponse\x12Q\n" +
 	"\n" +
-	"StreamLogs\x12\x1f.gavel.rep.v1.StreamLogsRequest\x1a .gavel.rep.v1.StreamLogsResponse0\x01B\xa7\x01\n" +
+	"StreamLogs\x12\x1f.gavel.rep.v1.StreamLogsRequest\x1a .gavel.rep.v1.StreamLogsResponse0\x01\x12^\n" +
+	"\x0fInstanceMetrics\x12$.gavel.rep.v1.InstanceMetricsRequest\x1a%.gavel.rep.v1.InstanceMetricsResponse\x12A\n" +
+	"\x04Exec\x12\x19.gavel.rep.v1.ExecRequest\x1a\x1a.gavel.rep.v1.ExecResponse(\x010\x01B\xa7\x01\n" +
 	"\x10com.gavel.rep.v1B\bRepProtoP\x01Z7github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1;repv1\xa2\x02\x03GRX\xaa\x02\fGavel.Rep.V1\xca\x02\fGavel\\Rep\\V1\xe2\x02\x18Gavel\\Rep\\V1\\GPBMetadata\xea\x02\x0eGavel::Rep::V1b\x06proto3"
 
 var (
@@ -1222,7 +1832,7 @@ func file_gavel_rep_v1_rep_proto_rawDescGZIP() []byte {
 }
 
 var file_gavel_rep_v1_rep_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_gavel_rep_v1_rep_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(LogStream)(0),                  // 0: gavel.rep.v1.LogStream
 	(*LRPInstance)(nil),             // 1: gavel.rep.v1.LRPInstance
@@ -1237,60 +1847,76 @@ var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*CancelTaskResponse)(nil),      // 10: gavel.rep.v1.CancelTaskResponse
 	(*EvacuateRequest)(nil),         // 11: gavel.rep.v1.EvacuateRequest
 	(*EvacuateResponse)(nil),        // 12: gavel.rep.v1.EvacuateResponse
-	(*StreamLogsRequest)(nil),       // 13: gavel.rep.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil),      // 14: gavel.rep.v1.StreamLogsResponse
-	(*LogLine)(nil),                 // 15: gavel.rep.v1.LogLine
-	nil,                             // 16: gavel.rep.v1.LRPInstance.TraceContextEntry
-	nil,                             // 17: gavel.rep.v1.TaskWork.TraceContextEntry
-	nil,                             // 18: gavel.rep.v1.StateResponse.LrpInstancesEntry
-	(*v1.ActualLRPKey)(nil),         // 19: gavel.models.v1.ActualLRPKey
-	(*v1.Resources)(nil),            // 20: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),  // 21: gavel.models.v1.PlacementConstraint
-	(*v1.CellCapacity)(nil),         // 22: gavel.models.v1.CellCapacity
-	(*v1.ActualLRPInstanceKey)(nil), // 23: gavel.models.v1.ActualLRPInstanceKey
-	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
+	(*InstanceMetricsRequest)(nil),  // 13: gavel.rep.v1.InstanceMetricsRequest
+	(*InstanceMetricsResponse)(nil), // 14: gavel.rep.v1.InstanceMetricsResponse
+	(*ContainerMetrics)(nil),        // 15: gavel.rep.v1.ContainerMetrics
+	(*ExecRequest)(nil),             // 16: gavel.rep.v1.ExecRequest
+	(*ExecStart)(nil),               // 17: gavel.rep.v1.ExecStart
+	(*TerminalSize)(nil),            // 18: gavel.rep.v1.TerminalSize
+	(*ExecResponse)(nil),            // 19: gavel.rep.v1.ExecResponse
+	(*StreamLogsRequest)(nil),       // 20: gavel.rep.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),      // 21: gavel.rep.v1.StreamLogsResponse
+	(*LogLine)(nil),                 // 22: gavel.rep.v1.LogLine
+	nil,                             // 23: gavel.rep.v1.LRPInstance.TraceContextEntry
+	nil,                             // 24: gavel.rep.v1.TaskWork.TraceContextEntry
+	nil,                             // 25: gavel.rep.v1.StateResponse.LrpInstancesEntry
+	(*v1.ActualLRPKey)(nil),         // 26: gavel.models.v1.ActualLRPKey
+	(*v1.Resources)(nil),            // 27: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),  // 28: gavel.models.v1.PlacementConstraint
+	(*v1.CellCapacity)(nil),         // 29: gavel.models.v1.CellCapacity
+	(*v1.ActualLRPInstanceKey)(nil), // 30: gavel.models.v1.ActualLRPInstanceKey
+	(*timestamppb.Timestamp)(nil),   // 31: google.protobuf.Timestamp
 }
 var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
-	19, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
-	20, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
-	21, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	16, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
-	20, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
-	21, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	17, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
-	22, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
-	22, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
+	26, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
+	27, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
+	28, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	23, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
+	27, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
+	28, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	24, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
+	29, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
+	29, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
 	1,  // 9: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
 	2,  // 10: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
-	18, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
+	25, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
 	1,  // 12: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
 	2,  // 13: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
 	1,  // 14: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
 	2,  // 15: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
 	4,  // 16: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
-	19, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	23, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	24, // 19: gavel.rep.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	15, // 20: gavel.rep.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
-	24, // 21: gavel.rep.v1.LogLine.timestamp:type_name -> google.protobuf.Timestamp
-	0,  // 22: gavel.rep.v1.LogLine.stream:type_name -> gavel.rep.v1.LogStream
-	3,  // 23: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	5,  // 24: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	7,  // 25: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	9,  // 26: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	11, // 27: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	13, // 28: gavel.rep.v1.RepService.StreamLogs:input_type -> gavel.rep.v1.StreamLogsRequest
-	4,  // 29: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	6,  // 30: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	8,  // 31: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	10, // 32: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	12, // 33: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	14, // 34: gavel.rep.v1.RepService.StreamLogs:output_type -> gavel.rep.v1.StreamLogsResponse
-	29, // [29:35] is the sub-list for method output_type
-	23, // [23:29] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	26, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	30, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	15, // 19: gavel.rep.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
+	31, // 20: gavel.rep.v1.ContainerMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	17, // 21: gavel.rep.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
+	18, // 22: gavel.rep.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
+	18, // 23: gavel.rep.v1.ExecStart.size:type_name -> gavel.rep.v1.TerminalSize
+	31, // 24: gavel.rep.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	22, // 25: gavel.rep.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	31, // 26: gavel.rep.v1.LogLine.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 27: gavel.rep.v1.LogLine.stream:type_name -> gavel.rep.v1.LogStream
+	3,  // 28: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	5,  // 29: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	7,  // 30: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	9,  // 31: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	11, // 32: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	20, // 33: gavel.rep.v1.RepService.StreamLogs:input_type -> gavel.rep.v1.StreamLogsRequest
+	13, // 34: gavel.rep.v1.RepService.InstanceMetrics:input_type -> gavel.rep.v1.InstanceMetricsRequest
+	16, // 35: gavel.rep.v1.RepService.Exec:input_type -> gavel.rep.v1.ExecRequest
+	4,  // 36: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	6,  // 37: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	8,  // 38: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	10, // 39: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	12, // 40: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	21, // 41: gavel.rep.v1.RepService.StreamLogs:output_type -> gavel.rep.v1.StreamLogsResponse
+	14, // 42: gavel.rep.v1.RepService.InstanceMetrics:output_type -> gavel.rep.v1.InstanceMetricsResponse
+	19, // 43: gavel.rep.v1.RepService.Exec:output_type -> gavel.rep.v1.ExecResponse
+	36, // [36:44] is the sub-list for method output_type
+	28, // [28:36] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }
@@ -1299,13 +1925,15 @@ func file_gavel_rep_v1_rep_proto_init() {
 		return
 	}
 	file_gavel_rep_v1_rep_proto_msgTypes[12].OneofWrappers = []any{}
+	file_gavel_rep_v1_rep_proto_msgTypes[18].OneofWrappers = []any{}
+	file_gavel_rep_v1_rep_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_rep_v1_rep_proto_rawDesc), len(file_gavel_rep_v1_rep_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,8 @@ const (
 	RepService_CancelTask_FullMethodName      = "/gavel.rep.v1.RepService/CancelTask"
 	RepService_Evacuate_FullMethodName        = "/gavel.rep.v1.RepService/Evacuate"
 	RepService_StreamLogs_FullMethodName      = "/gavel.rep.v1.RepService/StreamLogs"
+	RepService_InstanceMetrics_FullMethodName = "/gavel.rep.v1.RepService/InstanceMetrics"
+	RepService_Exec_FullMethodName            = "/gavel.rep.v1.RepService/Exec"
 )
 
 // RepServiceClient is the client API for RepService service.
@@ -51,6 +53,14 @@ type RepServiceClient interface {
 	// goes or the cell holds none of the selected containers any more. For the BBS (which
 	// proxies it) and admin.
 	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
+	// InstanceMetrics reports the latest resource sample (CPU, memory, disk and their limits)
+	// of an LRP's instances on this cell (all, or one index) or of a task. For the BBS (which
+	// proxies it) and admin.
+	InstanceMetrics(ctx context.Context, in *InstanceMetricsRequest, opts ...grpc.CallOption) (*InstanceMetricsResponse, error)
+	// Exec runs a command in a running LRP instance: the first message names the instance and
+	// the command, later ones carry stdin, terminal resizes and the end of stdin; the answers
+	// carry its output and, last, its exit code. For the BBS (which proxies it) and admin.
+	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 }
 
 type repServiceClient struct {
@@ -130,6 +140,29 @@ func (c *repServiceClient) StreamLogs(ctx context.Context, in *StreamLogsRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RepService_StreamLogsClient = grpc.ServerStreamingClient[StreamLogsResponse]
 
+func (c *repServiceClient) InstanceMetrics(ctx context.Context, in *InstanceMetricsRequest, opts ...grpc.CallOption) (*InstanceMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstanceMetricsResponse)
+	err := c.cc.Invoke(ctx, RepService_InstanceMetrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *repServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RepService_ServiceDesc.Streams[1], RepService_Exec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecRequest, ExecResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RepService_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
+
 // RepServiceServer is the server API for RepService service.
 // All implementations must embed UnimplementedRepServiceServer
 // for forward compatibility.
@@ -151,6 +184,14 @@ type RepServiceServer interface {
 	// goes or the cell holds none of the selected containers any more. For the BBS (which
 	// proxies it) and admin.
 	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
+	// InstanceMetrics reports the latest resource sample (CPU, memory, disk and their limits)
+	// of an LRP's instances on this cell (all, or one index) or of a task. For the BBS (which
+	// proxies it) and admin.
+	InstanceMetrics(context.Context, *InstanceMetricsRequest) (*InstanceMetricsResponse, error)
+	// Exec runs a command in a running LRP instance: the first message names the instance and
+	// the command, later ones carry stdin, terminal resizes and the end of stdin; the answers
+	// carry its output and, last, its exit code. For the BBS (which proxies it) and admin.
+	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	mustEmbedUnimplementedRepServiceServer()
 }
 
@@ -178,6 +219,12 @@ func (UnimplementedRepServiceServer) Evacuate(context.Context, *EvacuateRequest)
 }
 func (UnimplementedRepServiceServer) StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error {
 	return status.Error(codes.Unimplemented, "method StreamLogs not implemented")
+}
+func (UnimplementedRepServiceServer) InstanceMetrics(context.Context, *InstanceMetricsRequest) (*InstanceMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method InstanceMetrics not implemented")
+}
+func (UnimplementedRepServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method Exec not implemented")
 }
 func (UnimplementedRepServiceServer) mustEmbedUnimplementedRepServiceServer() {}
 func (UnimplementedRepServiceServer) testEmbeddedByValue()                    {}
@@ -301,6 +348,31 @@ func _RepService_StreamLogs_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RepService_StreamLogsServer = grpc.ServerStreamingServer[StreamLogsResponse]
 
+func _RepService_InstanceMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InstanceMetricsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RepServiceServer).InstanceMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RepService_InstanceMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RepServiceServer).InstanceMetrics(ctx, req.(*InstanceMetricsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RepService_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RepServiceServer).Exec(&grpc.GenericServerStream[ExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RepService_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
+
 // RepService_ServiceDesc is the grpc.ServiceDesc for RepService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -328,12 +400,22 @@ var RepService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Evacuate",
 			Handler:    _RepService_Evacuate_Handler,
 		},
+		{
+			MethodName: "InstanceMetrics",
+			Handler:    _RepService_InstanceMetrics_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "StreamLogs",
 			Handler:       _RepService_StreamLogs_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Exec",
+			Handler:       _RepService_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "gavel/rep/v1/rep.proto",

@@ -93,6 +93,7 @@ func (b *Backend) Start(_ context.Context, spec executor.Spec) (executor.Contain
 		routable: make(chan bool, 1),
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
+		usage:    newSimUsage(spec),
 		release: func() {
 			b.mu.Lock()
 			b.ports.give(hostPorts)
@@ -113,6 +114,7 @@ type container struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	release  func()
+	usage    simUsage
 	result   executor.Result // written before done is closed
 }
 

@@ -1,0 +1,126 @@
+package cell
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor"
+	"github.com/gavel-sched/gavel/services/rep/internal/logs"
+)
+
+// DefaultSampleInterval is how often SampleUsage measures every container by default.
+const DefaultSampleInterval = 5 * time.Second
+
+// usageSample is a container's latest resource sample; the zero value is "not sampled yet".
+type usageSample struct {
+	at         time.Time
+	cpu        time.Duration // cumulative
+	cpuPercent float64       // over the interval up to at, percent of one core
+	memory     uint64
+	disk       uint64
+}
+
+// SampleUsage returns a member that measures every started container whose backend reports
+// its use (executor.Measurable) every interval, keeping the latest sample of each with its CPU
+// use over the interval. A measurement that fails keeps the previous sample.
+func (c *Cell) SampleUsage(interval time.Duration) func(ctx context.Context, ready func()) error {
+	if interval <= 0 {
+		interval = DefaultSampleInterval
+	}
+	return func(ctx context.Context, ready func()) error {
+		ready()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			c.sampleOnce(ctx)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// sampleOnce measures every started container once, outside the cell's lock.
+func (c *Cell) sampleOnce(ctx context.Context) {
+	type target struct {
+		ctr *container
+		m   executor.Measurable
+	}
+	var targets []target
+	c.mu.Lock()
+	for _, ctr := range c.containers {
+		if m, ok := ctr.exec.(executor.Measurable); ok && ctr.phase != phaseCompleted {
+			targets = append(targets, target{ctr, m})
+		}
+	}
+	c.mu.Unlock()
+	for _, tg := range targets {
+		if ctx.Err() != nil {
+			return
+		}
+		u, err := tg.m.Usage(ctx)
+		if err != nil {
+			c.log.Debug("measure container", "guid", tg.ctr.guid, "error", err)
+			continue
+		}
+		now := time.Now()
+		c.mu.Lock()
+		prev := tg.ctr.usage
+		s := usageSample{at: now, cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
+		if !prev.at.IsZero() {
+			if wall := now.Sub(prev.at); wall > 0 && u.CPU > prev.cpu {
+				s.cpuPercent = 100 * float64(u.CPU-prev.cpu) / float64(wall)
+			}
+		}
+		tg.ctr.usage = s
+		c.mu.Unlock()
+	}
+}
+
+// ContainerMetrics returns the latest sample of every container f selects (all containers
+// when all is true), by process guid, index and instance guid; nil when none is selected.
+func (c *Cell) ContainerMetrics(f logs.Filter, all bool) []*repv1.ContainerMetrics {
+	c.mu.Lock()
+	var out []*repv1.ContainerMetrics
+	for _, ctr := range c.containers {
+		if !all && !f.Matches(ctr.logKey()) {
+			continue
+		}
+		k := ctr.logKey()
+		m := &repv1.ContainerMetrics{ProcessGuid: k.ProcessGuid, Index: k.Index, InstanceGuid: k.InstanceGuid,
+			TaskGuid: k.TaskGuid, State: ctr.phase.String(), CellId: c.cfg.CellID,
+			MemoryLimitBytes: mibBytes(ctr.resources.GetMemoryMb()), DiskLimitBytes: mibBytes(ctr.resources.GetDiskMb())}
+		if u := ctr.usage; !u.at.IsZero() {
+			m.SampledAt = timestamppb.New(u.at)
+			m.CpuPercent, m.CpuSeconds = u.cpuPercent, u.cpu.Seconds()
+			m.MemoryBytes, m.DiskBytes = u.memory, u.disk
+		}
+		out = append(out, m)
+	}
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.GetProcessGuid() != b.GetProcessGuid() {
+			return a.GetProcessGuid() < b.GetProcessGuid()
+		}
+		if a.GetIndex() != b.GetIndex() {
+			return a.GetIndex() < b.GetIndex()
+		}
+		return a.GetInstanceGuid() < b.GetInstanceGuid()
+	})
+	return out
+}
+
+// mibBytes is n MiB in bytes (0 for none).
+func mibBytes(n int32) uint64 {
+	if n <= 0 {
+		return 0
+	}
+	return uint64(n) << 20
+}

@@ -1,0 +1,50 @@
+// Command usage is an instance for the instance metrics tests:
+//
+//	usage mem MB    allocates and touches MB MiB, writes a 2 MiB file "ballast" in its
+//	                working directory, prints "ready" and sleeps until killed
+//	usage spin      keeps one core busy until killed
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+var keep []byte
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: usage mem MB | spin")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "mem":
+		mb, err := strconv.Atoi(os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		keep = make([]byte, mb<<20)
+		for i := range keep {
+			keep[i] = byte(i)
+		}
+		if err := os.WriteFile("ballast", make([]byte, 2<<20), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		for {
+			time.Sleep(time.Hour)
+			keep[0]++
+		}
+	case "spin":
+		fmt.Println("spinning")
+		n := 0
+		for {
+			n++
+		}
+	}
+	os.Exit(2)
+}
