@@ -105,6 +105,15 @@ func Inject(ctx context.Context) map[string]string {
 	return carrier
 }
 
+// InjectSampled is Inject for a context whose span is sampled, and nil otherwise: for trace
+// context kept in a record (tracing off, or a trace not sampled, stores nothing).
+func InjectSampled(ctx context.Context) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsSampled() {
+		return nil
+	}
+	return Inject(ctx)
+}
+
 // Extract is ctx carrying the trace context of headers (from Inject) as its remote parent.
 func Extract(ctx context.Context, headers map[string]string) context.Context {
 	if len(headers) == 0 {
