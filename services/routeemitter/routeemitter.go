@@ -151,7 +151,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Op
 	routeemitterv1.RegisterRouteEmitterServiceServer(server.GRPC, api.New(hub))
 	logger.Info("route-emitter table", "table_id", hub.TableID())
 	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server}
-	svc.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
+	svc.metricsServer = cfg.MetricsServer(m.registry)
 	return svc, nil
 }
 
