@@ -264,7 +264,10 @@ func TestConsole(t *testing.T) {
 			t.Fatal(err)
 		}
 		browse(t, ctx, "apps page", chromedp.Navigate(adminURL+"/apps"), chromedp.WaitVisible(chromedp.CSS(`#app-shop a[href="/lrps/shop-v1"]`)))
-		browse(t, ctx, "app running", chromedp.WaitVisible(chromedp.CSS(`#app-shop .counts`)))
+		testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+			counts := value(t, ctx, "app counts", chromedp.Evaluate[string](`document.querySelector('#app-shop .counts').textContent`))
+			return strings.HasPrefix(strings.TrimSpace(counts), "1 / 1"), counts
+		}, "the apps page shows the app's instance running (live, without a reload)")
 		screenshot(t, ctx, "console-apps.png")
 		browse(t, ctx, "restart", chromedp.Click(chromedp.CSS(`#restart-shop`)),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)), chromedp.Click(chromedp.CSS(`#confirm`)),
