@@ -3,8 +3,9 @@
 # Built by deployments/docker/build.sh (`make image`) when prometheus is installed; the
 # context it stages:
 #   bin/prometheus, lib/x86_64-linux-gnu/libc.so.6, lib64/ld-linux-x86-64.so.2 (from ldd)
-#   prometheus/   the data directory, writable by nobody
+#   prometheus/   the data directory
+# It runs as root, like the gavel image: the certificates mounted at /pki are readable by their
+# owner only.
 FROM scratch
 COPY fs/ /
-USER 65534
 ENTRYPOINT ["/bin/prometheus"]
