@@ -75,19 +75,21 @@ test-race:
 test-cluster:
 	$(GO) test -tags cluster -count=1 -timeout 20m ./test/cluster/
 
-## image: the FROM-scratch image of every static binary (deployments/docker), tagged $(IMAGE)
+## image: the FROM-scratch image of every static binary (deployments/docker), tagged $(IMAGE), and the compose Prometheus image $(PROMETHEUS_IMAGE) (from the installed prometheus)
 IMAGE ?= gavel:dev
+PROMETHEUS_IMAGE ?= gavel-prometheus:dev
 image:
-	deployments/docker/build.sh $(IMAGE)
+	deployments/docker/build.sh $(IMAGE) $(PROMETHEUS_IMAGE)
 
 ## compose-certs: the certificates deployments/docker/compose.yaml mounts (every identity, valid for every member's address)
 ## COMPOSE_NET is the /24's first three octets (compose.yaml's GAVEL_NET), COMPOSE_PKI the directory (its GAVEL_PKI)
 COMPOSE_NET ?= 172.29.0
 COMPOSE_PKI ?= deployments/docker/pki
-COMPOSE_HOSTS := $(addprefix $(COMPOSE_NET).,10 11 12 20 21 30 31 40 41 42 45 50 60)
+COMPOSE_HOSTS := $(addprefix $(COMPOSE_NET).,10 11 12 20 21 30 31 40 41 42 45 50 60) \
+	bbs-0 bbs-1 auctioneer-0 auctioneer-1 rep-z1 rep-z2 rep-z3 nsync routeemitter router
 compose-certs:
 	$(GO) run ./cmd/gavel certs $(addprefix --host ,$(COMPOSE_HOSTS)) $(COMPOSE_PKI) \
-		etcd bbs auctioneer route-emitter router nsync admin read-only rep/cell-z1 rep/cell-z2 rep/cell-z3
+		etcd bbs auctioneer route-emitter router nsync admin read-only prometheus rep/cell-z1 rep/cell-z2 rep/cell-z3
 
 ## bench: benchmarks (figures quoted in the service READMEs)
 bench:

@@ -21,13 +21,13 @@ func (c *cli) uiCommand() *cobra.Command {
 	var listen, role string
 	cmd := &cobra.Command{
 		Use:   "ui",
-		Short: "Serve a local web console of the cluster (cells, LRPs, tasks, pools, live events)",
+		Short: "Serve a local web console of the cluster (cells, apps, LRPs, tasks, pools, live events)",
 		Long: `ui serves a web console on a local address and prints its URL, like nomad ui.
 
 The console calls the BBS, nsync, the route-emitter and the reps with your certificate
 (--tls-cert or $GAVEL_TLS_CERT), so it may do exactly what you may: a read-only identity sees
-no action buttons and the BBS refuses its actions; admin can scale an LRP, retire an instance
-and cancel a task, each after a confirmation. Pages update live from the BBS event stream.
+no action buttons and the BBS (or nsync) refuses its actions; admin can scale an LRP, restart
+an app, retire an instance and cancel a task, each after a confirmation. Pages update live from the BBS event stream.
 It serves plain HTTP: keep --listen on loopback.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

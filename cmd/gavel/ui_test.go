@@ -20,6 +20,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/services/rep"
 )
@@ -189,8 +190,9 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // cells: the cells page draws each cell's and zone's bars; an LRP desired with the CLI appears
 // on the open LRPs page within a second without a reload; a CELL_MISMATCH shows its reason in
 // words with the per-reason cell counts; admin scales from the page (click, confirm) and the
-// BBS stores the new count; a read-only console shows no action button, and a request crafted
-// with the read-only certificate is refused by the BBS (PermissionDenied), as the page says.
+// BBS stores the new count; admin restarts an nsync app from the apps page and nsync brings up
+// its next version; a read-only console shows no action button, and requests crafted with the
+// read-only certificate are refused by the BBS and by nsync (PermissionDenied), as the page says.
 // With -update it saves the screenshots docs/operations.md shows.
 func TestConsole(t *testing.T) {
 	path := chromium(t)
@@ -255,9 +257,33 @@ func TestConsole(t *testing.T) {
 		screenshot(t, ctx, "console-events.png")
 	})
 
+	t.Run("admin restarts an app from the page", func(t *testing.T) {
+		app := &nsyncv1.App{Guid: "shop", Name: "shop", SpaceGuid: "space-a", Stack: "cflinuxfs4", Command: "/bin/shop",
+			Instances: 1, MemoryMb: 64, DiskMb: 64, Ports: []uint32{8080}}
+		if _, err := e.c.Nsync.DesireApp(context.Background(), &nsyncv1.DesireAppRequest{App: app}); err != nil {
+			t.Fatal(err)
+		}
+		browse(t, ctx, "apps page", chromedp.Navigate(adminURL+"/apps"), chromedp.WaitVisible(chromedp.CSS(`#app-shop a[href="/lrps/shop-v1"]`)))
+		testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+			counts := value(t, ctx, "app counts", chromedp.Evaluate[string](`document.querySelector('#app-shop .counts').textContent`))
+			return strings.HasPrefix(strings.TrimSpace(counts), "1 / 1"), counts
+		}, "the apps page shows the app's instance running (live, without a reload)")
+		screenshot(t, ctx, "console-apps.png")
+		browse(t, ctx, "restart", chromedp.Click(chromedp.CSS(`#restart-shop`)),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm`)), chromedp.Click(chromedp.CSS(`#confirm`)),
+			chromedp.WaitVisible(chromedp.CSS(`#done`)))
+		testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
+			resp, err := e.c.Nsync.Apps(context.Background(), &nsyncv1.AppsRequest{Guids: []string{"shop"}})
+			if err != nil || len(resp.GetApps()) != 1 {
+				return false, fmt.Sprint(resp, err)
+			}
+			return resp.GetApps()[0].GetApp().GetVersion() == 2, fmt.Sprint(resp.GetApps()[0])
+		}, "the app restarted to version 2 after the page's restart")
+	})
+
 	t.Run("read-only sees no actions and is refused", func(t *testing.T) {
 		roURL := e.startUI(t, "read-only")
-		for _, page := range []string{"/lrps/web", "/lrps", "/tasks", "/cells"} {
+		for _, page := range []string{"/lrps/web", "/lrps", "/apps", "/tasks", "/cells"} {
 			browse(t, ctx, "read-only "+page, chromedp.Navigate(roURL+page), chromedp.WaitVisible(chromedp.CSS(`#main`)))
 			actions := value(t, ctx, "action controls", chromedp.Evaluate[int](`document.querySelectorAll('#main button, #main a.act, #main form').length`))
 			if actions != 0 {
@@ -274,6 +300,15 @@ func TestConsole(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "refused by the BBS: PermissionDenied") {
 			t.Fatalf("crafted scale as read-only: %s\n%s\nwant 403 and the BBS's PermissionDenied", resp.Status, body)
+		}
+		resp, err = http.PostForm(roURL+"/act", url.Values{"csrf": {token}, "action": {"restart"}, "guid": {"shop"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "refused by nsync: PermissionDenied") {
+			t.Fatalf("crafted restart as read-only: %s\n%s\nwant 403 and nsync's PermissionDenied", resp.Status, body)
 		}
 		// The same through the browser: the confirmation page, reached by its URL, shows the refusal.
 		browse(t, ctx, "refusal", chromedp.Navigate(roURL+"/confirm?action=scale&guid=web&instances=7"), chromedp.Click(chromedp.CSS(`#confirm`)),

@@ -86,6 +86,8 @@ type Config struct {
 	// ConfigureRouteEmitter, when set, adjusts the route-emitter's configuration last (with
 	// Routing).
 	ConfigureRouteEmitter func(*routeemitter.Config)
+	// ConfigureRouter, when set, adjusts the router's configuration last (with Routing).
+	ConfigureRouter func(*router.Config)
 	// Nsync runs nsync too, on NsyncAddress ("127.0.0.1:0" picks a port), with NsyncStacks as
 	// its stack → rootfs map (nil: nsync's default).
 	Nsync        bool
@@ -135,7 +137,8 @@ type Cluster struct {
 	// Reps are the running reps, in start order.
 	Reps []*rep.Service
 	// PKI holds the certificates by identity name (with Config.TLS): every component's, and
-	// "admin" and "read-only" for clients. BBS is a client with the admin identity.
+	// "admin" and "read-only" for clients, and "prometheus" (no role: it scrapes /metrics over
+	// mutual TLS). BBS is a client with the admin identity.
 	PKI map[string]tlsx.Config
 
 	hostsMu sync.Mutex
@@ -206,7 +209,7 @@ func (c *Cluster) Run(ctx context.Context, ready func()) error {
 	}
 	c.BBSAddress, c.AuctioneerAddress = bbsListener.Addr().String(), auctioneerListener.Addr().String()
 	if c.cfg.TLS {
-		names := []string{"bbs", "auctioneer", "route-emitter", "router", "nsync", "admin", "read-only"}
+		names := []string{"bbs", "auctioneer", "route-emitter", "router", "nsync", "admin", "read-only", "prometheus"}
 		for _, cell := range c.cfg.Cells {
 			names = append(names, "rep/"+cell.Config.CellID)
 		}
@@ -549,6 +552,9 @@ func (c *Cluster) routingMembers(log hclog.Logger, dial func(addr, identity stri
 			}
 			cfg.RouteEmitterAddress, cfg.RouteEmitterTLS = c.RouteEmitterAddress, c.tlsFor("router")
 			cfg.TCPBindAddress = "127.0.0.1"
+			if c.cfg.ConfigureRouter != nil {
+				c.cfg.ConfigureRouter(&cfg)
+			}
 			conn, err := dial(c.RouteEmitterAddress, "router")
 			if err != nil {
 				return err

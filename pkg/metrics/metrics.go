@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -33,25 +34,48 @@ func Handler(reg *prometheus.Registry) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 
-// Server serves a registry at /metrics over plain HTTP.
+// Server serves a registry at /metrics over plain HTTP, or over mutual TLS (WithTLS).
 type Server struct {
 	address string
 	reg     *prometheus.Registry
+	tls     func() (*tls.Config, error)
 
 	mu   sync.Mutex
 	addr net.Addr
 }
 
+// Option configures a Server.
+type Option func(*Server)
+
+// WithTLS serves /metrics over TLS with the configuration load returns when the server starts
+// (a server configuration requiring a client certificate makes it mutual TLS: a scraper then
+// presents a certificate of the cluster's CA, as every gRPC client does).
+func WithTLS(load func() (*tls.Config, error)) Option { return func(s *Server) { s.tls = load } }
+
 // NewServer returns a server for reg on address (e.g. "127.0.0.1:9090"); Run starts it.
-func NewServer(address string, reg *prometheus.Registry) *Server {
-	return &Server{address: address, reg: reg}
+func NewServer(address string, reg *prometheus.Registry, opts ...Option) *Server {
+	s := &Server{address: address, reg: reg}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Run listens, calls ready, and serves until ctx ends; it then shuts the server down.
 func (s *Server) Run(ctx context.Context, ready func()) error {
+	var tc *tls.Config
+	if s.tls != nil {
+		var err error
+		if tc, err = s.tls(); err != nil {
+			return fmt.Errorf("metrics tls: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", s.address)
 	if err != nil {
 		return fmt.Errorf("metrics listen %s: %w", s.address, err)
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
 	}
 	s.mu.Lock()
 	s.addr = ln.Addr()
@@ -99,9 +123,9 @@ func (s *Server) Members() []lifecycle.Member {
 }
 
 // NewServerIf is NewServer, or nil (metrics off) when address is empty.
-func NewServerIf(address string, reg *prometheus.Registry) *Server {
+func NewServerIf(address string, reg *prometheus.Registry, opts ...Option) *Server {
 	if address == "" {
 		return nil
 	}
-	return NewServer(address, reg)
+	return NewServer(address, reg, opts...)
 }

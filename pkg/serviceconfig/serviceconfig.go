@@ -17,12 +17,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/config"
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/logging"
+	"github.com/gavel-sched/gavel/pkg/metrics"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/pkg/tracing"
 )
@@ -41,6 +43,10 @@ type Base struct {
 	// MetricsAddress is where Prometheus metrics are served over plain HTTP at /metrics (e.g.
 	// "127.0.0.1:9090"); empty serves none.
 	MetricsAddress string `json:"metrics_address,omitempty"`
+	// MetricsTLS serves /metrics over mutual TLS instead, with tls's certificate and CA: a
+	// scraper presents a certificate of the cluster's CA (deployments/docker's Prometheus has
+	// spiffe://gavel/prometheus). Requires tls (not insecure).
+	MetricsTLS bool `json:"metrics_tls,omitempty"`
 	// Authz maps client certificate identities to roles (least privilege); enforced whenever
 	// tls is on.
 	Authz authz.Config `json:"authz"`
@@ -68,6 +74,9 @@ func (b Base) Validate() error {
 	if err := b.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("tls: %w", err))
 	}
+	if b.MetricsTLS && b.TLS.Insecure {
+		errs = append(errs, errors.New("metrics_tls: needs tls (the metrics endpoint presents the API's certificate and checks scrapers against its CA), but tls is insecure"))
+	}
 	if err := b.Log.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("log: %w", err))
 	}
@@ -81,7 +90,7 @@ func (b Base) Validate() error {
 }
 
 // BaseFlags binds -listen, the server TLS flags (-tls-cert, -tls-key, -tls-ca, -insecure),
-// -metrics-address, -log-level, -log-format and the tracing flags (-otlp-endpoint,
+// -metrics-address, -metrics-tls, -log-level, -log-format and the tracing flags (-otlp-endpoint,
 // -otlp-insecure, -trace-sampling-ratio) to b. tlsWho names the server in the TLS
 // flags' help ("server" when empty). The roles (authz) come from the config file only.
 func BaseFlags(fs *flag.FlagSet, b *Base, tlsWho string) {
@@ -91,8 +100,18 @@ func BaseFlags(fs *flag.FlagSet, b *Base, tlsWho string) {
 	fs.StringVar(&b.ListenAddress, "listen", b.ListenAddress, "gRPC listen address")
 	config.TLSFlags(fs, &b.TLS, "tls", "insecure", tlsWho)
 	fs.StringVar(&b.MetricsAddress, "metrics-address", b.MetricsAddress, "serve Prometheus metrics at http://ADDRESS/metrics (empty: none)")
+	fs.BoolVar(&b.MetricsTLS, "metrics-tls", b.MetricsTLS, "serve /metrics over mutual TLS with the API's certificate and CA (https://ADDRESS/metrics; scrapers present a certificate of the CA)")
 	config.LogFlags(fs, &b.Log)
 	tracing.Flags(fs, &b.Tracing)
+}
+
+// MetricsServer is the service's /metrics server for reg: none without metrics_address, over
+// mutual TLS with metrics_tls.
+func (b Base) MetricsServer(reg *prometheus.Registry) *metrics.Server {
+	if b.MetricsTLS {
+		return metrics.NewServerIf(b.MetricsAddress, reg, metrics.WithTLS(b.TLS.ServerTLS))
+	}
+	return metrics.NewServerIf(b.MetricsAddress, reg)
 }
 
 // Etcd is how a service reaches etcd.

@@ -84,6 +84,7 @@ func TestValidate(t *testing.T) {
 		{"valid", func(*svcConfig) {}, ""},
 		{"no listen", func(c *svcConfig) { c.ListenAddress = "" }, "listen_address is required"},
 		{"no tls choice", func(c *svcConfig) { c.TLS.Insecure = false }, "tls: "},
+		{"metrics over tls without tls", func(c *svcConfig) { c.MetricsTLS = true }, "metrics_tls: needs tls"},
 		{"bad log", func(c *svcConfig) { c.Log.Level = "loud" }, "log: "},
 		{"no etcd", func(c *svcConfig) { c.EtcdEndpoints = nil }, "etcd_endpoints: at least one endpoint is required"},
 		{"no etcd tls choice", func(c *svcConfig) { c.EtcdTLS.Insecure = false }, "etcd_tls: "},

@@ -30,7 +30,8 @@ type Config struct {
 	// OTLPInsecure sends to the collector in plaintext (a collector on the same host).
 	OTLPInsecure bool `json:"otlp_insecure,omitempty"`
 	// SamplingRatio is the share of new traces recorded, from 0 to 1 (default 1); a span whose
-	// caller sampled it is always recorded (parent-based).
+	// caller sampled it is always recorded (parent-based), and the cluster's own background
+	// calls start no trace (Sampler).
 	SamplingRatio float64 `json:"sampling_ratio"`
 }
 
@@ -82,7 +83,7 @@ func Start(ctx context.Context, service string, c Config) (func(context.Context)
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SamplingRatio))),
+		sdktrace.WithSampler(Sampler(c.SamplingRatio)),
 	)
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
@@ -102,6 +103,15 @@ func Inject(ctx context.Context) map[string]string {
 	carrier := propagation.MapCarrier{}
 	otel.GetTextMapPropagator().Inject(ctx, carrier)
 	return carrier
+}
+
+// InjectSampled is Inject for a context whose span is sampled, and nil otherwise: for trace
+// context kept in a record (tracing off, or a trace not sampled, stores nothing).
+func InjectSampled(ctx context.Context) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsSampled() {
+		return nil
+	}
+	return Inject(ctx)
 }
 
 // Extract is ctx carrying the trace context of headers (from Inject) as its remote parent.

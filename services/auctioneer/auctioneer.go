@@ -233,7 +233,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	auctioneerv1.RegisterAuctioneerServiceServer(server.GRPC, api.New(queue{s}))
 	s.server = server
-	s.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, s.metrics.registry)
+	s.metricsServer = cfg.MetricsServer(s.metrics.registry)
 	return s, nil
 }
 

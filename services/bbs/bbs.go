@@ -395,7 +395,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,
 		drainer: coreCfg.Drainer, converger: conv, manualConverge: o.manual, registry: registry, etcd: etcd, keyring: keyring}
-	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, registry)
+	svc.metrics = cfg.MetricsServer(registry)
 	registerCommitMetrics(registry, st)
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_records_to_reencrypt",
 		Help: "Stored records (run infos and tasks) not yet sealed under the active encryption key; the leader re-encrypts them in the background."},

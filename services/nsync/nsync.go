@@ -282,7 +282,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	}
 	nsyncv1.RegisterNsyncServiceServer(server.GRPC, api.New(c, st))
 	svc := &Service{cfg: cfg, log: logger, core: c, etcd: etcd, server: server, m: m, chain: chain, store: st, keyring: keyring}
-	svc.metrics = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
+	svc.metrics = cfg.MetricsServer(m.registry)
 	return svc, nil
 }
 

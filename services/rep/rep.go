@@ -511,7 +511,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 	s.presence = presence.New(etcd, time.Duration(cfg.LeaseTTL), func() *modelsv1.CellPresence {
 		return cfg.presence(s.AdvertiseAddress())
 	}, logger.Named("presence"))
-	s.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
+	s.metricsServer = cfg.MetricsServer(m.registry)
 	return s, nil
 }
 

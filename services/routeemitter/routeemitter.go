@@ -153,7 +153,7 @@ func New(cfg Config, logger hclog.Logger, bbs bbsv1.BBSServiceClient, opts ...Op
 	logger.Info("route-emitter table", "table_id", hub.TableID())
 	svc := &Service{cfg: cfg, log: logger, hub: hub, syncer: sy, server: server,
 		reporter: &reporter{bbs: bbs, src: sy, id: hub.TableID(), log: logger.Named("report")}}
-	svc.metricsServer = metrics.NewServerIf(cfg.MetricsAddress, m.registry)
+	svc.metricsServer = cfg.MetricsServer(m.registry)
 	return svc, nil
 }
 

@@ -32,6 +32,9 @@ type Config struct {
 	// AdminAddress serves /healthz (200 once the first routing table is loaded, 503 before)
 	// and /metrics (Prometheus). Empty disables it.
 	AdminAddress string `json:"admin_address"`
+	// AdminTLS serves the admin address over mutual TLS with routeemitter_tls's certificate and
+	// CA (the router's own identity): a scraper presents a certificate of the cluster's CA.
+	AdminTLS bool `json:"admin_tls,omitempty"`
 	// RouteEmitterAddress is the route-emitter's gRPC address (host:port).
 	RouteEmitterAddress string `json:"routeemitter_address"`
 	// RouteEmitterTLS is the client certificate, key and CA for the route-emitter; or insecure
@@ -116,6 +119,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HTTPSKeyFile, "https-key", c.HTTPSKeyFile, "TLS listener key (PEM)")
 	fs.IntVar(&c.HTTPSRedirectPort, "https-redirect-port", c.HTTPSRedirectPort, "port in https redirects (0: the TLS listener's)")
 	fs.StringVar(&c.AdminAddress, "admin", c.AdminAddress, "admin listen address for /healthz and /metrics (empty: none)")
+	fs.BoolVar(&c.AdminTLS, "admin-tls", c.AdminTLS, "serve the admin address over mutual TLS with the route-emitter client certificate and CA")
 	fs.StringVar(&c.RouteEmitterAddress, "routeemitter-address", c.RouteEmitterAddress, "route-emitter gRPC address")
 	config.TLSFlags(fs, &c.RouteEmitterTLS, "routeemitter", "routeemitter-insecure", "route-emitter client")
 	fs.StringVar(&c.TCPBindAddress, "tcp-bind", c.TCPBindAddress, "IP that TCP/UDP incoming ports are opened on")
@@ -153,6 +157,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.RouteEmitterTLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("routeemitter_tls: %w", err))
+	}
+	if c.AdminTLS && c.RouteEmitterTLS.Insecure {
+		errs = append(errs, errors.New("admin_tls: needs routeemitter_tls (its certificate and CA serve the admin address), but it is insecure"))
 	}
 	if _, _, err := config.ParsePortRange(c.IncomingPortRange); err != nil {
 		errs = append(errs, fmt.Errorf("incoming_port_range: %w", err))

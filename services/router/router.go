@@ -28,15 +28,16 @@ import (
 
 // Router is a router; build it with New and start it with Run (once).
 type Router struct {
-	cfg     Config
-	log     hclog.Logger
-	tlsCfg  *tls.Config // nil without a TLS listener
-	metrics *metrics
-	watcher *watcher
-	proxy   *proxy
-	tcp     *portSet[*tcpListener]
-	udp     *portSet[*udpListener]
-	relays  sync.WaitGroup // TCP relays and UDP sessions
+	cfg      Config
+	log      hclog.Logger
+	tlsCfg   *tls.Config // nil without a TLS listener
+	adminTLS *tls.Config // nil: the admin address serves plain HTTP
+	metrics  *metrics
+	watcher  *watcher
+	proxy    *proxy
+	tcp      *portSet[*tcpListener]
+	udp      *portSet[*udpListener]
+	relays   sync.WaitGroup // TCP relays and UDP sessions
 
 	tbl      atomic.Pointer[table]
 	changed  atomic.Pointer[chan struct{}] // closed and replaced whenever a table is installed
@@ -69,6 +70,13 @@ func New(cfg Config, logger hclog.Logger, client routeemitterv1.RouteEmitterServ
 			return nil, fmt.Errorf("router: load https certificate %s, %s: %w", cfg.HTTPSCertFile, cfg.HTTPSKeyFile, err)
 		}
 		r.tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	}
+	if cfg.AdminTLS {
+		tc, err := cfg.RouteEmitterTLS.ServerTLS()
+		if err != nil {
+			return nil, fmt.Errorf("router: admin tls: %w", err)
+		}
+		r.adminTLS = tc
 	}
 	r.watcher = &watcher{
 		client:      client,
@@ -131,7 +139,7 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 			l.ln.Close()
 		}
 	}
-	bind := func(name, addr string, h http.Handler, useTLS bool) (net.Addr, error) {
+	bind := func(name, addr string, h http.Handler, tc *tls.Config) (net.Addr, error) {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			closeAll()
@@ -143,24 +151,24 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 			IdleTimeout:       time.Duration(r.cfg.ClientIdleTimeout),
 			ErrorLog:          r.log.Named(name).StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}),
 		}
-		if useTLS {
-			srv.TLSConfig = r.tlsCfg.Clone()
+		if tc != nil {
+			srv.TLSConfig = tc.Clone()
 		}
-		lns = append(lns, listener{name: name, ln: ln, srv: srv, tls: useTLS})
+		lns = append(lns, listener{name: name, ln: ln, srv: srv, tls: tc != nil})
 		return ln.Addr(), nil
 	}
-	httpAddr, err := bind("http", r.cfg.HTTPAddress, r.proxy, false)
+	httpAddr, err := bind("http", r.cfg.HTTPAddress, r.proxy, nil)
 	if err != nil {
 		return err
 	}
 	var httpsAddr, adminAddr net.Addr
 	if r.tlsCfg != nil {
-		if httpsAddr, err = bind("https", r.cfg.HTTPSAddress, r.proxy, true); err != nil {
+		if httpsAddr, err = bind("https", r.cfg.HTTPSAddress, r.proxy, r.tlsCfg); err != nil {
 			return err
 		}
 	}
 	if r.cfg.AdminAddress != "" {
-		if adminAddr, err = bind("admin", r.cfg.AdminAddress, r.adminHandler(), false); err != nil {
+		if adminAddr, err = bind("admin", r.cfg.AdminAddress, r.adminHandler(), r.adminTLS); err != nil {
 			return err
 		}
 	}

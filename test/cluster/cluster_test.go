@@ -531,10 +531,11 @@ func scrape(addr string) (string, error) {
 	return string(body), err
 }
 
-// perRPCMetrics is a condition for EventuallyState: every /metrics page (service → host address)
+// perRPCMetrics is a condition for EventuallyState: every /metrics page (service → host address,
+// read with scrape)
 // has a go-grpc-middleware per-RPC histogram and its patterns in want, and the pages together
 // match every pattern of anywhere.
-func perRPCMetrics(pages map[string]string, want map[string][]*regexp.Regexp, anywhere []*regexp.Regexp) func() (bool, string) {
+func perRPCMetrics(scrape func(addr string) (string, error), pages map[string]string, want map[string][]*regexp.Regexp, anywhere []*regexp.Regexp) func() (bool, string) {
 	histogram := regexp.MustCompile(`grpc_(server|client)_(msg_recv_)?handling_seconds_bucket\{`)
 	return func() (bool, string) {
 		var all strings.Builder
@@ -604,7 +605,7 @@ func TestCluster(t *testing.T) {
 		want := map[string][]*regexp.Regexp{
 			b.router: {regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`)},
 		}
-		b.waitFor(waitLong, "per-RPC metrics on every service", perRPCMetrics(b.metrics, want, desireFlow()))
+		b.waitFor(waitLong, "per-RPC metrics on every service", perRPCMetrics(scrape, b.metrics, want, desireFlow()))
 
 		if out, err := b.gavel("remove-lrp", "hello"); err != nil {
 			t.Fatalf("gavel remove-lrp: %v\n%s", err, out)

@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
 // composeDeployment is deployments/docker/compose.yaml brought up as shipped, under its own
@@ -91,6 +93,67 @@ func (c *composeDeployment) gavel(args ...string) (string, error) {
 	return string(out), nil
 }
 
+// scrapeTLS reads https://addr/metrics as spiffe://gavel/prometheus, as the deployment's
+// Prometheus does (every /metrics is served over mutual TLS).
+func (c *composeDeployment) scrapeTLS(addr string) (string, error) {
+	tc, err := tlsx.Config{CertFile: filepath.Join(c.pki, "prometheus.crt"), KeyFile: filepath.Join(c.pki, "prometheus.key"),
+		CAFile: filepath.Join(c.pki, "ca.crt"), ServerName: "localhost"}.ClientTLS()
+	if err != nil {
+		return "", err
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	resp, err := client.Get("https://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET https://%s/metrics: %s", addr, resp.Status)
+	}
+	return string(body), err
+}
+
+// prometheusUp reports whether the Prometheus at addr has want targets, every one up, and
+// Gavel's rule groups loaded.
+func prometheusUp(addr string, want int) (bool, string) {
+	var targets struct {
+		Data struct {
+			ActiveTargets []struct {
+				ScrapeURL string `json:"scrapeUrl"`
+				Health    string `json:"health"`
+				LastError string `json:"lastError"`
+			} `json:"activeTargets"`
+		} `json:"data"`
+	}
+	var rules struct {
+		Data struct {
+			Groups []struct{ Name string } `json:"groups"`
+		} `json:"data"`
+	}
+	for path, out := range map[string]any{"targets": &targets, "rules": &rules} {
+		resp, err := http.Get("http://" + addr + "/api/v1/" + path)
+		if err != nil {
+			return false, err.Error()
+		}
+		err = json.NewDecoder(resp.Body).Decode(out)
+		resp.Body.Close()
+		if err != nil {
+			return false, err.Error()
+		}
+	}
+	var state []string
+	up := 0
+	for _, tg := range targets.Data.ActiveTargets {
+		if tg.Health == "up" && strings.HasPrefix(tg.ScrapeURL, "https://") {
+			up++
+		}
+		state = append(state, tg.ScrapeURL+" "+tg.Health+" "+tg.LastError)
+	}
+	return up == want && len(targets.Data.ActiveTargets) == want && len(rules.Data.Groups) > 0,
+		fmt.Sprintf("%d/%d targets up, %d rule groups: %s", up, want, len(rules.Data.Groups), strings.Join(state, "; "))
+}
+
 // get fetches http://addr/ with a Host header through the router.
 func get(addr, host string) (bool, string) {
 	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
@@ -106,8 +169,10 @@ func get(addr, host string) (bool, string) {
 
 // TestCompose brings up deployments/docker/compose.yaml itself (mTLS on every hop, nsync included)
 // with the image and certificates the Makefile makes, desires the sample app through the CLI,
-// pushes an app through nsync, reaches both through the router and reads per-RPC histograms on
-// every service's /metrics, all through ports published on 127.0.0.1; `down -v` always follows.
+// pushes an app through nsync, reaches both through the router, reads per-RPC histograms on
+// every service's /metrics over mutual TLS, and sees the deployment's Prometheus scrape all ten
+// over mutual TLS with Gavel's rules loaded, all through ports published on 127.0.0.1; `down -v`
+// always follows.
 func TestCompose(t *testing.T) {
 	start := time.Now()
 	cmd, err := composeCommand()
@@ -122,8 +187,9 @@ func TestCompose(t *testing.T) {
 	c := &composeDeployment{t: t, root: root, cmd: cmd, project: "gavel-compose-" + id, pki: filepath.Join(t.TempDir(), "pki")}
 	image := "gavel-compose-test:" + id
 
-	c.run("make", "image", "IMAGE="+image)
-	t.Cleanup(func() { _, _ = docker("rmi", "-f", image) })
+	promImage := "gavel-compose-test-prometheus:" + id
+	c.run("make", "image", "IMAGE="+image, "PROMETHEUS_IMAGE="+promImage)
+	t.Cleanup(func() { _, _ = docker("rmi", "-f", image, promImage) })
 	c.cli = filepath.Join(t.TempDir(), "gavel")
 	c.run("go", "build", "-o", c.cli, "./cmd/gavel")
 	// A /24 of its own: 10.150-199.x (TestCluster takes 10.200-249.x; compose.yaml's default
@@ -131,7 +197,8 @@ func TestCompose(t *testing.T) {
 	net := fmt.Sprintf("10.%d.%d", 150+mrand.IntN(50), mrand.IntN(256))
 	c.run("make", "compose-certs", "COMPOSE_NET="+net, "COMPOSE_PKI="+c.pki)
 	c.env = []string{"GAVEL_IMAGE=" + image, "GAVEL_NET=" + net, "GAVEL_PKI=" + c.pki,
-		"GAVEL_BBS0_PORT=", "GAVEL_BBS1_PORT=", "GAVEL_NSYNC_PORT=", "GAVEL_ROUTER_PORT=", "GAVEL_ROUTER_ADMIN_PORT="}
+		"GAVEL_BBS0_PORT=", "GAVEL_BBS1_PORT=", "GAVEL_NSYNC_PORT=", "GAVEL_ROUTER_PORT=", "GAVEL_ROUTER_ADMIN_PORT=",
+		"GAVEL_PROMETHEUS_IMAGE=" + promImage, "GAVEL_PROMETHEUS_PORT="}
 	t.Logf("image, CLI and certificates ready after %s; project %s on %s.0/24 with %s", time.Since(start).Round(time.Millisecond), c.project, net, strings.Join(cmd, " "))
 
 	t.Cleanup(func() {
@@ -201,6 +268,10 @@ func TestCompose(t *testing.T) {
 		"nsync": {handled("server", "gavel.nsync.v1.NsyncService", "DesireApp"),
 			handled("client", "gavel.bbs.v1.BBSService", "DesireLRP")},
 	}
-	testkit.EventuallyState(t, waitLong, perRPCMetrics(metrics, want, desireFlow()), "per-RPC histograms on every service's /metrics")
+	testkit.EventuallyState(t, waitLong, perRPCMetrics(c.scrapeTLS, metrics, want, desireFlow()), "per-RPC histograms on every service's /metrics (mutual TLS)")
+
+	// The deployment's Prometheus scrapes all ten over mutual TLS and has loaded Gavel's rules.
+	prom := c.port("prometheus", "9090")
+	testkit.EventuallyState(t, waitLong, func() (bool, string) { return prometheusUp(prom, len(metrics)) }, "Prometheus scraping every service over mutual TLS")
 	t.Logf("compose deployment checked %s after the start (%s after up)", time.Since(start).Round(time.Millisecond), time.Since(up).Round(time.Millisecond))
 }

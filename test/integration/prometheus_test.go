@@ -23,6 +23,7 @@ import (
 	"github.com/gavel-sched/gavel/services/nsync"
 	"github.com/gavel-sched/gavel/services/rep"
 	"github.com/gavel-sched/gavel/services/routeemitter"
+	"github.com/gavel-sched/gavel/services/router"
 )
 
 // The rules and dashboard Gavel ships.
@@ -46,7 +47,7 @@ func lookPath(t *testing.T, name string) string {
 func TestPrometheusRules(t *testing.T) {
 	promtool := lookPath(t, "promtool")
 	for _, args := range [][]string{
-		{"check", "config", "prometheus.yml"},
+		{"check", "config", "--syntax-only", "prometheus.yml"}, // its certificates are compose's, under /pki
 		{"check", "rules", "gavel.rules.yml"},
 		{"test", "rules", "gavel.rules_test.yml"},
 	} {
@@ -59,7 +60,8 @@ func TestPrometheusRules(t *testing.T) {
 }
 
 // TestPrometheusLoadsGavelRules runs a real Prometheus against a running cluster whose every
-// service serves /metrics, with the shipped rules: every target is up, every rule group loads
+// service serves /metrics over mutual TLS (metrics_tls; the router's admin_tls), scraping as
+// the identity spiffe://gavel/prometheus, with the shipped rules: every target is up, every rule group loads
 // and evaluates without error, every Gavel metric the rules and the dashboard name is one the
 // services export, every dashboard query is valid PromQL that Prometheus answers, and when a
 // cell is cut off, GavelCellPresenceLost fires.
@@ -70,16 +72,17 @@ func TestPrometheusLoadsGavelRules(t *testing.T) {
 		jobs["gavel-"+job] = testkit.ReservedAddr(t)
 	}
 	cell := simCell("cell-0", "z1", nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
-	cell.Config.MetricsAddress = jobs["gavel-rep"]
+	cell.Config.MetricsAddress, cell.Config.MetricsTLS = jobs["gavel-rep"], true
 	doomed := simCell("cell-1", "z2", nil, map[string]string{"cflinuxfs4": "/rootfs"}, nil)
 	doomed.Config.LeaseTTL = rep.Duration(2 * time.Second)
-	c := startClusterWith(t, devcluster.Config{Cells: []devcluster.Cell{cell, doomed}, CellsPerHost: 1, Routing: true, Nsync: true,
+	c := startClusterWith(t, devcluster.Config{Cells: []devcluster.Cell{cell, doomed}, CellsPerHost: 1, Routing: true, Nsync: true, TLS: true,
 		RouteEmitterAddress: "127.0.0.1:0", NsyncAddress: "127.0.0.1:0", RouterHTTPAddress: "127.0.0.1:0",
 		RouterAdminAddress:    jobs["gavel-router"],
-		ConfigureBBS:          func(c *bbs.Config) { c.MetricsAddress = jobs["gavel-bbs"] },
-		ConfigureAuctioneer:   func(c *auctioneer.Config) { c.MetricsAddress = jobs["gavel-auctioneer"] },
-		ConfigureNsync:        func(c *nsync.Config) { c.MetricsAddress = jobs["gavel-nsync"] },
-		ConfigureRouteEmitter: func(c *routeemitter.Config) { c.MetricsAddress = jobs["gavel-routeemitter"] },
+		ConfigureBBS:          func(c *bbs.Config) { c.MetricsAddress, c.MetricsTLS = jobs["gavel-bbs"], true },
+		ConfigureAuctioneer:   func(c *auctioneer.Config) { c.MetricsAddress, c.MetricsTLS = jobs["gavel-auctioneer"], true },
+		ConfigureNsync:        func(c *nsync.Config) { c.MetricsAddress, c.MetricsTLS = jobs["gavel-nsync"], true },
+		ConfigureRouteEmitter: func(c *routeemitter.Config) { c.MetricsAddress, c.MetricsTLS = jobs["gavel-routeemitter"], true },
+		ConfigureRouter:       func(c *router.Config) { c.AdminTLS = true },
 	})
 	// Some work, and one LRP no cell can take, so that the auction failure series exists.
 	ctx := t.Context()
@@ -98,8 +101,10 @@ func TestPrometheusLoadsGavelRules(t *testing.T) {
 	}
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [%q]\nscrape_configs:\n", rules)
+	scraper := c.PKI["prometheus"]
 	for job, addr := range jobs {
-		fmt.Fprintf(&cfg, "  - {job_name: %s, static_configs: [{targets: [%q]}]}\n", job, addr)
+		fmt.Fprintf(&cfg, "  - {job_name: %s, scheme: https, tls_config: {ca_file: %q, cert_file: %q, key_file: %q}, static_configs: [{targets: [%q]}]}\n",
+			job, scraper.CAFile, scraper.CertFile, scraper.KeyFile, addr)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)

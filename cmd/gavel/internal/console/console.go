@@ -1,6 +1,7 @@
 // Package console is `gavel ui`: a local web console, in the manner of `nomad ui`, that shows
 // a Gavel cluster (cells, LRPs, tasks, placement pools, the live event stream, one LRP's
-// history) and lets an admin scale an LRP, retire an instance and cancel a task.
+// history, nsync's apps) and lets an admin scale an LRP, restart an app, retire an instance
+// and cancel a task.
 //
 // The console holds no credentials of its own: it calls the BBS, nsync, the route-emitter and
 // the reps with the gRPC clients it is given, which the CLI dials with the caller's
@@ -96,7 +97,7 @@ func New(cfg Config) (*Server, error) {
 		"list":   func(s ...string) []string { return s },
 		"titles": func() map[string]string { return navTitles },
 	}
-	for _, name := range []string{"cells", "lrps", "lrp", "tasks", "pools", "events", "confirm", "result"} {
+	for _, name := range []string{"cells", "apps", "lrps", "lrp", "tasks", "pools", "events", "confirm", "result"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "assets/layout.html", "assets/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -160,6 +161,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/cells", http.StatusFound) })
 	mux.HandleFunc("GET /cells", s.page("cells", "Cells", "cells", func(r *http.Request) (any, error) { return s.cellsPage(r.Context()) }))
+	mux.HandleFunc("GET /apps", s.page("apps", "Apps", "lrps", func(r *http.Request) (any, error) { return s.appsPage(r.Context()) }))
 	mux.HandleFunc("GET /lrps", s.page("lrps", "LRPs", "lrps", func(r *http.Request) (any, error) { return s.lrpsPage(r.Context(), "") }))
 	mux.HandleFunc("GET /lrps/{guid}", s.page("lrp", "LRP", "lrps", func(r *http.Request) (any, error) { return s.lrpsPage(r.Context(), r.PathValue("guid")) }))
 	mux.HandleFunc("GET /tasks", s.page("tasks", "Tasks", "tasks", func(r *http.Request) (any, error) { return s.tasksPage(r.Context()) }))
@@ -245,7 +247,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 
 // action is one confirmable change.
 type action struct {
-	Kind                  string // scale, retire, cancel
+	Kind                  string // scale, restart, retire, cancel
 	Guid                  string
 	Index, Instances, Was int32
 	Question, Back        string
@@ -278,11 +280,14 @@ func parseAction(v url.Values) (*action, error) {
 		}
 		a.Question = fmt.Sprintf("Retire instance %d of %s? It stops; convergence places a new one while the LRP still desires it.", a.Index, a.Guid)
 		a.Back = "/lrps/" + url.PathEscape(a.Guid)
+	case "restart":
+		a.Question = fmt.Sprintf("Restart app %s? Its next version starts beside the serving one, takes the routes once every instance runs, and the old version is drained.", a.Guid)
+		a.Back = "/apps"
 	case "cancel":
 		a.Question = fmt.Sprintf("Cancel task %s?", a.Guid)
 		a.Back = "/tasks"
 	default:
-		return nil, fmt.Errorf("action: unknown %q (want scale, retire or cancel)", a.Kind)
+		return nil, fmt.Errorf("action: unknown %q (want scale, restart, retire or cancel)", a.Kind)
 	}
 	return a, nil
 }
@@ -331,18 +336,28 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	case "retire":
 		_, err = s.cfg.BBS.RetireActualLRP(ctx, &bbsv1.RetireActualLRPRequest{ProcessGuid: a.Guid, Index: a.Index})
 		done = fmt.Sprintf("instance %d of %s retired", a.Index, a.Guid)
+	case "restart":
+		done, err = s.restart(a.Guid) // apps.go
 	case "cancel":
 		_, err = s.cfg.BBS.CancelTask(ctx, &bbsv1.CancelTaskRequest{TaskGuid: a.Guid})
 		done = fmt.Sprintf("task %s cancelled", a.Guid)
 	}
 	s.cfg.Logger.Info("action", "action", a.Kind, "guid", a.Guid, "identity", s.cfg.Identity, "error", err)
 	if err != nil {
-		v.Error = "refused by the BBS: " + describeErr(err)
+		v.Error = "refused by " + refuser(a.Kind) + ": " + describeErr(err)
 		v.Data = a
 		s.render(w, r, "result", httpStatus(err), v)
 		return
 	}
 	http.Redirect(w, r, a.Back+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+}
+
+// refuser names the service that decides an action: nsync for a restart, else the BBS.
+func refuser(kind string) string {
+	if kind == "restart" {
+		return "nsync"
+	}
+	return "the BBS"
 }
 
 // sameOrigin refuses a cross-site form: a browser sends Origin with every POST.
@@ -379,4 +394,4 @@ func httpStatus(err error) int {
 }
 
 // navTitles names the pages in the navigation bar.
-var navTitles = map[string]string{"cells": "Cells", "lrps": "LRPs", "tasks": "Tasks", "pools": "Pools & spaces", "events": "Events"}
+var navTitles = map[string]string{"cells": "Cells", "apps": "Apps", "lrps": "LRPs", "tasks": "Tasks", "pools": "Pools & spaces", "events": "Events"}

@@ -9,6 +9,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
@@ -41,6 +42,7 @@ func (c *ActualLRPs) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_Sta
 	}
 	next.State = state
 	next.ModificationTag = bump(a.GetModificationTag())
+	next.TraceContext = nil // only the change that made it RUNNING keeps its trace (StartActualLRP)
 	return next
 }
 
@@ -150,6 +152,7 @@ func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int3
 		next.Routable = routable
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
+		next.TraceContext = tracing.InjectSampled(ctx) // what follows (route publication) joins the trace
 		// A running replacement ends the suspect copy of the slot (in the same transaction).
 		sus, err := t.ActualLRP(guid, index, suspect)
 		if err != nil {

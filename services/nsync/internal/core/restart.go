@@ -31,24 +31,27 @@ import (
 // app is simply started at its next version. The record is the source of truth throughout: when
 // the caller goes away or nsync restarts mid-way, the bulk loop finishes (or abandons) the
 // restart from the record.
-func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, string, error) {
+func (c *Core) RestartApp(ctx context.Context, guid string) (_ *nsyncv1.App, _ string, err error) {
 	if err := models.ValidateGuid("guid", guid); err != nil {
 		return nil, "", err
 	}
+	ctx, span := startStep(ctx, "nsync.restart", guid) // trace.go
+	defer func() { endStep(span, err) }()
 	// The record may change under us (the bulk loop records its own bookkeeping): a lost
 	// compare-and-swap is retried from a fresh read a few times before it is the caller's.
 	var (
 		started *nsyncv1.App
 		d       *modelsv1.DesiredLRP
 		next    int64
-		err     error
 	)
+	dctx, dspan := startStep(ctx, "nsync.restart.desire", guid)
 	for attempt := 0; ; attempt++ {
-		started, d, next, err = c.beginRestart(ctx, guid)
+		started, d, next, err = c.beginRestart(dctx, guid)
 		if err == nil || !errors.Is(err, rpcerr.ErrAborted) || attempt == restartCASAttempts-1 {
 			break
 		}
 	}
+	endStep(dspan, err)
 	if err != nil {
 		return nil, "", err
 	}
@@ -57,22 +60,30 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (*nsyncv1.App, strin
 	}
 	t := time.NewTicker(c.cfg.RestartPoll)
 	defer t.Stop()
+	wctx, wspan := startStep(ctx, "nsync.restart.wait_running", guid)
 	for {
-		done, err := c.advanceRestart(ctx, guid, next)
+		done, err := c.advanceRestart(wctx, guid, next)
 		if err != nil {
-			return nil, "", fmt.Errorf("restart of %s to version %d continues in the background: %w", guid, next, err)
+			err = fmt.Errorf("restart of %s to version %d continues in the background: %w", guid, next, err)
+			endStep(wspan, err)
+			return nil, "", err
 		}
 		if done {
-			app, pg, err := c.restartResult(ctx, guid, next)
+			app, pg, err := c.restartResult(wctx, guid, next)
+			endStep(wspan, err)
 			if err != nil {
 				return nil, "", err
 			}
-			c.drain(ctx, guid, app.GetVersion()-1)
+			rctx, rspan := startStep(ctx, "nsync.restart.drain", guid)
+			c.drain(rctx, guid, app.GetVersion()-1)
+			endStep(rspan, nil)
 			return app, pg, nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, "", fmt.Errorf("restart of %s continues in the background: %w", guid, ctx.Err())
+			err := fmt.Errorf("restart of %s continues in the background: %w", guid, ctx.Err())
+			endStep(wspan, err)
+			return nil, "", err
 		case <-t.C:
 		}
 	}

@@ -403,11 +403,13 @@ func (s *Syncer) watch(ctx context.Context, nextList *time.Time) (bool, error) {
 
 // apply feeds one revision's events (or a bookmark) to the table and publishes the result.
 func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
+	spans := publishSpans(resp) // trace.go
 	s.applyEvents(resp, s.cfg.Observer)
 	if resp.GetRevision() > s.cursor {
 		s.cursor = resp.GetRevision()
 	}
 	s.publish()
+	endPublishSpans(spans, s.cursor < s.holdUntil)
 }
 
 // applyEvents feeds one revision's events to the table's inputs, skipping those the last

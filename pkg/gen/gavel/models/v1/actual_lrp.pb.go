@@ -411,6 +411,11 @@ type ActualLRP struct {
 	// removal or the BBS's drain_timeout has passed since this time. A draining instance is not
 	// counted as serving.
 	DrainingSince *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=draining_since,json=drainingSince,proto3" json:"draining_since,omitempty"`
+	// TraceContext is the W3C trace context (traceparent, tracestate) of the traced call that
+	// made the instance RUNNING, so that what follows from it (the route-emitter's publication of
+	// its routes) joins the desire's trace; empty when that call was not traced, and cleared by
+	// every other change.
+	TraceContext  map[string]string `protobuf:"bytes,20,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -536,6 +541,13 @@ func (x *ActualLRP) GetDrainingSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ActualLRP) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
 var File_gavel_models_v1_actual_lrp_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
@@ -554,7 +566,7 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	"\x10ActualLRPNetInfo\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12)\n" +
 	"\x10instance_address\x18\x02 \x01(\tR\x0finstanceAddress\x122\n" +
-	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\x97\a\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\xab\b\n" +
 	"\tActualLRP\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x12H\n" +
 	"\finstance_key\x18\x02 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x126\n" +
@@ -570,7 +582,11 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
 	"\broutable\x18\v \x01(\bR\broutable\x12K\n" +
 	"\x10modification_tag\x18\f \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\x12A\n" +
-	"\x0edraining_since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingSince\"l\n" +
+	"\x0edraining_since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingSince\x12Q\n" +
+	"\rtrace_context\x18\x14 \x03(\v2,.gavel.models.v1.ActualLRP.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"l\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSTATE_UNCLAIMED\x10\x01\x12\x11\n" +
@@ -597,7 +613,7 @@ func file_gavel_models_v1_actual_lrp_proto_rawDescGZIP() []byte {
 }
 
 var file_gavel_models_v1_actual_lrp_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gavel_models_v1_actual_lrp_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_gavel_models_v1_actual_lrp_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_gavel_models_v1_actual_lrp_proto_goTypes = []any{
 	(ActualLRP_State)(0),          // 0: gavel.models.v1.ActualLRP.State
 	(ActualLRP_Presence)(0),       // 1: gavel.models.v1.ActualLRP.Presence
@@ -606,9 +622,10 @@ var file_gavel_models_v1_actual_lrp_proto_goTypes = []any{
 	(*PortMapping)(nil),           // 4: gavel.models.v1.PortMapping
 	(*ActualLRPNetInfo)(nil),      // 5: gavel.models.v1.ActualLRPNetInfo
 	(*ActualLRP)(nil),             // 6: gavel.models.v1.ActualLRP
-	(*PlacementError)(nil),        // 7: gavel.models.v1.PlacementError
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*ModificationTag)(nil),       // 9: gavel.models.v1.ModificationTag
+	nil,                           // 7: gavel.models.v1.ActualLRP.TraceContextEntry
+	(*PlacementError)(nil),        // 8: gavel.models.v1.PlacementError
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*ModificationTag)(nil),       // 10: gavel.models.v1.ModificationTag
 }
 var file_gavel_models_v1_actual_lrp_proto_depIdxs = []int32{
 	4,  // 0: gavel.models.v1.ActualLRPNetInfo.ports:type_name -> gavel.models.v1.PortMapping
@@ -617,15 +634,16 @@ var file_gavel_models_v1_actual_lrp_proto_depIdxs = []int32{
 	0,  // 3: gavel.models.v1.ActualLRP.state:type_name -> gavel.models.v1.ActualLRP.State
 	1,  // 4: gavel.models.v1.ActualLRP.presence:type_name -> gavel.models.v1.ActualLRP.Presence
 	5,  // 5: gavel.models.v1.ActualLRP.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	7,  // 6: gavel.models.v1.ActualLRP.placement_error:type_name -> gavel.models.v1.PlacementError
-	8,  // 7: gavel.models.v1.ActualLRP.since:type_name -> google.protobuf.Timestamp
-	9,  // 8: gavel.models.v1.ActualLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
-	8,  // 9: gavel.models.v1.ActualLRP.draining_since:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 6: gavel.models.v1.ActualLRP.placement_error:type_name -> gavel.models.v1.PlacementError
+	9,  // 7: gavel.models.v1.ActualLRP.since:type_name -> google.protobuf.Timestamp
+	10, // 8: gavel.models.v1.ActualLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
+	9,  // 9: gavel.models.v1.ActualLRP.draining_since:type_name -> google.protobuf.Timestamp
+	7,  // 10: gavel.models.v1.ActualLRP.trace_context:type_name -> gavel.models.v1.ActualLRP.TraceContextEntry
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gavel_models_v1_actual_lrp_proto_init() }
@@ -640,7 +658,7 @@ func file_gavel_models_v1_actual_lrp_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_models_v1_actual_lrp_proto_rawDesc), len(file_gavel_models_v1_actual_lrp_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
