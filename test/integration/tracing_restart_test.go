@@ -12,6 +12,7 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/internal/testkit"
@@ -167,6 +168,33 @@ func TestRoutesAndRestartJoinTheTrace(t *testing.T) {
 		for _, s := range tree.named("rep.start_lrp", "", "") {
 			if ch := tree.chain(s); !strings.Contains(ch, "nsync.restart.desire") || !strings.HasSuffix(ch, "restart web") {
 				t.Errorf("rep.start_lrp under %q, want the restart's desire step", ch)
+			}
+		}
+	})
+
+	// A deployment is one trace too: the DeployApp call, then each step the leader takes later
+	// (scaling the two versions, in the trace recorded with the deployment), with the BBS's
+	// UpdateDesiredLRP, the placement and the start of the new version's instances inside them,
+	// and the deployment's end.
+	t.Run("deployment", func(t *testing.T) {
+		ctx, root := tracer.Start(t.Context(), "deploy web")
+		next := proto.Clone(app).(*nsyncv1.App)
+		next.Command = "/bin/web --v3"
+		resp, err := c.Nsync.DeployApp(ctx, &nsyncv1.DeployAppRequest{App: next})
+		if err != nil || resp.GetDeployment() == nil {
+			t.Fatalf("DeployApp: %v %v", resp, err)
+		}
+		root.End()
+		tree := wait(root.SpanContext().TraceID().String(), "nsync.deploy", "nsync.deployment.scale",
+			"gavel.bbs.v1.BBSService/UpdateDesiredLRP", "rep.start_lrp", "nsync.deployment.end")
+		for _, s := range tree.named("nsync.deployment.scale", "", "") {
+			if ch := tree.chain(s); !strings.HasSuffix(ch, "deploy web") {
+				t.Errorf("nsync.deployment.scale under %q, want the deploy call's trace", ch)
+			}
+		}
+		for _, s := range tree.named("rep.start_lrp", "", "") {
+			if ch := tree.chain(s); !strings.Contains(ch, "nsync.deployment.scale") && !strings.Contains(ch, "nsync.deploy") {
+				t.Errorf("rep.start_lrp under %q, want a deployment step", ch)
 			}
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -17,6 +18,7 @@ import (
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
 	"github.com/gavel-sched/gavel/services/nsync/internal/deploy"
 )
@@ -65,7 +67,12 @@ func validateOptions(field string, o *nsyncv1.DeploymentOptions) error {
 // supersedes it: the active deployment is cancelled (and so reverted by the same steps) and the
 // new one is queued to start from the serving version once the revert is over; a later change
 // replaces the queued one. Bad input is refused before anything is stored.
-func (c *Core) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (*nsyncv1.App, *nsyncv1.Deployment, string, error) {
+func (c *Core) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (app *nsyncv1.App, started *nsyncv1.Deployment, outcome string, err error) {
+	ctx, span := startStep(ctx, "nsync.deploy", req.GetApp().GetGuid()) // trace.go
+	defer func() {
+		span.SetAttributes(attribute.String("gavel.deploy.outcome", outcome))
+		endStep(span, err)
+	}()
 	in := req.GetApp()
 	e := &rpcerr.InvalidError{}
 	e.Merge("app", build.ValidateApp("app", in, c.cfg.Limits))
@@ -86,10 +93,6 @@ func (c *Core) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (*n
 	if err != nil {
 		return nil, nil, "", err
 	}
-	var (
-		outcome string
-		started *nsyncv1.Deployment
-	)
 	rec, err := c.update(ctx, in.GetGuid(), func(rec *nsyncv1.AppRecord) error {
 		outcome, started = OutcomeInPlace, nil
 		if rec.GetPendingVersion() != 0 {
@@ -120,6 +123,7 @@ func (c *Core) DeployApp(ctx context.Context, req *nsyncv1.DeployAppRequest) (*n
 		}
 		d := deploy.Start(nextDeploymentID(rec), in.GetGuid(), rec.GetApp().GetVersion(), next, in.GetInstances(),
 			deploy.WithDefaults(req.GetOptions(), c.cfg.ProgressDeadline), now)
+		d.TraceContext = tracing.InjectSampled(ctx)
 		started, outcome = d, OutcomeDeploying
 		if active := rec.GetDeployment(); active != nil {
 			d.State, outcome = nsyncv1.DeploymentState_DEPLOYMENT_STATE_QUEUED, OutcomeQueued
@@ -300,6 +304,7 @@ func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[strin
 			return nil
 		}
 		rec.Deployment = deploy.Start(q.GetId(), guid, rec.GetApp().GetVersion(), q.GetToVersion(), rec.GetApp().GetInstances(), q.GetOptions(), now)
+		rec.Deployment.TraceContext = q.GetTraceContext()
 		rec.Queued = nil
 		if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
 			return err
@@ -351,6 +356,7 @@ func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[strin
 		revert := fin.GetRevertOf() == "" && (step.Outcome == deploy.Cancelled || !fin.GetOptions().GetNoAutoRevert())
 		if revert {
 			rec.Deployment = deploy.Revert(nextDeploymentID(rec), fin, now)
+			rec.Deployment.TraceContext = fin.GetTraceContext()
 		} else {
 			// Abandoned: the version that is not the serving one goes, the serving one gets
 			// back its instances at once.
@@ -370,6 +376,9 @@ func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[strin
 	}
 	if _, err := c.store.PutApp(ctx, rec, cur.ModRevision); err != nil {
 		return err
+	}
+	if step.Outcome != deploy.Continue {
+		recordOutcome(ctx, step.Deployment, step.Outcome)
 	}
 	if step.Outcome == deploy.Succeeded {
 		c.log.Info("deployment succeeded", "deployment", d.GetId(), "version", rec.GetApp().GetVersion())
@@ -393,9 +402,13 @@ func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[strin
 
 // applyDeployment brings both LRPs of rec's deployment to their recorded counts: the new
 // version is desired when missing.
-func (c *Core) applyDeployment(ctx context.Context, rec *nsyncv1.AppRecord, synced map[string]bool) error {
+func (c *Core) applyDeployment(ctx context.Context, rec *nsyncv1.AppRecord, synced map[string]bool) (err error) {
 	d := rec.GetDeployment()
 	guid := rec.GetApp().GetGuid()
+	ctx, span := startDeploymentStep(ctx, "nsync.deployment.scale", d, // trace.go
+		attribute.Int("gavel.deploy.new_instances", int(build.Instances(rec, d.GetToVersion()))),
+		attribute.Int("gavel.deploy.old_instances", int(build.Instances(rec, d.GetFromVersion()))))
+	defer func() { endStep(span, err) }()
 	for _, v := range []int64{d.GetToVersion(), d.GetFromVersion()} {
 		pg := build.ProcessGuid(guid, v)
 		n := build.Instances(rec, v)

@@ -925,8 +925,12 @@ type Deployment struct {
 	// CancelRequested is set by CancelDeployment (or a superseding change); the leader's loop
 	// cancels the deployment.
 	CancelRequested bool `protobuf:"varint,20,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// TraceContext is the W3C trace context of the call that asked for the deployment (DeployApp
+	// or RollbackApp; a revert keeps the one of the deployment it reverts), so that the leader's
+	// steps, and the BBS calls they make, join that call's trace. Empty when it was not traced.
+	TraceContext  map[string]string `protobuf:"bytes,21,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -1097,6 +1101,13 @@ func (x *Deployment) GetCancelRequested() bool {
 		return x.CancelRequested
 	}
 	return false
+}
+
+func (x *Deployment) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 // DeployAppRequest is the request of DeployApp.
@@ -3398,7 +3409,7 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\bcanaries\x18\x03 \x01(\x05R\bcanaries\x12-\n" +
 	"\x13min_healthy_time_ms\x18\x04 \x01(\x03R\x10minHealthyTimeMs\x120\n" +
 	"\x14progress_deadline_ms\x18\x05 \x01(\x03R\x12progressDeadlineMs\x12$\n" +
-	"\x0eno_auto_revert\x18\x06 \x01(\bR\fnoAutoRevert\"\x85\x06\n" +
+	"\x0eno_auto_revert\x18\x06 \x01(\bR\fnoAutoRevert\"\x99\a\n" +
 	"\n" +
 	"Deployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -3425,7 +3436,11 @@ const file_gavel_nsync_v1_nsync_proto_rawDesc = "" +
 	"\x10progress_unix_ms\x18\x11 \x01(\x03R\x0eprogressUnixMs\x12(\n" +
 	"\x10finished_unix_ms\x18\x12 \x01(\x03R\x0efinishedUnixMs\x12H\n" +
 	"\x0fplacement_error\x18\x13 \x01(\v2\x1f.gavel.models.v1.PlacementErrorR\x0eplacementError\x12)\n" +
-	"\x10cancel_requested\x18\x14 \x01(\bR\x0fcancelRequested\"v\n" +
+	"\x10cancel_requested\x18\x14 \x01(\bR\x0fcancelRequested\x12Q\n" +
+	"\rtrace_context\x18\x15 \x03(\v2,.gavel.nsync.v1.Deployment.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"v\n" +
 	"\x10DeployAppRequest\x12%\n" +
 	"\x03app\x18\x01 \x01(\v2\x13.gavel.nsync.v1.AppR\x03app\x12;\n" +
 	"\aoptions\x18\x02 \x01(\v2!.gavel.nsync.v1.DeploymentOptionsR\aoptions\"\x90\x01\n" +
@@ -3615,7 +3630,7 @@ func file_gavel_nsync_v1_nsync_proto_rawDescGZIP() []byte {
 }
 
 var file_gavel_nsync_v1_nsync_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_gavel_nsync_v1_nsync_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_gavel_nsync_v1_nsync_proto_goTypes = []any{
 	(AppState)(0),                           // 0: gavel.nsync.v1.AppState
 	(DeploymentStrategy)(0),                 // 1: gavel.nsync.v1.DeploymentStrategy
@@ -3671,102 +3686,104 @@ var file_gavel_nsync_v1_nsync_proto_goTypes = []any{
 	(*SetDefaultPlacementPoolRequest)(nil),  // 51: gavel.nsync.v1.SetDefaultPlacementPoolRequest
 	(*SetDefaultPlacementPoolResponse)(nil), // 52: gavel.nsync.v1.SetDefaultPlacementPoolResponse
 	nil,                                     // 53: gavel.nsync.v1.App.EnvEntry
-	(*structpb.Value)(nil),                  // 54: google.protobuf.Value
-	(*v1.PlacementConstraint)(nil),          // 55: gavel.models.v1.PlacementConstraint
-	(*v1.PlacementError)(nil),               // 56: gavel.models.v1.PlacementError
+	nil,                                     // 54: gavel.nsync.v1.Deployment.TraceContextEntry
+	(*structpb.Value)(nil),                  // 55: google.protobuf.Value
+	(*v1.PlacementConstraint)(nil),          // 56: gavel.models.v1.PlacementConstraint
+	(*v1.PlacementError)(nil),               // 57: gavel.models.v1.PlacementError
 }
 var file_gavel_nsync_v1_nsync_proto_depIdxs = []int32{
 	3,  // 0: gavel.nsync.v1.HealthCheck.type:type_name -> gavel.nsync.v1.HealthCheck.Type
 	53, // 1: gavel.nsync.v1.App.env:type_name -> gavel.nsync.v1.App.EnvEntry
-	54, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
+	55, // 2: gavel.nsync.v1.App.routes:type_name -> google.protobuf.Value
 	4,  // 3: gavel.nsync.v1.App.health_check:type_name -> gavel.nsync.v1.HealthCheck
 	5,  // 4: gavel.nsync.v1.AppRecord.app:type_name -> gavel.nsync.v1.App
 	0,  // 5: gavel.nsync.v1.AppRecord.state:type_name -> gavel.nsync.v1.AppState
-	55, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	55, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	56, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
+	56, // 6: gavel.nsync.v1.AppRecord.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	56, // 7: gavel.nsync.v1.AppRecord.pending_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	57, // 8: gavel.nsync.v1.AppRecord.last_error:type_name -> gavel.models.v1.PlacementError
 	9,  // 9: gavel.nsync.v1.AppRecord.deployment:type_name -> gavel.nsync.v1.Deployment
 	9,  // 10: gavel.nsync.v1.AppRecord.queued:type_name -> gavel.nsync.v1.Deployment
 	9,  // 11: gavel.nsync.v1.AppRecord.deployments:type_name -> gavel.nsync.v1.Deployment
 	7,  // 12: gavel.nsync.v1.AppRecord.versions:type_name -> gavel.nsync.v1.AppVersion
 	5,  // 13: gavel.nsync.v1.AppVersion.app:type_name -> gavel.nsync.v1.App
-	55, // 14: gavel.nsync.v1.AppVersion.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	56, // 14: gavel.nsync.v1.AppVersion.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
 	1,  // 15: gavel.nsync.v1.DeploymentOptions.strategy:type_name -> gavel.nsync.v1.DeploymentStrategy
 	8,  // 16: gavel.nsync.v1.Deployment.options:type_name -> gavel.nsync.v1.DeploymentOptions
 	2,  // 17: gavel.nsync.v1.Deployment.state:type_name -> gavel.nsync.v1.DeploymentState
-	56, // 18: gavel.nsync.v1.Deployment.placement_error:type_name -> gavel.models.v1.PlacementError
-	5,  // 19: gavel.nsync.v1.DeployAppRequest.app:type_name -> gavel.nsync.v1.App
-	8,  // 20: gavel.nsync.v1.DeployAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
-	5,  // 21: gavel.nsync.v1.DeployAppResponse.app:type_name -> gavel.nsync.v1.App
-	9,  // 22: gavel.nsync.v1.DeployAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
-	9,  // 23: gavel.nsync.v1.GetDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
-	9,  // 24: gavel.nsync.v1.GetDeploymentResponse.queued:type_name -> gavel.nsync.v1.Deployment
-	9,  // 25: gavel.nsync.v1.ListDeploymentsResponse.deployments:type_name -> gavel.nsync.v1.Deployment
-	9,  // 26: gavel.nsync.v1.PromoteDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
-	9,  // 27: gavel.nsync.v1.CancelDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
-	8,  // 28: gavel.nsync.v1.RollbackAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
-	9,  // 29: gavel.nsync.v1.RollbackAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
-	7,  // 30: gavel.nsync.v1.AppVersionsResponse.versions:type_name -> gavel.nsync.v1.AppVersion
-	5,  // 31: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
-	0,  // 32: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
-	56, // 33: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
-	55, // 34: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	9,  // 35: gavel.nsync.v1.AppInfo.deployment:type_name -> gavel.nsync.v1.Deployment
-	5,  // 36: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
-	5,  // 37: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
-	54, // 38: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
-	5,  // 39: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
-	5,  // 40: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
-	24, // 41: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
-	37, // 42: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
-	37, // 43: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	37, // 44: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
-	38, // 45: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
-	25, // 46: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
-	27, // 47: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
-	29, // 48: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
-	31, // 49: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
-	33, // 50: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
-	35, // 51: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
-	39, // 52: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
-	41, // 53: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
-	43, // 54: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
-	45, // 55: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
-	47, // 56: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
-	49, // 57: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
-	51, // 58: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
-	10, // 59: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
-	12, // 60: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
-	14, // 61: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
-	16, // 62: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
-	18, // 63: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
-	20, // 64: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
-	22, // 65: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
-	26, // 66: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
-	28, // 67: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
-	30, // 68: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
-	32, // 69: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
-	34, // 70: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
-	36, // 71: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
-	40, // 72: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
-	42, // 73: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
-	44, // 74: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
-	46, // 75: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
-	48, // 76: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
-	50, // 77: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
-	52, // 78: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
-	11, // 79: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
-	13, // 80: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
-	15, // 81: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
-	17, // 82: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
-	19, // 83: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
-	21, // 84: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
-	23, // 85: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
-	66, // [66:86] is the sub-list for method output_type
-	46, // [46:66] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	57, // 18: gavel.nsync.v1.Deployment.placement_error:type_name -> gavel.models.v1.PlacementError
+	54, // 19: gavel.nsync.v1.Deployment.trace_context:type_name -> gavel.nsync.v1.Deployment.TraceContextEntry
+	5,  // 20: gavel.nsync.v1.DeployAppRequest.app:type_name -> gavel.nsync.v1.App
+	8,  // 21: gavel.nsync.v1.DeployAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	5,  // 22: gavel.nsync.v1.DeployAppResponse.app:type_name -> gavel.nsync.v1.App
+	9,  // 23: gavel.nsync.v1.DeployAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 24: gavel.nsync.v1.GetDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 25: gavel.nsync.v1.GetDeploymentResponse.queued:type_name -> gavel.nsync.v1.Deployment
+	9,  // 26: gavel.nsync.v1.ListDeploymentsResponse.deployments:type_name -> gavel.nsync.v1.Deployment
+	9,  // 27: gavel.nsync.v1.PromoteDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	9,  // 28: gavel.nsync.v1.CancelDeploymentResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	8,  // 29: gavel.nsync.v1.RollbackAppRequest.options:type_name -> gavel.nsync.v1.DeploymentOptions
+	9,  // 30: gavel.nsync.v1.RollbackAppResponse.deployment:type_name -> gavel.nsync.v1.Deployment
+	7,  // 31: gavel.nsync.v1.AppVersionsResponse.versions:type_name -> gavel.nsync.v1.AppVersion
+	5,  // 32: gavel.nsync.v1.AppInfo.app:type_name -> gavel.nsync.v1.App
+	0,  // 33: gavel.nsync.v1.AppInfo.state:type_name -> gavel.nsync.v1.AppState
+	57, // 34: gavel.nsync.v1.AppInfo.placement_error:type_name -> gavel.models.v1.PlacementError
+	56, // 35: gavel.nsync.v1.AppInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	9,  // 36: gavel.nsync.v1.AppInfo.deployment:type_name -> gavel.nsync.v1.Deployment
+	5,  // 37: gavel.nsync.v1.DesireAppRequest.app:type_name -> gavel.nsync.v1.App
+	5,  // 38: gavel.nsync.v1.DesireAppResponse.app:type_name -> gavel.nsync.v1.App
+	55, // 39: gavel.nsync.v1.UpdateAppRequest.routes:type_name -> google.protobuf.Value
+	5,  // 40: gavel.nsync.v1.UpdateAppResponse.app:type_name -> gavel.nsync.v1.App
+	5,  // 41: gavel.nsync.v1.RestartAppResponse.app:type_name -> gavel.nsync.v1.App
+	24, // 42: gavel.nsync.v1.AppsResponse.apps:type_name -> gavel.nsync.v1.AppInfo
+	37, // 43: gavel.nsync.v1.PlacementPoolInfo.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 44: gavel.nsync.v1.CreatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	37, // 45: gavel.nsync.v1.UpdatePlacementPoolRequest.pool:type_name -> gavel.nsync.v1.PlacementPool
+	38, // 46: gavel.nsync.v1.PlacementPoolsResponse.pools:type_name -> gavel.nsync.v1.PlacementPoolInfo
+	25, // 47: gavel.nsync.v1.NsyncService.DesireApp:input_type -> gavel.nsync.v1.DesireAppRequest
+	27, // 48: gavel.nsync.v1.NsyncService.UpdateApp:input_type -> gavel.nsync.v1.UpdateAppRequest
+	29, // 49: gavel.nsync.v1.NsyncService.RestartApp:input_type -> gavel.nsync.v1.RestartAppRequest
+	31, // 50: gavel.nsync.v1.NsyncService.StopApp:input_type -> gavel.nsync.v1.StopAppRequest
+	33, // 51: gavel.nsync.v1.NsyncService.Apps:input_type -> gavel.nsync.v1.AppsRequest
+	35, // 52: gavel.nsync.v1.NsyncService.RunTask:input_type -> gavel.nsync.v1.RunTaskRequest
+	39, // 53: gavel.nsync.v1.NsyncService.CreatePlacementPool:input_type -> gavel.nsync.v1.CreatePlacementPoolRequest
+	41, // 54: gavel.nsync.v1.NsyncService.UpdatePlacementPool:input_type -> gavel.nsync.v1.UpdatePlacementPoolRequest
+	43, // 55: gavel.nsync.v1.NsyncService.DeletePlacementPool:input_type -> gavel.nsync.v1.DeletePlacementPoolRequest
+	45, // 56: gavel.nsync.v1.NsyncService.PlacementPools:input_type -> gavel.nsync.v1.PlacementPoolsRequest
+	47, // 57: gavel.nsync.v1.NsyncService.BindPlacementPool:input_type -> gavel.nsync.v1.BindPlacementPoolRequest
+	49, // 58: gavel.nsync.v1.NsyncService.UnbindPlacementPool:input_type -> gavel.nsync.v1.UnbindPlacementPoolRequest
+	51, // 59: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:input_type -> gavel.nsync.v1.SetDefaultPlacementPoolRequest
+	10, // 60: gavel.nsync.v1.NsyncService.DeployApp:input_type -> gavel.nsync.v1.DeployAppRequest
+	12, // 61: gavel.nsync.v1.NsyncService.GetDeployment:input_type -> gavel.nsync.v1.GetDeploymentRequest
+	14, // 62: gavel.nsync.v1.NsyncService.ListDeployments:input_type -> gavel.nsync.v1.ListDeploymentsRequest
+	16, // 63: gavel.nsync.v1.NsyncService.PromoteDeployment:input_type -> gavel.nsync.v1.PromoteDeploymentRequest
+	18, // 64: gavel.nsync.v1.NsyncService.CancelDeployment:input_type -> gavel.nsync.v1.CancelDeploymentRequest
+	20, // 65: gavel.nsync.v1.NsyncService.RollbackApp:input_type -> gavel.nsync.v1.RollbackAppRequest
+	22, // 66: gavel.nsync.v1.NsyncService.AppVersions:input_type -> gavel.nsync.v1.AppVersionsRequest
+	26, // 67: gavel.nsync.v1.NsyncService.DesireApp:output_type -> gavel.nsync.v1.DesireAppResponse
+	28, // 68: gavel.nsync.v1.NsyncService.UpdateApp:output_type -> gavel.nsync.v1.UpdateAppResponse
+	30, // 69: gavel.nsync.v1.NsyncService.RestartApp:output_type -> gavel.nsync.v1.RestartAppResponse
+	32, // 70: gavel.nsync.v1.NsyncService.StopApp:output_type -> gavel.nsync.v1.StopAppResponse
+	34, // 71: gavel.nsync.v1.NsyncService.Apps:output_type -> gavel.nsync.v1.AppsResponse
+	36, // 72: gavel.nsync.v1.NsyncService.RunTask:output_type -> gavel.nsync.v1.RunTaskResponse
+	40, // 73: gavel.nsync.v1.NsyncService.CreatePlacementPool:output_type -> gavel.nsync.v1.CreatePlacementPoolResponse
+	42, // 74: gavel.nsync.v1.NsyncService.UpdatePlacementPool:output_type -> gavel.nsync.v1.UpdatePlacementPoolResponse
+	44, // 75: gavel.nsync.v1.NsyncService.DeletePlacementPool:output_type -> gavel.nsync.v1.DeletePlacementPoolResponse
+	46, // 76: gavel.nsync.v1.NsyncService.PlacementPools:output_type -> gavel.nsync.v1.PlacementPoolsResponse
+	48, // 77: gavel.nsync.v1.NsyncService.BindPlacementPool:output_type -> gavel.nsync.v1.BindPlacementPoolResponse
+	50, // 78: gavel.nsync.v1.NsyncService.UnbindPlacementPool:output_type -> gavel.nsync.v1.UnbindPlacementPoolResponse
+	52, // 79: gavel.nsync.v1.NsyncService.SetDefaultPlacementPool:output_type -> gavel.nsync.v1.SetDefaultPlacementPoolResponse
+	11, // 80: gavel.nsync.v1.NsyncService.DeployApp:output_type -> gavel.nsync.v1.DeployAppResponse
+	13, // 81: gavel.nsync.v1.NsyncService.GetDeployment:output_type -> gavel.nsync.v1.GetDeploymentResponse
+	15, // 82: gavel.nsync.v1.NsyncService.ListDeployments:output_type -> gavel.nsync.v1.ListDeploymentsResponse
+	17, // 83: gavel.nsync.v1.NsyncService.PromoteDeployment:output_type -> gavel.nsync.v1.PromoteDeploymentResponse
+	19, // 84: gavel.nsync.v1.NsyncService.CancelDeployment:output_type -> gavel.nsync.v1.CancelDeploymentResponse
+	21, // 85: gavel.nsync.v1.NsyncService.RollbackApp:output_type -> gavel.nsync.v1.RollbackAppResponse
+	23, // 86: gavel.nsync.v1.NsyncService.AppVersions:output_type -> gavel.nsync.v1.AppVersionsResponse
+	67, // [67:87] is the sub-list for method output_type
+	47, // [47:67] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_gavel_nsync_v1_nsync_proto_init() }
@@ -3781,7 +3798,7 @@ func file_gavel_nsync_v1_nsync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_nsync_v1_nsync_proto_rawDesc), len(file_gavel_nsync_v1_nsync_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
