@@ -558,3 +558,38 @@ func TestStartReportsAnInstanceTheStoreDoesNotKnow(t *testing.T) {
 		t.Fatalf("report by another container = %v, want FailedPrecondition", err)
 	}
 }
+
+// TestCrashOfARetiredInstanceRemovesIt: an instance scaled away while it was starting crashes
+// (its start timed out as its cell stopped it): the crash removes its record instead of making
+// it UNCLAIMED again, so nothing restarts it and no extra instance is left waiting for a fresh
+// domain (a deployment's revert waited on one forever).
+func TestCrashOfARetiredInstanceRemovesIt(t *testing.T) {
+	env := bbstest.Start(t)
+	lrpRegisterCell(t, env, "cell-a", "z1")
+	lrpDesire(t, env, "shrinking", 2)
+	ik := lrpInstKey("inst-1", "cell-a")
+	lrpClaim(t, env, "shrinking", 1, ik)
+	one := int32(1)
+	if _, err := env.Client.UpdateDesiredLRP(ctxT(t), &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: "shrinking",
+		Update: &modelsv1.DesiredLRPUpdate{Instances: &one}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := env.Client.CrashActualLRP(ctxT(t), &bbsv1.CrashActualLRPRequest{ProcessGuid: "shrinking", Index: 1, InstanceKey: ik, ErrorMessage: "start timeout"})
+	if err != nil {
+		t.Fatalf("crash: %v", err)
+	}
+	if got := resp.GetActualLrp().GetState(); got != lrpCrashed {
+		t.Errorf("answered state %s, want CRASHED", got)
+	}
+	if got := lrpStored(t, env, "shrinking", 1, lrpOrdinary); got != nil {
+		t.Fatalf("the crashed instance past the desired count is still stored: %v", got)
+	}
+	// A crash of a desired instance still restarts it.
+	lrpClaim(t, env, "shrinking", 0, lrpInstKey("inst-0", "cell-a"))
+	if _, err := env.Client.CrashActualLRP(ctxT(t), &bbsv1.CrashActualLRPRequest{ProcessGuid: "shrinking", Index: 0, InstanceKey: lrpInstKey("inst-0", "cell-a"), ErrorMessage: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lrpStored(t, env, "shrinking", 0, lrpOrdinary); got.GetState() != lrpUnclaimed {
+		t.Fatalf("a desired instance's crash left %v, want UNCLAIMED", got)
+	}
+}

@@ -188,7 +188,8 @@ func (c *ActualLRPs) crashed(a *modelsv1.ActualLRP, reason string) *modelsv1.Act
 	return next
 }
 
-// CrashActualLRP records a crash of a CLAIMED or RUNNING instance in the given container.
+// CrashActualLRP records a crash of a CLAIMED or RUNNING instance in the given container. The
+// record of an instance no longer desired is removed instead.
 func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey, reason string) (*modelsv1.ActualLRP, error) {
 	out, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
 		a, err := ordinaryLRP(t, guid, index)
@@ -202,6 +203,18 @@ func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int3
 			return nil, rpcerr.FailedPrecondition("%s belongs to %s, not %s", describe(guid, index), describeInstance(a.GetInstanceKey()), describeInstance(ik))
 		}
 		next := c.crashed(a, reason)
+		// A crash of an instance no longer desired (its LRP removed or scaled below it while it
+		// was starting or draining) ends it: the record goes, nothing restarts it, and no extra
+		// instance is left for convergence to wait on a fresh domain for.
+		sched, err := t.SchedulingInfo(guid)
+		if err != nil {
+			return nil, err
+		}
+		if sched == nil || index >= sched.GetInstances() {
+			deleteActual(t, a)
+			next.State = crashed
+			return next, nil
+		}
 		return next, putActual(t, next)
 	})
 	if err != nil {
