@@ -33,11 +33,17 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/pkg/transform/plugin"
 )
 
@@ -312,7 +318,17 @@ func (cl *client) describe(ctx context.Context) error {
 }
 
 // call posts in to the plugin and parses the answer as the same kind.
-func (cl *client) call(ctx context.Context, kind string, in proto.Message) (proto.Message, error) {
+func (cl *client) call(ctx context.Context, kind string, in proto.Message) (out proto.Message, err error) {
+	// One span per plugin call, in the caller's trace (the desire's); the plugin gets the W3C
+	// trace context in its request headers (do) to continue it.
+	ctx, span := tracing.Tracer("transform").Start(ctx, "transform."+kind,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("gavel.plugin", cl.cfg.Name)))
+	defer func() {
+		if err != nil {
+			span.SetStatus(otelcodes.Error, err.Error())
+		}
+		span.End()
+	}()
 	body, err := protojson.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("transformer %q (%s): encode request: %w", cl.cfg.Name, kind, err)
@@ -340,7 +356,7 @@ func (cl *client) call(ctx context.Context, kind string, in proto.Message) (prot
 		}
 		return nil, cl.fail(kind, ClassPlugin, "", "%s", ea.Message)
 	}
-	out := in.ProtoReflect().New().Interface()
+	out = in.ProtoReflect().New().Interface()
 	if err := protojson.Unmarshal(answer, out); err != nil {
 		if other := otherKind(kind, answer); other != "" {
 			return nil, cl.fail(kind, ClassBadAnswer, "", "answered a %s where a %s was expected", other, kind)
@@ -388,6 +404,7 @@ func (cl *client) do(ctx context.Context, kind, method, path string, body []byte
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := cl.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
