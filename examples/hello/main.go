@@ -3,6 +3,10 @@
 // UDP_ECHO_PORTS (comma-separated) echo TCP or UDP instead. It is built static so it runs on a
 // cell's host, in a preloaded rootfs, or from a FROM-scratch image.
 //
+// $RELEASE, when set, is named in every answer (so a rollout can be followed through the
+// router), and $READY_DELAY (a Go duration) makes /health answer 503 for that long after start,
+// like an app that takes a while to become ready.
+//
 // It binds only the address it is given: $CF_INSTANCE_INTERNAL_IP (the container's own
 // address the rep's oci backend sets), else $CF_INSTANCE_IP (the cell address the process
 // backend sets, where the instance is routed to and checked), else 127.0.0.1: with no network
@@ -20,7 +24,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
+
+// start is when the process started (READY_DELAY counts from it).
+var start = time.Now()
 
 func main() {
 	index, guid := os.Getenv("INSTANCE_INDEX"), os.Getenv("INSTANCE_GUID")
@@ -88,11 +96,23 @@ func set(csv string) map[string]bool {
 }
 
 func serveHTTP(l net.Listener, containerPort, index, guid string) {
+	release := ""
+	if r := os.Getenv("RELEASE"); r != "" {
+		release = ", release " + r
+	}
+	delay, _ := time.ParseDuration(os.Getenv("READY_DELAY"))
+	readyAt := start.Add(delay)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from instance %s (guid %s, pid %d) on container port %s, host %s, path %s\n", index, guid, os.Getpid(), containerPort, r.Host, r.URL.Path)
+		fmt.Fprintf(w, "hello from instance %s (guid %s, pid %d%s) on container port %s, host %s, path %s\n", index, guid, os.Getpid(), release, containerPort, r.Host, r.URL.Path)
 	})
-	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		if time.Now().Before(readyAt) {
+			http.Error(w, "not ready yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	log.Fatal(http.Serve(l, mux))
 }
 

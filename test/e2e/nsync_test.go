@@ -69,7 +69,7 @@ func startNsyncCluster(t *testing.T) *nsyncCluster {
 	c.procs = append(c.procs,
 		startProc(t, "bbs", binary(t, "bbs"), "-listen", bbsAddr, "-insecure",
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-auctioneer-address", auctioneerAddr,
-			"-convergence-interval", "2s", "-unclaimed-timeout", "3s"),
+			"-convergence-interval", "2s", "-unclaimed-timeout", "3s", "-drain-timeout", "1s"),
 		startProc(t, "auctioneer", binary(t, "auctioneer"), "-listen", auctioneerAddr, "-insecure",
 			"-bbs-address", bbsAddr, "-bbs-insecure", "-rep-insecure",
 			"-etcd-endpoints", etcd, "-etcd-insecure", "-batch-interval", "20ms"))
