@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,16 +19,6 @@ import (
 	"github.com/gavel-sched/gavel/services/nsync"
 	"github.com/gavel-sched/gavel/services/rep"
 )
-
-func loopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // startEtcdAt runs an embedded etcd on dir at fixed client and peer addresses (so that a
 // restored member can take the stopped one's place); the caller closes it.
@@ -69,7 +58,7 @@ func TestBackupRestoreKeepsRunningWork(t *testing.T) {
 		cfg.BulkInterval = rep.Duration(500 * time.Millisecond)
 		cells = append(cells, devcluster.Cell{Config: cfg})
 	}
-	etcdDir, client, peer := filepath.Join(t.TempDir(), "etcd"), loopbackAddr(t), loopbackAddr(t)
+	etcdDir, client, peer := filepath.Join(t.TempDir(), "etcd"), testkit.ReservedAddr(t), testkit.ReservedAddr(t) // reserved: etcd binds them again after the restore
 	// Whichever etcd runs is closed after the cluster has stopped (cleanups run last first).
 	var current *etcdembed.Server
 	t.Cleanup(func() { _ = current.Close() })

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -23,6 +22,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/etcdx"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
+	"github.com/gavel-sched/gavel/pkg/porttest"
 )
 
 // startTimeout bounds how long Start waits for the server.
@@ -129,7 +129,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	var initial []string
 	for i := range n {
 		name := fmt.Sprintf("m%d", i)
-		peer, client := freeAddr(t), freeAddr(t)
+		// Reserved, not ephemeral: a member killed and started again binds the same
+		// addresses, which a listener on port 0 elsewhere could otherwise have taken meanwhile.
+		peer, client := porttest.ReservedAddr(t), porttest.ReservedAddr(t)
 		c.members = append(c.members, &clusterMember{cfg: etcdembed.Config{
 			Dir: t.TempDir(), Name: name, PeerAddr: peer, ClientAddr: client, UnsafeNoFsync: true, Quiet: true,
 			FastElection: n == 1,
@@ -263,13 +265,3 @@ func (w *testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// freeAddr is a free loopback host:port.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
