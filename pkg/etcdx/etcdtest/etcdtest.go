@@ -264,4 +264,3 @@ func (w *testWriter) Write(b []byte) (int, error) {
 	w.t.Logf("%s%s", w.prefix, strings.TrimRight(string(b), "\n"))
 	return len(b), nil
 }
-
