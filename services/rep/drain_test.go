@@ -106,6 +106,13 @@ func (r *syslogReceiver) find(text string) []string {
 
 func (r *syslogReceiver) addr() string { return r.l.Addr().String() }
 
+// count is how many messages have arrived.
+func (r *syslogReceiver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
 // TestLogDrains: an instance's lines reach a syslog receiver over TCP and one over TLS as RFC
 // 5424 messages with the LRP's structured data (process guid, index, instance guid, source),
 // its log guid as APP-NAME, the cell as HOSTNAME and stderr at severity error; a receiver that
@@ -143,7 +150,7 @@ func TestLogDrains(t *testing.T) {
 		var out, errLine []string
 		testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {
 			out, errLine = recv.find("line 3"), recv.find("oops 10")
-			return out != nil && errLine != nil, fmt.Sprintf("%d messages", len(recv.msgs))
+			return out != nil && errLine != nil, fmt.Sprintf("%d messages", recv.count())
 		}, name+" drain receives line 3 and oops 10")
 		if out[1] != "14" || out[3] != r.cfg.CellID || out[4] != "drained-app" || out[5] != "[APP/PROC/WEB/0]" || out[7] != sd {
 			t.Errorf("%s drain: %q; want <14>, host %s, app drained-app, procid [APP/PROC/WEB/0], SD %s", name, out[0], r.cfg.CellID, sd)
