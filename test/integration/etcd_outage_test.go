@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,10 +163,18 @@ func TestEtcdOutage(t *testing.T) {
 		_, uerr := c.BBS.UpdateDesiredLRP(wctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: "web",
 			Update: &modelsv1.DesiredLRPUpdate{Annotation: proto.String(fmt.Sprintf("refused-%d", n))}})
 		cancel()
-		for what, err := range map[string]error{"DesireLRP": derr, "UpdateDesiredLRP": uerr} {
-			if st := status.Convert(err); st.Code() != codes.Unavailable || len(st.Details()) == 0 {
-				t.Fatalf("outage %d (%s): %s answered %v (%d details), want Unavailable with retry advice", n, outage, what, err, len(st.Details()))
-			}
+		// The first write may reach the BBS before its etcd client has seen the members go
+		// (the connection still looks ready, so the transaction is sent and its answer lost):
+		// that one may answer DeadlineExceeded, the documented "may or may not have been made",
+		// and is checked below not to have been made. The second comes after it, once the BBS
+		// knows, and must be refused outright.
+		if st := status.Convert(derr); st.Code() == codes.DeadlineExceeded && strings.Contains(st.Message(), "may or may not") {
+			t.Logf("outage %d (%s): DesireLRP sent as etcd went down: %v", n, outage, derr)
+		} else if st.Code() != codes.Unavailable || len(st.Details()) == 0 {
+			t.Fatalf("outage %d (%s): DesireLRP answered %v (%d details), want Unavailable with retry advice", n, outage, derr, len(st.Details()))
+		}
+		if st := status.Convert(uerr); st.Code() != codes.Unavailable || len(st.Details()) == 0 {
+			t.Fatalf("outage %d (%s): UpdateDesiredLRP answered %v (%d details), want Unavailable with retry advice", n, outage, uerr, len(st.Details()))
 		}
 		time.Sleep(time.Until(start.Add(outage))) // the rest of the outage itself
 		etcd.StartAll()
@@ -177,6 +186,10 @@ func TestEtcdOutage(t *testing.T) {
 				Update: &modelsv1.DesiredLRPUpdate{Annotation: proto.String(fmt.Sprintf("after-%d", n))}})
 			return err == nil, fmt.Sprint(err)
 		}, fmt.Sprintf("a write after outage %d", n))
+		// Nothing refused, or left in doubt, during the outage was made.
+		if _, err := c.BBS.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: fmt.Sprintf("refused-%d", n)}); status.Code(err) != codes.NotFound {
+			t.Fatalf("after outage %d (%s): the LRP whose desire was refused: %v, want NotFound", n, outage, err)
+		}
 		now, err := presences()
 		if err != nil {
 			t.Fatalf("after outage %d (%s): %v", n, outage, err)
