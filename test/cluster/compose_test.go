@@ -265,7 +265,7 @@ func TestCompose(t *testing.T) {
 	// route stream.
 	want := map[string][]*regexp.Regexp{
 		"router": {regexp.MustCompile(`grpc_client_started_total\{grpc_method="WatchRoutes"[^}]*\} [1-9]`)},
-		"nsync": {handled("server", "gavel.nsync.v1.NsyncService", "DesireApp"),
+		"nsync": {handled("server", "gavel.nsync.v1.NsyncService", "DeployApp"),
 			handled("client", "gavel.bbs.v1.BBSService", "DesireLRP")},
 	}
 	testkit.EventuallyState(t, waitLong, perRPCMetrics(c.scrapeTLS, metrics, want, desireFlow()), "per-RPC histograms on every service's /metrics (mutual TLS)")
