@@ -95,9 +95,11 @@ compose-certs:
 bench:
 	$(GO) test $(BENCHFLAGS) ./pkg/transform/ ./services/... ./test/integration/
 
-## bench-scale: the scale harness (test/scale) at full size, 1,000 cells and 100,000 instances,
-## printing its report; sizes and phases from ARGS, e.g. make bench-scale ARGS='-quick' or
-## ARGS='-cells 200 -instances 20000'
+## bench-scale: the scale harness (test/scale) at full size, 5,000 cells and 250,000 instances,
+## as deployed (each service its own process of the built binaries, mutual TLS, cells in sim
+## hosts of 100), printing its report; sizes and phases from ARGS, e.g. make bench-scale
+## ARGS='-quick', ARGS='-cells 1000 -instances 100000' or ARGS='-in-process' (everything in one
+## process over plaintext, for profiles and the cost of TLS and process boundaries)
 ARGS ?=
 bench-scale:
 	$(GO) test -run '^$$' -bench BenchmarkScale -benchtime 1x -count 1 -timeout 3h ./test/scale/ -args $(ARGS)

@@ -25,14 +25,11 @@ import (
 	"syscall"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/gavel-sched/gavel/pkg/servicemain"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "gavel-etcd:", err)
-		os.Exit(1)
-	}
-}
+func main() { servicemain.Main("gavel-etcd", run) }
 
 func run(args []string) error {
 	cfg := embed.NewConfig()

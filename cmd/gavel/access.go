@@ -29,7 +29,7 @@ func (c *cli) accessCommands() []*cobra.Command {
 	)
 	top := &cobra.Command{
 		Use:               "top GUID",
-		Short:             "Show the CPU, memory and disk use of an LRP's instances (or --index N), or a task's with --task",
+		Short:             "Show the CPU, memory and disk use of an LRP's or an app's instances (or --index N), or a task's with --task",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -41,7 +41,7 @@ func (c *cli) accessCommands() []*cobra.Command {
 			if task {
 				req.TaskGuid = args[0]
 			} else {
-				req.ProcessGuid = args[0]
+				req.ProcessGuid, _ = c.resolveApp(cmd.Context(), bbs, args[0])
 			}
 			if cmd.Flags().Changed("index") {
 				req.Index = &index
@@ -81,7 +81,7 @@ func (c *cli) accessCommands() []*cobra.Command {
 	var interactive, tty bool
 	execCmd := &cobra.Command{
 		Use:   "exec GUID[/INDEX] [-i] [-t] -- COMMAND [ARG...]",
-		Short: "Run a command in a running instance (index 0 unless given); -it for an interactive shell",
+		Short: "Run a command in a running instance of an LRP or an app (index 0 unless given); -it for an interactive shell",
 		Long: `Run a command in a running instance of an LRP, through the BBS, as the instance's own
 processes run: its root filesystem, user, environment and limits. Admin only; every exec is
 audited. -i sends this terminal's input; -t runs the command on a pseudo-terminal (with -i and a
@@ -102,6 +102,7 @@ command's exit status; errors before the command runs use the CLI's exit codes.`
 			if err != nil {
 				return err
 			}
+			guid, _ = c.resolveApp(cmd.Context(), bbs, guid)
 			code, err := c.exec(cmd.Context(), bbs, &repv1.ExecStart{ProcessGuid: guid, Index: idx, Command: args[1:], Tty: tty}, interactive)
 			if err != nil {
 				return err
@@ -147,6 +148,13 @@ func (c *cli) exec(ctx context.Context, bbs bbsv1.BBSServiceClient, start *repv1
 		return 0, err
 	}
 	if err := stream.Send(&bbsv1.ExecRequest{Start: start}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The BBS ended the stream already (a refusal, a bad request): its status says why,
+			// and Recv has it.
+			if _, rerr := stream.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
+				err = rerr
+			}
+		}
 		return 0, err
 	}
 	if localTTY {
@@ -244,13 +252,23 @@ func bytesString(n uint64) string {
 // `gavel lrp`; nil when the BBS cannot say (no instance on a cell, a cell not answering, an
 // older BBS), so the listing goes on without the columns.
 func instanceMetrics(ctx context.Context, bbs bbsv1.BBSServiceClient, guid string) map[string]*repv1.ContainerMetrics {
+	ms := lrpMetrics(ctx, bbs, guid)
+	if ms == nil {
+		return nil
+	}
+	out := make(map[string]*repv1.ContainerMetrics, len(ms))
+	for _, m := range ms {
+		out[m.GetInstanceGuid()] = m
+	}
+	return out
+}
+
+// lrpMetrics is the latest resource sample of each of an LRP's containers, by index (as the
+// BBS orders them); nil when the BBS cannot say.
+func lrpMetrics(ctx context.Context, bbs bbsv1.BBSServiceClient, guid string) []*repv1.ContainerMetrics {
 	resp, err := bbs.InstanceMetrics(ctx, &bbsv1.InstanceMetricsRequest{ProcessGuid: guid})
 	if err != nil {
 		return nil
 	}
-	out := make(map[string]*repv1.ContainerMetrics, len(resp.GetContainers()))
-	for _, m := range resp.GetContainers() {
-		out[m.GetInstanceGuid()] = m
-	}
-	return out
+	return resp.GetContainers()
 }

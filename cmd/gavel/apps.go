@@ -18,10 +18,13 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 )
 
-// appsCommand runs `gavel apps`.
-func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []string, out io.Writer) error {
+// appsCommand runs `gavel apps`. With instances (-o wide) each app's row gains its running
+// version's instances' CPU, memory and disk, as cf app shows them: index 0 on the app's row,
+// the others on rows of their own below it.
+func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []string, out io.Writer, instances func(processGuid string) []*repv1.ContainerMetrics) error {
 	fs := flag.NewFlagSet("apps", flag.ContinueOnError)
 	space := fs.String("space", "", "only apps of this space")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
@@ -36,7 +39,11 @@ func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []strin
 		return printJSON(out, resp, true)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "GUID\tNAME\tSPACE\tVERSION\tSTATE\tRUNNING\tCRASHED\tPLACEMENT\tNOTE")
+	header := "GUID\tNAME\tSPACE\tVERSION\tSTATE\tRUNNING\tCRASHED\tPLACEMENT\tNOTE"
+	if instances != nil {
+		header = "GUID\tNAME\tSPACE\tVERSION\tSTATE\tRUNNING\tCRASHED\tPLACEMENT\tINSTANCE\tCPU\tMEMORY\tDISK\tNOTE"
+	}
+	fmt.Fprintln(w, header)
 	for _, a := range resp.GetApps() {
 		state := strings.TrimPrefix(a.GetState().String(), "APP_STATE_")
 		placement := "anywhere"
@@ -62,8 +69,31 @@ func appsCommand(ctx context.Context, c nsyncv1.NsyncServiceClient, args []strin
 		if pe := a.GetPlacementError(); pe.GetMessage() != "" {
 			notes = append(notes, strings.TrimPrefix(pe.GetCode().String(), "CODE_")+": "+pe.GetMessage())
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\tv%d\t%s\t%s/%d\t%s\t%s\t%s\n", a.GetApp().GetGuid(), a.GetApp().GetName(), a.GetApp().GetSpaceGuid(),
-			a.GetApp().GetVersion(), state, running, a.GetDesired(), crashed, placement, strings.Join(notes, "; "))
+		row := fmt.Sprintf("%s\t%s\t%s\tv%d\t%s\t%s/%d\t%s\t%s", a.GetApp().GetGuid(), a.GetApp().GetName(), a.GetApp().GetSpaceGuid(),
+			a.GetApp().GetVersion(), state, running, a.GetDesired(), crashed, placement)
+		if instances == nil {
+			fmt.Fprintf(w, "%s\t%s\n", row, strings.Join(notes, "; "))
+			continue
+		}
+		var ms []*repv1.ContainerMetrics
+		if a.GetProcessGuid() != "" {
+			ms = instances(a.GetProcessGuid())
+		}
+		if len(ms) == 0 {
+			fmt.Fprintf(w, "%s\t-\t\t\t\t%s\n", row, strings.Join(notes, "; "))
+			continue
+		}
+		for i, m := range ms {
+			cpu, mem, disk := metricsColumns(m)
+			if i > 0 {
+				row = "\t\t\t\t\t\t\t"
+			}
+			note := ""
+			if i == 0 {
+				note = strings.Join(notes, "; ")
+			}
+			fmt.Fprintf(w, "%s\t#%d %s\t%s\t%s\t%s\t%s\n", row, m.GetIndex(), m.GetState(), cpu, mem, disk, note)
+		}
 	}
 	return w.Flush()
 }

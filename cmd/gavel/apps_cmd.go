@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 )
 
 // nsyncClient dials nsync at --nsync with the global TLS settings.
@@ -36,21 +37,28 @@ func (c *cli) nsyncCommands() []*cobra.Command {
 	var space string
 	apps := &cobra.Command{
 		Use:   "apps [GUID...]",
-		Short: "List apps (nsync): version, state, running/desired, placement, restart-to-apply notes",
+		Short: "List apps (nsync): version, state, running/desired, placement, restart-to-apply notes; -o wide adds each instance's CPU, memory and disk",
 		RunE: run(func(ns nsyncv1.NsyncServiceClient, cmd *cobra.Command, args []string) error {
 			p, err := c.printer()
 			if err != nil {
 				return err
 			}
 			flags := []string{"-space", space}
+			var instances func(string) []*repv1.ContainerMetrics
 			switch p.format {
 			case formatJSON:
 				flags = append(flags, "-json")
-			case formatTable, formatWide:
+			case formatWide:
+				bbs, err := c.bbsClient()
+				if err != nil {
+					return err
+				}
+				instances = func(guid string) []*repv1.ContainerMetrics { return lrpMetrics(cmd.Context(), bbs, guid) }
+			case formatTable:
 			default:
-				return usageErrorf("apps prints a table or -o json")
+				return usageErrorf("apps prints a table, -o wide or -o json")
 			}
-			return appsCommand(cmd.Context(), ns, append(flags, args...), c.out)
+			return appsCommand(cmd.Context(), ns, append(flags, args...), c.out, instances)
 		}),
 	}
 	apps.Flags().StringVar(&space, "space", "", "only apps of this space")

@@ -371,6 +371,24 @@ func TestNsyncCommands(t *testing.T) {
 		r := e.run(t, "apps")
 		return r.code == 0 && strings.Contains(r.stdout, "2/2"), r.stdout + r.stderr
 	}, "the app scaled")
+	// -o wide: a row per instance with its CPU, memory and disk (none sampled yet here: "-").
+	r = e.ok(t, "apps", "-o", "wide")
+	if lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n"); len(lines) != 3 ||
+		!strings.HasSuffix(strings.Join(strings.Fields(lines[0]), " "), "PLACEMENT INSTANCE CPU MEMORY DISK NOTE") ||
+		!strings.HasPrefix(lines[1], "web-app") || !strings.HasSuffix(strings.Join(strings.Fields(lines[1]), " "), "#0 running - - -") ||
+		strings.Join(strings.Fields(lines[2]), " ") != "#1 running - - -" {
+		t.Fatalf("apps -o wide: want the app's row with instance 0 and a row of instance 1:\n%s", r.stdout)
+	}
+	// logs, top and exec take an app's guid for the LRP serving it.
+	if r := e.ok(t, "logs", "web-app", "--index", "1"); !strings.Contains(r.stdout, "[CELL/1] OUT container created") {
+		t.Fatalf("logs web-app --index 1: want its lifecycle lines:\n%s", r.stdout)
+	}
+	if r := e.ok(t, "top", "web-app"); len(strings.Split(strings.TrimSpace(r.stdout), "\n")) != 3 {
+		t.Fatalf("top web-app: want a header and two instances:\n%s", r.stdout)
+	}
+	if r := e.run(t, "logs", "no-such-app"); r.code != exitNotFound {
+		t.Fatalf("logs no-such-app: exit %d, want %d\n%s", r.code, exitNotFound, r.stderr)
+	}
 	testDeployCommands(t, e)
 	if r := e.run(t, "pools", "delete", "staging"); r.code != exitConflict || !strings.Contains(r.stderr, "space-a") {
 		t.Fatalf("pools delete of a bound pool: exit %d\n%s", r.code, r.stderr)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 )
 
@@ -29,7 +30,7 @@ func (c *cli) logsCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "logs GUID",
-		Short: "Show an LRP's log lines (all instances, or --index N), or a task's with --task; -f follows",
+		Short: "Show an LRP's or an app's log lines (all instances, or --index N), or a task's with --task; -f follows",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, bbs, err := c.clients()
@@ -37,10 +38,11 @@ func (c *cli) logsCommand() *cobra.Command {
 				return err
 			}
 			req := &bbsv1.StreamLogsRequest{Follow: follow}
+			app := ""
 			if task {
 				req.TaskGuid = args[0]
 			} else {
-				req.ProcessGuid = args[0]
+				req.ProcessGuid, app = c.resolveApp(cmd.Context(), bbs, args[0])
 			}
 			if cmd.Flags().Changed("index") {
 				req.Index = &index
@@ -67,6 +69,10 @@ func (c *cli) logsCommand() *cobra.Command {
 					req.Since = timestamppb.New(start)
 				}
 				req.Tail = nil
+				if app != "" {
+					// An app's restart or deployment serves a new LRP: follow it.
+					req.ProcessGuid, _ = c.resolveApp(cmd.Context(), bbs, app)
+				}
 				if !c.lrpExists(cmd.Context(), bbs, req.GetProcessGuid()) {
 					return nil
 				}
@@ -79,7 +85,7 @@ func (c *cli) logsCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().Int32Var(&index, "index", 0, "only this instance index")
-	cmd.Flags().Int32Var(&tail, "tail", 0, "only the last N lines each cell keeps (then new ones with -f)")
+	cmd.Flags().Int32Var(&tail, "tail", 0, "only the last N lines, over all the instances selected (then new ones with -f)")
 	cmd.Flags().DurationVar(&since, "since", 0, "only lines of the last DURATION, e.g. 5m")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep streaming new lines")
 	cmd.Flags().BoolVar(&task, "task", false, "GUID is a task guid")
@@ -124,6 +130,26 @@ func (c *cli) printLogs(ctx context.Context, p *printer, bbs bbsv1.BBSServiceCli
 			fmt.Fprintln(c.out, logLine(l))
 		}
 	}
+}
+
+// resolveApp is the process guid of guid: guid itself when the BBS has such a desired LRP,
+// else, when nsync knows an app of that guid, the LRP serving it (and the app guid as app, so a
+// follower can resolve it again); else guid, for the BBS to answer NotFound.
+func (c *cli) resolveApp(ctx context.Context, bbs bbsv1.BBSServiceClient, guid string) (processGuid, app string) {
+	if c.lrpExists(ctx, bbs, guid) {
+		return guid, ""
+	}
+	ns, err := c.nsyncClient()
+	if err != nil {
+		return guid, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := ns.Apps(ctx, &nsyncv1.AppsRequest{Guids: []string{guid}})
+	if err != nil || len(resp.GetApps()) != 1 || resp.GetApps()[0].GetProcessGuid() == "" {
+		return guid, ""
+	}
+	return resp.GetApps()[0].GetProcessGuid(), guid
 }
 
 // lrpExists reports whether the desired LRP guid still exists (true when the BBS cannot say).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,13 +147,15 @@ func (c *cli) lrpCommands() []*cobra.Command {
 		annotation string
 		labels     []string
 		routesFile string
+		drains     []string
 	)
 	update := &cobra.Command{
 		Use:   "update-lrp GUID",
-		Short: "Change an LRP's instances, routes, labels or annotation",
+		Short: "Change an LRP's instances, routes, labels, annotation or log drains",
 		Example: `  gavel update-lrp web --instances 5 --wait
   gavel update-lrp web --routes routes.yaml      # a mapping: provider → routes document
-  gavel update-lrp web --label app=web --label tier=front --annotation 'v2'`,
+  gavel update-lrp web --label app=web --label tier=front --annotation 'v2'
+  gavel update-lrp web --log-drain syslog-tls://logs.example.com:6514   # --log-drain '' removes them`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: c.completeFrom(processGuids),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -177,8 +180,11 @@ func (c *cli) lrpCommands() []*cobra.Command {
 				}
 				u.Routes = &modelsv1.RoutesUpdate{Routes: routes}
 			}
-			if u.Instances == nil && u.Annotation == nil && u.Labels == nil && u.Routes == nil {
-				return usageErrorf("nothing to update: pass --instances, --routes, --label or --annotation")
+			if cmd.Flags().Changed("log-drain") {
+				u.LogDrains = &modelsv1.LogDrainsUpdate{LogDrains: slices.DeleteFunc(slices.Clone(drains), func(s string) bool { return s == "" })}
+			}
+			if u.Instances == nil && u.Annotation == nil && u.Labels == nil && u.Routes == nil && u.LogDrains == nil {
+				return usageErrorf("nothing to update: pass --instances, --routes, --label, --annotation or --log-drain")
 			}
 			return c.updateLRP(cmd, args[0], &u, updWait)
 		},
@@ -187,6 +193,7 @@ func (c *cli) lrpCommands() []*cobra.Command {
 	update.Flags().StringVar(&annotation, "annotation", "", "new annotation")
 	update.Flags().StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable; replaces every label; --label '' clears them)")
 	update.Flags().StringVar(&routesFile, "routes", "", "YAML or JSON file mapping each routing provider to its routes document (replaces every route)")
+	update.Flags().StringArrayVar(&drains, "log-drain", nil, "syslog drain syslog://HOST:PORT or syslog-tls://HOST:PORT (repeatable; replaces every drain, and the running instances switch; --log-drain '' removes them)")
 	updWait.bind(update)
 
 	var scaleWait waitFlags

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +26,7 @@ import (
 // either secret value.
 func TestSecretEnvEndToEnd(t *testing.T) {
 	const lrpSecret, taskSecret = "e2e-lrp-s3cr3t", "e2e-task-s3cr3t"
-	logs := &secretsLogBuffer{}
+	logs := &testkit.SyncBuffer{}
 	specs := t.TempDir()
 	hook := filepath.Join(t.TempDir(), "capture.sh")
 	if err := os.WriteFile(hook, []byte("#!/bin/sh\ncat > \""+specs+"/$GAVEL_CONTAINER_GUID.json\"\n"), 0o755); err != nil {
@@ -113,22 +111,4 @@ func TestSecretEnvEndToEnd(t *testing.T) {
 			}
 		}
 	}
-}
-
-// secretsLogBuffer collects the cluster's log output from every goroutine.
-type secretsLogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *secretsLogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *secretsLogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

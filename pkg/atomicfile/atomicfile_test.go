@@ -30,3 +30,40 @@ func TestWriteReplacesWholeFiles(t *testing.T) {
 		t.Fatal("writing into a missing directory succeeded")
 	}
 }
+
+// TestWriteInStaysInTheRoot: a link inside the root to a directory outside it does not lead a
+// write there; a write inside replaces the file whole and leaves no temporary file.
+func TestWriteInStaysInTheRoot(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "files"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if err := WriteIn(root, "escape/db.json", []byte("x"), 0o644); err == nil {
+		t.Error("a write through a link out of the root succeeded")
+	}
+	if left, _ := os.ReadDir(outside); len(left) != 0 {
+		t.Errorf("written outside the root: %v", left)
+	}
+	for _, content := range []string{"one", "two"} {
+		if err := WriteIn(root, "files/db.json", []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "files", "db.json")); err != nil || string(b) != content {
+			t.Fatalf("db.json = %q, %v; want %q", b, err, content)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "files", "db.json")); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v %v, want 0640", fi.Mode(), err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(dir, "files")); len(left) != 1 {
+		t.Errorf("files left: %v, want db.json only", left)
+	}
+}

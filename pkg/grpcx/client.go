@@ -8,9 +8,14 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/tracing"
 )
+
+// clientSpan is otelgrpc's filter for client spans (tracing.ClientSpan).
+func clientSpan(info *stats.RPCTagInfo) bool { return tracing.ClientSpan(info.FullMethodName) }
 
 // ClientConfig configures a gRPC client connection.
 type ClientConfig struct {
@@ -71,8 +76,9 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send)),
 		grpc.WithChainUnaryInterceptor(clientMetrics.UnaryClientInterceptor()),
 		grpc.WithChainStreamInterceptor(clientMetrics.StreamClientInterceptor()),
-		// W3C trace context out on every call, and a client span when tracing is on (pkg/tracing).
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+		// W3C trace context out on every call, and a client span when tracing is on, except for
+		// the calls recorded by their server span alone (tracing.ClientSpan).
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(clientSpan))),
 	}
 	if cfg.KeepaliveTime > 0 {
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{

@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
@@ -214,7 +215,7 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		grpc.ChainStreamInterceptor(stream...),
 		// A server span for every call when tracing is on, parented by the caller's W3C trace
 		// context (pkg/tracing); the context reaches the handler either way.
-		grpc.StatsHandler(otelgrpc.NewServerHandler()),
+		grpc.StatsHandler(serverSpans{otelgrpc.NewServerHandler()}),
 	}
 	s := &Server{
 		GRPC:     grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),
@@ -307,4 +308,19 @@ func (s *Server) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addr
+}
+
+// serverSpans is otelgrpc's server handler given only the events its spans need: TagRPC starts
+// the span and the call's End ends it with the call's status. The others are no-ops in it
+// (payloads, trailers) or set the server's own listening address on the span after it started
+// (InHeader: server.address and server.port, the same on every span of the process), which
+// costs a copy of the span's attributes, an address formatted and parsed, on every server span
+// of a traced placement (docs/decisions/0043-compact-trace-context.md).
+type serverSpans struct{ stats.Handler }
+
+// HandleRPC passes the call's End to otelgrpc, and nothing else.
+func (h serverSpans) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.End); ok {
+		h.Handler.HandleRPC(ctx, s)
+	}
 }

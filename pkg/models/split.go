@@ -44,8 +44,8 @@ func cloneEnv(env []*modelsv1.EnvironmentVariable) []*modelsv1.EnvironmentVariab
 }
 
 // SchedulingInfo returns the part of d that placement and routing read: identity, rootfs,
-// instances, resources, placement constraint, labels, annotation, routes and modification tag.
-// The result shares no memory with d.
+// instances, resources, placement constraint, labels, annotation, routes, modification tag and
+// spread peer. The result shares no memory with d.
 func SchedulingInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPSchedulingInfo {
 	if d == nil {
 		return nil
@@ -66,11 +66,13 @@ func SchedulingInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPSchedulingInfo {
 		Annotation:          d.GetAnnotation(),
 		Routes:              cloneRoutes(d.GetRoutes()),
 		ModificationTag:     cloneMsg(d.GetModificationTag()),
+		SpreadWith:          cloneMsg(d.GetSpreadWith()),
 	}
 }
 
 // RunInfo returns the part of d that only the cell running it needs: properties, ports, env,
-// actions, checks, start timeout, links, privilege, CPU weight and log drains, with the identity.
+// actions, checks, start timeout, links, privilege, CPU weight, log drains and image
+// credentials, with the identity.
 // The result shares no memory with d.
 func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 	if d == nil {
@@ -91,6 +93,8 @@ func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 		Privileged:      d.GetPrivileged(),
 		CpuWeight:       d.GetCpuWeight(),
 		LogDrains:       slices.Clone(d.GetLogDrains()),
+		ImageUsername:   d.GetImageUsername(),
+		ImagePassword:   d.GetImagePassword(),
 	}
 }
 
@@ -114,6 +118,7 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 		Annotation:          s.GetAnnotation(),
 		Routes:              cloneRoutes(s.GetRoutes()),
 		ModificationTag:     cloneMsg(s.GetModificationTag()),
+		SpreadWith:          cloneMsg(s.GetSpreadWith()),
 	}
 	if r == nil {
 		return d
@@ -130,5 +135,7 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 	d.Privileged = r.GetPrivileged()
 	d.CpuWeight = r.GetCpuWeight()
 	d.LogDrains = slices.Clone(r.GetLogDrains())
+	d.ImageUsername = r.GetImageUsername()
+	d.ImagePassword = r.GetImagePassword()
 	return d
 }

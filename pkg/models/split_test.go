@@ -138,6 +138,7 @@ func TestJoinWithoutRunInfo(t *testing.T) {
 		Annotation:          d.GetAnnotation(),
 		Routes:              d.GetRoutes(),
 		ModificationTag:     d.GetModificationTag(),
+		SpreadWith:          d.GetSpreadWith(),
 	}
 	if !proto.Equal(got, want) {
 		t.Errorf("Join(s, nil) = %v, want %v", got, want)

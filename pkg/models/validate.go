@@ -190,6 +190,32 @@ func checkRootfs(e *rpcerr.InvalidError, field, s string) {
 	}
 }
 
+// maxImageCredential bounds image_username and image_password.
+const maxImageCredential = 4096
+
+// checkImageCredentials checks a registry user name and password: both or neither, only with a
+// docker:// rootfs, bounded. A violation names the field, never the value.
+func checkImageCredentials(e *rpcerr.InvalidError, prefix, rootfs, user, password string) {
+	if user == "" && password == "" {
+		return
+	}
+	switch {
+	case user == "":
+		e.Add(sub(prefix, "image_username"), "is required with image_password")
+	case password == "":
+		e.Add(sub(prefix, "image_password"), "is required with image_username")
+	}
+	if r, err := ParseRootfs(rootfs); err == nil && r.Scheme != RootfsDocker {
+		e.Add(sub(prefix, "image_username"), "is only for a docker:// rootfs, got a %s: rootfs", r.Scheme)
+	}
+	if len(user) > maxImageCredential {
+		e.Add(sub(prefix, "image_username"), "must be at most %d bytes", maxImageCredential)
+	}
+	if len(password) > maxImageCredential {
+		e.Add(sub(prefix, "image_password"), "must be at most %d bytes", maxImageCredential)
+	}
+}
+
 // ValidatePlacementTag checks one placement tag: not empty, shorter than 64 characters, without
 // commas or whitespace.
 func ValidatePlacementTag(field, tag string) error {
@@ -530,6 +556,7 @@ func ValidateDesiredLRP(prefix string, d *modelsv1.DesiredLRP, l Limits) error {
 	checkGuid(e, sub(prefix, "process_guid"), d.GetProcessGuid())
 	checkDomain(e, sub(prefix, "domain"), d.GetDomain())
 	checkRootfs(e, sub(prefix, "rootfs"), d.GetRootfs())
+	checkImageCredentials(e, prefix, d.GetRootfs(), d.GetImageUsername(), d.GetImagePassword())
 	if n := d.GetInstances(); n < 0 || n > l.MaxInstances {
 		e.Add(sub(prefix, "instances"), "must be between 0 and %d, got %d", l.MaxInstances, n)
 	}
@@ -555,11 +582,30 @@ func ValidateDesiredLRP(prefix string, d *modelsv1.DesiredLRP, l Limits) error {
 	checkLinks(e, sub(prefix, "links"), d.GetLinks())
 	checkCPUWeight(e, sub(prefix, "cpu_weight"), d.GetCpuWeight())
 	checkLogDrains(e, sub(prefix, "log_drains"), d.GetLogDrains())
+	checkSpreadWith(e, sub(prefix, "spread_with"), d.GetProcessGuid(), d.GetSpreadWith(), l)
 	return e.Err()
 }
 
+// checkSpreadWith checks a spread peer of the LRP self (nil is none): a valid process guid
+// other than self, and a total instance count within the instance limit.
+func checkSpreadWith(e *rpcerr.InvalidError, field, self string, s *modelsv1.SpreadWith, l Limits) {
+	if s == nil {
+		return
+	}
+	pg := s.GetProcessGuid()
+	checkGuid(e, sub(field, "process_guid"), pg)
+	if pg != "" && pg == self {
+		e.Add(sub(field, "process_guid"), "must name another desired LRP, got the LRP's own %q", pg)
+	}
+	if n := s.GetTotalInstances(); n < 0 || n > l.MaxInstances {
+		e.Add(sub(field, "total_instances"), "must be between 0 and %d, got %d", l.MaxInstances, n)
+	}
+}
+
 // ValidateDesiredLRPUpdate checks the mutable fields of an update: instances when set, routes,
-// labels and annotation. Immutable fields are compared with the stored LRP by CheckImmutable.
+// labels, annotation and spread peer. Immutable fields are compared with the stored LRP by
+// CheckImmutable. A spread peer naming the LRP itself is refused by CheckImmutable, which knows
+// the LRP.
 func ValidateDesiredLRPUpdate(prefix string, u *modelsv1.DesiredLRPUpdate, l Limits) error {
 	e := &rpcerr.InvalidError{}
 	if u == nil {
@@ -581,11 +627,18 @@ func ValidateDesiredLRPUpdate(prefix string, u *modelsv1.DesiredLRPUpdate, l Lim
 	if u.GetLabels() != nil {
 		checkLabels(e, sub(sub(prefix, "labels"), "labels"), u.GetLabels().GetLabels())
 	}
+	if u.GetSpreadWith() != nil {
+		checkSpreadWith(e, sub(sub(prefix, "spread_with"), "spread_with"), "", u.GetSpreadWith().GetSpreadWith(), l)
+	}
+	if u.GetLogDrains() != nil {
+		checkLogDrains(e, sub(sub(prefix, "log_drains"), "log_drains"), u.GetLogDrains().GetLogDrains())
+	}
 	return e.Err()
 }
 
 // CheckImmutable reports an update that sets rootfs, ports or placement_constraint to anything
-// but the stored value. Placement constraints compare case-insensitively as sets of tags.
+// but the stored value, and a spread peer naming the stored LRP itself. Placement constraints
+// compare case-insensitively as sets of tags.
 func CheckImmutable(prefix string, stored *modelsv1.DesiredLRP, u *modelsv1.DesiredLRPUpdate) error {
 	e := &rpcerr.InvalidError{}
 	if u == nil {
@@ -600,6 +653,9 @@ func CheckImmutable(prefix string, stored *modelsv1.DesiredLRP, u *modelsv1.Desi
 	if c := u.GetPlacementConstraint(); c != nil && !SameConstraint(c, stored.GetPlacementConstraint()) {
 		e.Add(sub(prefix, "placement_constraint"), "is immutable: stored %s, got %s",
 			formatConstraint(stored.GetPlacementConstraint()), formatConstraint(c))
+	}
+	if pg := u.GetSpreadWith().GetSpreadWith().GetProcessGuid(); pg != "" && pg == stored.GetProcessGuid() {
+		e.Add(sub(sub(sub(prefix, "spread_with"), "spread_with"), "process_guid"), "must name another desired LRP, got the LRP's own %q", pg)
 	}
 	return e.Err()
 }
@@ -635,6 +691,7 @@ func ValidateTaskDefinition(prefix string, def *modelsv1.TaskDefinition, l Limit
 	}
 	l = l.withDefaults()
 	checkRootfs(e, sub(prefix, "rootfs"), def.GetRootfs())
+	checkImageCredentials(e, prefix, def.GetRootfs(), def.GetImageUsername(), def.GetImagePassword())
 	checkAction(e, sub(prefix, "action"), def.GetAction(), 1)
 	checkNonNegative(e, sub(prefix, "memory_mb"), int64(def.GetMemoryMb()))
 	checkNonNegative(e, sub(prefix, "disk_mb"), int64(def.GetDiskMb()))
@@ -647,6 +704,7 @@ func ValidateTaskDefinition(prefix string, def *modelsv1.TaskDefinition, l Limit
 	checkAnnotation(e, sub(prefix, "annotation"), def.GetAnnotation(), l)
 	checkEnv(e, sub(prefix, "env"), def.GetEnv())
 	checkNonNegative(e, sub(prefix, "max_rejections"), int64(def.GetMaxRejections()))
+	checkLogDrains(e, sub(prefix, "log_drains"), def.GetLogDrains())
 	return e.Err()
 }
 

@@ -515,6 +515,27 @@ func TestValidateTaskDefinition(t *testing.T) {
 		}},
 		{name: "relative callback", mutate: func(d *modelsv1.TaskDefinition) { d.CompletionCallbackUrl = "/done" },
 			want: []string{"definition.completion_callback_url"}},
+		{name: "log drains", mutate: func(d *modelsv1.TaskDefinition) {
+			d.LogDrains = []string{"syslog://h:514", "https://logs.example.com:443", "syslog-tls://h:6514"}
+		}, want: []string{"definition.log_drains[1]"}},
+		{name: "too many log drains", mutate: func(d *modelsv1.TaskDefinition) {
+			d.LogDrains = slices.Repeat([]string{"syslog://h:514"}, MaxLogDrains+1)
+		}, want: []string{"definition.log_drains"}},
+		{name: "image credentials", mutate: func(d *modelsv1.TaskDefinition) {
+			d.Rootfs, d.ImageUsername, d.ImagePassword = "docker:///app#1", "u", "p"
+		}},
+		{name: "image user without password", mutate: func(d *modelsv1.TaskDefinition) {
+			d.Rootfs, d.ImageUsername = "docker:///app#1", "u"
+		}, want: []string{"definition.image_password"}},
+		{name: "image password without user", mutate: func(d *modelsv1.TaskDefinition) {
+			d.Rootfs, d.ImagePassword = "docker:///app#1", "p"
+		}, want: []string{"definition.image_username"}},
+		{name: "image credentials for a preloaded rootfs", mutate: func(d *modelsv1.TaskDefinition) {
+			d.Rootfs, d.ImageUsername, d.ImagePassword = "preloaded:cflinuxfs4", "u", "p"
+		}, want: []string{"definition.image_username"}},
+		{name: "long image password", mutate: func(d *modelsv1.TaskDefinition) {
+			d.Rootfs, d.ImageUsername, d.ImagePassword = "docker:///app#1", "u", strings.Repeat("p", 5000)
+		}, want: []string{"definition.image_password"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -548,6 +569,11 @@ func TestValidateDesiredLRPUpdate(t *testing.T) {
 			Labels:     &modelsv1.LabelsUpdate{Labels: map[string]string{"a b": ""}},
 		}, []string{"update.instances", `update.routes.routes["cf-router"]`, "update.annotation", `update.labels.labels["a b"]`}},
 		{"negative instances", &modelsv1.DesiredLRPUpdate{Instances: proto.Int32(-1)}, []string{"update.instances"}},
+		{"log drains", &modelsv1.DesiredLRPUpdate{LogDrains: &modelsv1.LogDrainsUpdate{LogDrains: []string{"syslog://h:514", "https://h:443"}}},
+			[]string{"update.log_drains.log_drains[1]"}},
+		{"no log drains", &modelsv1.DesiredLRPUpdate{LogDrains: &modelsv1.LogDrainsUpdate{}}, nil},
+		{"too many log drains", &modelsv1.DesiredLRPUpdate{LogDrains: &modelsv1.LogDrainsUpdate{LogDrains: slices.Repeat([]string{"syslog://h:514"}, MaxLogDrains+1)}},
+			[]string{"update.log_drains.log_drains"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -19,13 +20,44 @@ import (
 	"github.com/gavel-sched/gavel/pkg/tracing"
 )
 
+// CPUProfileEnv names the environment variable that, set to a file path, makes Main write a
+// CPU profile of the service's whole run there (written when the service stops cleanly, e.g. on
+// SIGINT). The scale harness sets it for each process it profiles (make bench-scale
+// ARGS='-profile-dir DIR').
+const CPUProfileEnv = "GAVEL_CPU_PROFILE"
+
 // Main runs run on the process arguments; when it fails, Main prints "name: error" on stderr and
-// exits with status 1.
+// exits with status 1. With CPUProfileEnv set it profiles the run.
 func Main(name string, run func(args []string) error) {
-	if err := run(os.Args[1:]); err != nil {
+	stop, err := startCPUProfile(os.Getenv(CPUProfileEnv))
+	if err == nil {
+		err = run(os.Args[1:])
+		stop()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile starts a CPU profile into path (nothing when path is empty) and returns the
+// function that ends it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CPUProfileEnv, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", CPUProfileEnv, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 // NewFlagSet returns the flag set of the service name with -config already declared: a JSON

@@ -15,7 +15,8 @@ import (
 //     stream and the route-table watch (one call that lives for hours), the log streams, the
 //     auctioneer's cell-state fetches (every cell, every round), and the batched calls whose
 //     pieces of work each carry their own desire's trace (the BBS's RequestLRPAuctions and
-//     RequestTaskAuctions, the auctioneer's Perform; see Inject). Such a call inside a trace
+//     RequestTaskAuctions, the auctioneer's Perform, a rep's ClaimActualLRPs and
+//     StartActualLRPs; see Inject). Such a call inside a trace
 //     is still recorded in it.
 //   - Any other call that starts a trace is recorded at ratio (TraceIDRatioBased).
 //
@@ -52,6 +53,8 @@ var (
 		"gavel.rep.v1.RepService/StreamLogs":                        true,
 		"gavel.auctioneer.v1.AuctioneerService/RequestLRPAuctions":  true,
 		"gavel.auctioneer.v1.AuctioneerService/RequestTaskAuctions": true,
+		"gavel.bbs.v1.BBSService/ClaimActualLRPs":                   true,
+		"gavel.bbs.v1.BBSService/StartActualLRPs":                   true,
 	}
 )
 
@@ -68,4 +71,22 @@ func Chatter(method string) bool {
 		}
 	}
 	return false
+}
+
+// serverSpanOnly are the calls recorded by their server span alone: the rep's per-instance
+// lifecycle writes, each made inside the rep's own span for the instance (rep.start_lrp), two
+// for every instance placed. Their client span would measure what the enclosing span and the
+// server span already show (the claim is all rep.start_lrp does before rep.create_container
+// starts) at a third of a traced placement's spans (docs/decisions/0035-tracing-hot-path.md).
+var serverSpanOnly = map[string]bool{
+	"/gavel.bbs.v1.BBSService/ClaimActualLRP": true,
+	"/gavel.bbs.v1.BBSService/StartActualLRP": true,
+}
+
+// ClientSpan reports whether a gRPC client call of fullMethod ("/package.Service/Method", as
+// gRPC names it) records a client span when tracing is on. It is false for the calls recorded
+// by their server span alone (the rep's claim and start of an instance); their trace context
+// still crosses the hop, so the server span is the child of the caller's span.
+func ClientSpan(fullMethod string) bool {
+	return !serverSpanOnly[fullMethod]
 }

@@ -41,3 +41,20 @@ func TestSampler(t *testing.T) {
 		})
 	}
 }
+
+// TestClientSpan checks that the rep's per-instance lifecycle writes are recorded by their
+// server span alone and every other call by both of its ends.
+func TestClientSpan(t *testing.T) {
+	for method, want := range map[string]bool{
+		"/gavel.bbs.v1.BBSService/ClaimActualLRP": false,
+		"/gavel.bbs.v1.BBSService/StartActualLRP": false,
+		"/gavel.bbs.v1.BBSService/DesireLRP":      true,
+		"/gavel.bbs.v1.BBSService/FailActualLRP":  true,
+		"/gavel.rep.v1.RepService/Perform":        true,
+		"gavel.bbs.v1.BBSService/ClaimActualLRP":  true, // otelgrpc's span name, not gRPC's method
+	} {
+		if got := ClientSpan(method); got != want {
+			t.Errorf("ClientSpan(%q) = %v, want %v", method, got, want)
+		}
+	}
+}

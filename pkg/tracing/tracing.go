@@ -3,8 +3,8 @@
 // hops (pkg/grpcx installs otelgrpc's stats handlers on every server and client), and the
 // carrier that takes a trace across the places no gRPC call spans: the BBS's batched auction
 // requests and the auctioneer's rounds carry each piece of work's trace context in the work
-// itself (a map of W3C headers), so that one desire is one trace from the BBS through the
-// auctioneer to the rep's claim and start.
+// itself (a modelsv1.TraceContext: Carry and Join), so that one desire is one trace from the BBS
+// through the auctioneer to the rep's claim and start.
 package tracing
 
 import (
@@ -20,6 +20,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
+
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
 
 // Config says where a service sends its traces.
@@ -94,8 +96,72 @@ func Tracer(component string) trace.Tracer {
 	return otel.Tracer("github.com/gavel-sched/gavel/" + component)
 }
 
-// Inject is ctx's trace context as W3C headers (traceparent, tracestate), to carry in a piece
-// of work; nil when ctx carries none.
+// Carry is ctx's trace context to carry in a piece of work or a record (W3C traceparent and
+// tracestate, formatted as TraceContext would send them over a call); nil when ctx carries
+// none. Baggage is not carried: Gavel sets none, and what a caller sent stays with the call.
+func Carry(ctx context.Context) *modelsv1.TraceContext {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	tc := &modelsv1.TraceContext{}
+	propagation.TraceContext{}.Inject(ctx, carrier{tc})
+	return tc
+}
+
+// CarrySampled is Carry for a context whose span is sampled, and nil otherwise: for trace
+// context kept in a record (tracing off, or a trace not sampled, stores nothing).
+func CarrySampled(ctx context.Context) *modelsv1.TraceContext {
+	if !trace.SpanContextFromContext(ctx).IsSampled() {
+		return nil
+	}
+	return Carry(ctx)
+}
+
+// Join is ctx carrying the trace context tc (from Carry) as its remote parent; ctx itself when
+// tc is nil or not a valid traceparent.
+func Join(ctx context.Context, tc *modelsv1.TraceContext) context.Context {
+	if tc.GetTraceparent() == "" {
+		return ctx
+	}
+	return propagation.TraceContext{}.Extract(ctx, carrier{tc})
+}
+
+// carrier is the propagation.TextMapCarrier of a TraceContext: its two headers, no others.
+type carrier struct{ tc *modelsv1.TraceContext }
+
+// Get is the value of header key ("" for any other than the two).
+func (c carrier) Get(key string) string {
+	switch key {
+	case traceparent:
+		return c.tc.GetTraceparent()
+	case tracestate:
+		return c.tc.GetTracestate()
+	}
+	return ""
+}
+
+// Set sets header key (traceparent or tracestate; others are dropped).
+func (c carrier) Set(key, value string) {
+	switch key {
+	case traceparent:
+		c.tc.Traceparent = value
+	case tracestate:
+		c.tc.Tracestate = value
+	}
+}
+
+// Keys are the two headers a TraceContext holds.
+func (carrier) Keys() []string { return []string{traceparent, tracestate} }
+
+// The W3C trace context headers (propagation.TraceContext's keys).
+const (
+	traceparent = "traceparent"
+	tracestate  = "tracestate"
+)
+
+// Inject is ctx's trace context as W3C headers (traceparent, tracestate, baggage), to carry in a
+// piece of work that keeps a map of headers (nsync's deployment records; the placement path and
+// the ActualLRP record use Carry); nil when ctx carries none.
 func Inject(ctx context.Context) map[string]string {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return nil

@@ -42,6 +42,13 @@ func TestRepCertificateScopesWritesToItsCell(t *testing.T) {
 	rev := storeRevision(t, env)
 	_, err = rep.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 1, InstanceKey: theirs})
 	wantCode(t, err, codes.PermissionDenied)
+	// A batch with one item on another cell is refused whole: no item of it is made.
+	_, err = rep.ClaimActualLRPs(ctx, &bbsv1.ClaimActualLRPsRequest{Claims: []*bbsv1.ClaimActualLRPRequest{
+		{ProcessGuid: "web", Index: 0, InstanceKey: mine}, {ProcessGuid: "web", Index: 1, InstanceKey: theirs}}})
+	wantCode(t, err, codes.PermissionDenied)
+	_, err = rep.StartActualLRPs(ctx, &bbsv1.StartActualLRPsRequest{Starts: []*bbsv1.StartActualLRPRequest{
+		{ProcessGuid: "web", Index: 1, InstanceKey: theirs, NetInfo: &modelsv1.ActualLRPNetInfo{Address: "10.0.0.1"}}}})
+	wantCode(t, err, codes.PermissionDenied)
 	_, err = rep.RemoveActualLRP(ctx, &bbsv1.RemoveActualLRPRequest{ProcessGuid: "web", Index: 0})
 	wantCode(t, err, codes.PermissionDenied) // without an instance key it could remove anyone's
 	_, err = rep.CompleteTask(ctx, &bbsv1.CompleteTaskRequest{TaskGuid: "t", CellId: "cell-2"})

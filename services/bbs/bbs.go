@@ -96,7 +96,9 @@ type Config struct {
 	// MaxInflightWrites bounds the write calls served at once (new work may hold half of
 	// them); a write over the bound is refused at once with ResourceExhausted and a
 	// retry-after of OverloadRetryAfter rather than queued until its deadline. Zero is
-	// unbounded.
+	// unbounded. It should stay above the auctioneer's max_inflight_starts: each starting
+	// container brings a claim and a RUNNING report, and a bound below what the auctioneer
+	// lets start makes those bounce (see docs/decisions/0013-overload-backpressure.md).
 	MaxInflightWrites int `json:"max_inflight_writes"`
 	// OverloadRetryAfter is how long a refused caller is told to wait.
 	OverloadRetryAfter Duration `json:"overload_retry_after"`
@@ -138,7 +140,7 @@ func Default() Config {
 		CallbackWorkers:   8,
 		ReencryptBatch:    64,
 		// About a quarter second of the group committer's throughput at full batches.
-		MaxInflightWrites:  1024,
+		MaxInflightWrites:  4096,
 		OverloadRetryAfter: Duration(100 * time.Millisecond),
 
 		EtcdUnreachableTimeout: Duration(store.DefaultUnreachableTimeout),

@@ -51,8 +51,9 @@ func (c *convClock) Advance(d time.Duration) {
 // convAuctioneer is an auctioneer that records what it is asked to place.
 type convAuctioneer struct {
 	auctioneerv1.UnimplementedAuctioneerServiceServer
-	mu   sync.Mutex
-	seen map[string]int // "lrp:<guid>/<index>" and "task:<guid>" → requests
+	mu    sync.Mutex
+	seen  map[string]int                      // "lrp:<guid>/<index>" and "task:<guid>" → requests
+	peers map[string]*auctioneerv1.SpreadPeer // the spread peer of each guid's last start request
 }
 
 func (a *convAuctioneer) RequestLRPAuctions(_ context.Context, req *auctioneerv1.RequestLRPAuctionsRequest) (*auctioneerv1.RequestLRPAuctionsResponse, error) {
@@ -62,6 +63,7 @@ func (a *convAuctioneer) RequestLRPAuctions(_ context.Context, req *auctioneerv1
 		for _, i := range s.GetIndices() {
 			a.seen[fmt.Sprintf("lrp:%s/%d", s.GetProcessGuid(), i)]++
 		}
+		a.peers[s.GetProcessGuid()] = s.GetSpreadPeer()
 	}
 	return &auctioneerv1.RequestLRPAuctionsResponse{}, nil
 }
@@ -73,6 +75,13 @@ func (a *convAuctioneer) RequestTaskAuctions(_ context.Context, req *auctioneerv
 		a.seen["task:"+task.GetTaskGuid()]++
 	}
 	return &auctioneerv1.RequestTaskAuctionsResponse{}, nil
+}
+
+// peer is the spread peer of guid's last start request (nil: none, or no request).
+func (a *convAuctioneer) peer(guid string) *auctioneerv1.SpreadPeer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.peers[guid]
 }
 
 func (a *convAuctioneer) count(key string) int {
@@ -96,7 +105,7 @@ func startConvAuctioneer(t *testing.T) (*convAuctioneer, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &convAuctioneer{seen: map[string]int{}}
+	a := &convAuctioneer{seen: map[string]int{}, peers: map[string]*auctioneerv1.SpreadPeer{}}
 	srv := grpc.NewServer()
 	auctioneerv1.RegisterAuctioneerServiceServer(srv, a)
 	go srv.Serve(ln) //nolint:errcheck // ends with Stop

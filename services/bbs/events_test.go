@@ -857,3 +857,47 @@ func TestSubscribeToEventsLabelSelector(t *testing.T) {
 		})
 	}
 }
+
+// TestSubscribeToEventsKinds: a subscriber that names kinds gets only events of those kinds
+// (a rep follows links and log drains, not its own instances' changes); an unknown kind is
+// InvalidArgument naming it.
+func TestSubscribeToEventsKinds(t *testing.T) {
+	env := bbstest.Start(t)
+	ctx := ctxT(t)
+	since := evCurrentRev(t, env)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := env.Client.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{SinceRevision: since,
+		Kinds: []string{"desired_lrp_changed", "actual_lrp_crashed"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &evEventStream{t: t, stream: stream, cancel: cancel}
+	web0 := evIk("ig-web-0", "cell-1")
+	three := int32(3)
+	if _, err := env.Client.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: lrp("web", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "web", Index: 0, InstanceKey: web0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.CrashActualLRP(ctx, &bbsv1.CrashActualLRPRequest{ProcessGuid: "web", Index: 0, InstanceKey: web0, ErrorMessage: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: "web", Update: &modelsv1.DesiredLRPUpdate{Instances: &three}}); err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, r := range s.until(evCurrentRev(t, env)) {
+		kinds = append(kinds, evKinds(r.GetEvents())...)
+	}
+	if !slices.Equal(kinds, []string{"ActualLrpCrashed", "DesiredLrpChanged"}) {
+		t.Fatalf("events %v, want only the crash and the desired change", kinds)
+	}
+
+	bad, err := env.Client.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{Kinds: []string{"links_changed", "everything"}})
+	if err == nil {
+		_, err = bad.Recv()
+	}
+	wantBadRequestField(t, err, "kinds[1]")
+}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -192,6 +194,74 @@ func TestSecretEnvRedactedByRole(t *testing.T) {
 			} else if withSecret[kind] || !redacted[kind] {
 				t.Errorf("%s's %s events: secret %v, redacted %v; want them redacted", name, kind, withSecret[kind], redacted[kind])
 			}
+		}
+	}
+}
+
+// TestImagePasswordRedacted: a desired LRP's and a task's image_password is a secret as a
+// secret env value is: read-only sees "<redacted>" (the user name intact), admin and the rep
+// that claims the instance see the value. Credentials without a docker:// rootfs, or a user
+// name without a password, are InvalidArgument naming the field, and nothing is stored.
+func TestImagePasswordRedacted(t *testing.T) {
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "bbs", "admin", "read-only", "rep/cell-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := bbstest.Start(t, func(c *bbs.Config) { c.TLS = pki["bbs"] })
+	admin, readOnly, rep1 := tlsClient(t, env.Addr, pki["admin"]), tlsClient(t, env.Addr, pki["read-only"]), tlsClient(t, env.Addr, pki["rep/cell-1"])
+	ctx := ctxT(t)
+	const password = "registry-s3cr3t"
+
+	d := lrp("private", 1)
+	d.Rootfs, d.ImageUsername, d.ImagePassword = "docker://registry.example.com/app#1", "deploy", password
+	bad := proto.Clone(d).(*modelsv1.DesiredLRP)
+	bad.ProcessGuid, bad.ImagePassword = "bad", ""
+	if _, err := admin.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: bad}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "desired_lrp.image_password") {
+		t.Errorf("desire without a password: %v, want InvalidArgument naming desired_lrp.image_password", err)
+	}
+	bad = proto.Clone(d).(*modelsv1.DesiredLRP)
+	bad.ProcessGuid, bad.Rootfs = "bad", "preloaded:cflinuxfs4"
+	if _, err := admin.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: bad}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "desired_lrp.image_username") {
+		t.Errorf("desire with credentials for a preloaded rootfs: %v, want InvalidArgument naming desired_lrp.image_username", err)
+	}
+	if _, err := admin.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: "bad"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a refused LRP was stored: %v", err)
+	}
+
+	if _, err := admin.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {
+		t.Fatalf("desire: %v", err)
+	}
+	def := taskDefinition()
+	def.Rootfs, def.ImageUsername, def.ImagePassword = "docker://registry.example.com/job#1", "deploy", password
+	if _, err := admin.DesireTask(ctx, &bbsv1.DesireTaskRequest{TaskGuid: "job", Domain: "apps", Definition: def}); err != nil {
+		t.Fatalf("desire task: %v", err)
+	}
+	claim, err := rep1.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: "private", Index: 0,
+		InstanceKey: &modelsv1.ActualLRPInstanceKey{InstanceGuid: "ig-0", CellId: "cell-1"}, IncludeDesiredLrp: true})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if got := claim.GetDesiredLrp().GetImagePassword(); got != password {
+		t.Errorf("the claiming rep reads image_password %q, want the value", got)
+	}
+	for _, v := range []struct {
+		name string
+		c    bbsv1.BBSServiceClient
+		want string
+	}{{"admin", admin, password}, {"read-only", readOnly, models.Redacted}} {
+		one, err := v.c.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: "private"})
+		if err != nil {
+			t.Fatalf("%s: %v", v.name, err)
+		}
+		if got := one.GetDesiredLrp(); got.GetImagePassword() != v.want || got.GetImageUsername() != "deploy" {
+			t.Errorf("%s: image credentials %q/%q, want deploy/%q", v.name, got.GetImageUsername(), got.GetImagePassword(), v.want)
+		}
+		tk, err := v.c.TaskByGuid(ctx, &bbsv1.TaskByGuidRequest{TaskGuid: "job"})
+		if err != nil {
+			t.Fatalf("%s: %v", v.name, err)
+		}
+		if got := tk.GetTask().GetDefinition().GetImagePassword(); got != v.want {
+			t.Errorf("%s: task image_password %q, want %q", v.name, got, v.want)
 		}
 	}
 }

@@ -147,6 +147,24 @@ func TestValidationRejectsBadInput(t *testing.T) {
 			_, err := env.Client.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{ProcessGuid: "web", Index: 0, NetInfo: evNetInfo()})
 			return err
 		}, "instance_key"},
+		{"spread_with naming the LRP itself", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.SpreadWith = &modelsv1.SpreadWith{ProcessGuid: "bad", TotalInstances: 2}
+		}), "desired_lrp.spread_with.process_guid"},
+		{"spread_with without a process guid", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.SpreadWith = &modelsv1.SpreadWith{TotalInstances: 2}
+		}), "desired_lrp.spread_with.process_guid"},
+		{"spread_with with negative total_instances", valDesire(func(d *modelsv1.DesiredLRP) {
+			d.SpreadWith = &modelsv1.SpreadWith{ProcessGuid: "bad-v1", TotalInstances: -1}
+		}), "desired_lrp.spread_with.total_instances"},
+		{"update spread_with naming the LRP itself", valUpdate(&modelsv1.DesiredLRPUpdate{SpreadWith: &modelsv1.SpreadWithUpdate{
+			SpreadWith: &modelsv1.SpreadWith{ProcessGuid: "web", TotalInstances: 2},
+		}}), "update.spread_with.spread_with.process_guid"},
+		{"update spread_with with too many total_instances", valUpdate(&modelsv1.DesiredLRPUpdate{SpreadWith: &modelsv1.SpreadWithUpdate{
+			SpreadWith: &modelsv1.SpreadWith{ProcessGuid: "web-v1", TotalInstances: tooMany},
+		}}), "update.spread_with.spread_with.total_instances"},
+		{"update spread_with with a bad process guid", valUpdate(&modelsv1.DesiredLRPUpdate{SpreadWith: &modelsv1.SpreadWithUpdate{
+			SpreadWith: &modelsv1.SpreadWith{ProcessGuid: "web v1", TotalInstances: 2},
+		}}), "update.spread_with.spread_with.process_guid"},
 		{"update negative instances", valUpdate(&modelsv1.DesiredLRPUpdate{Instances: &negative}), "update.instances"},
 		{"update changes rootfs", valUpdate(&modelsv1.DesiredLRPUpdate{Rootfs: &otherRootfs}), "update.rootfs"},
 		{"update changes ports", valUpdate(&modelsv1.DesiredLRPUpdate{Ports: &modelsv1.PortsUpdate{Ports: []uint32{8080, 9090}}}), "update.ports"},

@@ -1,16 +1,15 @@
 package nsync_test
 
 import (
-	"bytes"
 	"maps"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
@@ -26,7 +25,7 @@ func TestRolesByCertificateIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, func(c *nsync.Config) { c.TLS = pki["nsync"] }, nil)
-	audit := &lockedBuffer{}
+	audit := &testkit.SyncBuffer{}
 	e.logger = hclog.New(&hclog.LoggerOptions{Name: "nsync", Level: hclog.Info, Output: audit})
 	e.clientTLS = pki["admin"]
 	e.startNsync(t)
@@ -126,22 +125,4 @@ func TestRolesByCertificateIdentity(t *testing.T) {
 	if strings.Contains(log, "call=/gavel.nsync.v1.NsyncService/Apps code=") {
 		t.Errorf("a read was audited:\n%s", log)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
@@ -74,82 +74,9 @@ func (e *env) waitState(t *testing.T, guid, id string, state nsyncv1.DeploymentS
 	return d
 }
 
-// sampler watches an app's instances at the BBS while a deployment runs and records, at every
-// sample, the ready instances of all versions and the zone counts of the running ones.
-type sampler struct {
-	mu          sync.Mutex
-	minReady    int
-	maxPresent  int
-	maxSkewNew  int // the largest zone skew of the new version's running instances
-	maxSkewAll  int // the largest zone skew of every running instance of the app
-	samples     int
-	stop, done  chan struct{}
-	newPG, zone map[string]string
-}
-
-func (e *env) sample(t *testing.T, guid, newPG string) *sampler {
+func (e *env) sample(t *testing.T, guid, newPG string) *testkit.RolloutSampler {
 	t.Helper()
-	cells, err := e.bbs.Cells(context.Background(), &bbsv1.CellsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sampler{minReady: 1 << 30, stop: make(chan struct{}), done: make(chan struct{}), zone: map[string]string{}}
-	for _, c := range cells.GetCells() {
-		s.zone[c.GetCellId()] = c.GetZone()
-	}
-	go func() {
-		defer close(s.done)
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			resp, err := e.bbs.ActualLRPs(context.Background(), &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{Domain: "cf-apps"}})
-			if err != nil {
-				continue
-			}
-			ready, present := 0, 0
-			all, fresh := map[string]int{"z0": 0, "z1": 0, "z2": 0}, map[string]int{"z0": 0, "z1": 0, "z2": 0}
-			for _, a := range resp.GetActualLrps() {
-				if !strings.HasPrefix(a.GetKey().GetProcessGuid(), guid+"-v") {
-					continue
-				}
-				present++
-				if a.GetState() != modelsv1.ActualLRP_STATE_RUNNING {
-					continue
-				}
-				z := s.zone[a.GetInstanceKey().GetCellId()]
-				all[z]++
-				if a.GetKey().GetProcessGuid() == newPG {
-					fresh[z]++
-				}
-				if a.GetRoutable() {
-					ready++
-				}
-			}
-			s.mu.Lock()
-			s.samples++
-			s.minReady, s.maxPresent = min(s.minReady, ready), max(s.maxPresent, present)
-			s.maxSkewNew, s.maxSkewAll = max(s.maxSkewNew, skew(fresh)), max(s.maxSkewAll, skew(all))
-			s.mu.Unlock()
-		}
-	}()
-	return s
-}
-
-func skew(m map[string]int) int {
-	lo, hi := 1<<30, 0
-	for _, n := range m {
-		lo, hi = min(lo, n), max(hi, n)
-	}
-	return hi - lo
-}
-
-func (s *sampler) end() *sampler {
-	close(s.stop)
-	<-s.done
-	return s
+	return testkit.SampleRollout(t, e.bbs, guid, newPG)
 }
 
 // versionOf reads the app's serving version and definition.
@@ -177,18 +104,18 @@ func TestRollingDeploy(t *testing.T) {
 		t.Fatalf("deployment: %v", d)
 	}
 	e.waitState(t, "roll", d.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED)
-	s.end()
+	s.End()
 	e.waitRunning(t, "roll-v2", 4)
 	waitFor(t, 10*time.Second, "v1 gone", func() (bool, string) { _, ok := e.desired(t, "roll-v1"); return !ok, "roll-v1 desired" })
 	if got := e.serving(t, "roll"); got.GetVersion() != 2 || got.GetCommand() != a.GetCommand() {
 		t.Errorf("serving %v, want version 2 with the new command", got)
 	}
-	t.Logf("%d samples: at least %d ready, at most %d present, zone skew new %d, all %d", s.samples, s.minReady, s.maxPresent, s.maxSkewNew, s.maxSkewAll)
-	if s.minReady < 4 {
-		t.Errorf("ready instances fell to %d during the rollout, want at least 4", s.minReady)
+	t.Logf("%d samples: at least %d ready, at most %d present, zone skew new %d, all %d", s.Samples, s.MinReady, s.MaxPresent, s.MaxSkewNew, s.MaxSkewAll)
+	if s.MinReady < 4 {
+		t.Errorf("ready instances fell to %d during the rollout, want at least 4", s.MinReady)
 	}
-	if s.maxPresent > 5 {
-		t.Errorf("%d instances present at once, want at most 4 + max_in_flight", s.maxPresent)
+	if s.MaxPresent > 5 {
+		t.Errorf("%d instances present at once, want at most 4 + max_in_flight", s.MaxPresent)
 	}
 	vs, err := e.nsync.AppVersions(ctxT(t), &nsyncv1.AppVersionsRequest{AppGuid: "roll"})
 	if err != nil || len(vs.GetVersions()) != 2 || vs.GetVersions()[0].GetApp().GetCommand() != a.GetCommand() || !vs.GetVersions()[0].GetHealthy() {
@@ -200,6 +127,11 @@ func TestRollingDeploy(t *testing.T) {
 	}
 }
 
+// TestZoneSpreadAtEveryStep: with 3 zones and 6 instances, no step of a rolling deployment
+// leaves a zone with more than one of the app's instances (both versions) above another
+// (decision 0037: the new LRP spreads with the old one's surviving instances). The sampler
+// follows every store revision, and the test checks it saw each step: the new version running
+// 1, 2, ... 6 instances.
 func TestZoneSpreadAtEveryStep(t *testing.T) {
 	e := deployEnv(t)
 	a := app("spread", "space-a", 6)
@@ -208,13 +140,22 @@ func TestZoneSpreadAtEveryStep(t *testing.T) {
 	s := e.sample(t, "spread", "spread-v2")
 	d := e.deploy(t, a, &nsyncv1.DeploymentOptions{MaxInFlight: 1})
 	e.waitState(t, "spread", d.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED)
-	s.end()
-	t.Logf("%d samples: zone skew of the new version %d, of every instance %d", s.samples, s.maxSkewNew, s.maxSkewAll)
-	if s.maxSkewNew > 1 {
-		t.Errorf("the new version's instances were %d apart between zones at some step, want at most 1", s.maxSkewNew)
-	}
 	if cells := e.waitRunning(t, "spread-v2", 6); len(cells) != 6 {
 		t.Fatal(cells)
+	}
+	s.End()
+	t.Logf("%d samples: zone skew of the new version %d, of every instance %d (%s)", s.Samples, s.MaxSkewNew, s.MaxSkewAll, s.WorstAll)
+	for n := 1; n <= 6; n++ {
+		if !s.NewRunning[n] {
+			t.Errorf("no sample saw %d new instances running (seen %v): the sampler missed a step", n, s.NewRunning)
+		}
+	}
+	if s.MaxSkewAll > 1 {
+		t.Errorf("the app's instances were %d apart between zones at some step (%s), want at most 1", s.MaxSkewAll, s.WorstAll)
+	}
+	lrp, _ := e.desired(t, "spread-v2")
+	if sw := lrp.GetSpreadWith(); sw.GetProcessGuid() != "spread-v1" || sw.GetTotalInstances() != 6 {
+		t.Errorf("spread-v2's spread peer %v, want spread-v1 over 6 instances", sw)
 	}
 }
 
@@ -240,12 +181,16 @@ func TestCrashingVersionFailsAndReverts(t *testing.T) {
 		revert = list.GetDeployments()[0]
 		return revert.GetRevertOf() == d.GetId() && revert.GetState() == nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED, fmt.Sprint(revert)
 	})
-	s.end()
-	if s.minReady < 4 {
-		t.Errorf("ready instances fell to %d, want the old version's 4 throughout", s.minReady)
+	s.End()
+	if s.MinReady < 4 {
+		t.Errorf("ready instances fell to %d, want the old version's 4 throughout", s.MinReady)
 	}
 	waitFor(t, 10*time.Second, "v2 gone", func() (bool, string) { _, ok := e.desired(t, "crash-v2"); return !ok, "crash-v2 desired" })
 	e.waitRunning(t, "crash-v1", 4)
+	// The revert swapped the roles: the old version's LRP spread with the failed one's.
+	if lrp, _ := e.desired(t, "crash-v1"); lrp.GetSpreadWith().GetProcessGuid() != "crash-v2" || lrp.GetSpreadWith().GetTotalInstances() != 4 {
+		t.Errorf("crash-v1's spread peer after the revert %v, want crash-v2 over 4", lrp.GetSpreadWith())
+	}
 	info := e.appInfo(t, "crash")
 	if info.GetApp().GetVersion() != 1 || !strings.Contains(info.GetPlacementError().GetMessage(), "crashed") {
 		t.Errorf("app after the revert: version %d, error %v", info.GetApp().GetVersion(), info.GetPlacementError())
@@ -296,9 +241,9 @@ func TestCanaryPromoteAndCancel(t *testing.T) {
 	}
 	e.waitState(t, "can", d3.GetId(), nsyncv1.DeploymentState_DEPLOYMENT_STATE_CANCELLED)
 	waitFor(t, 20*time.Second, "the canary gone", func() (bool, string) { _, ok := e.desired(t, "can-v3"); return !ok, "can-v3 desired" })
-	s.end()
-	if s.minReady < 4 {
-		t.Errorf("ready instances fell to %d while cancelling, want 4", s.minReady)
+	s.End()
+	if s.MinReady < 4 {
+		t.Errorf("ready instances fell to %d while cancelling, want 4", s.MinReady)
 	}
 	if got := e.serving(t, "can"); got.GetVersion() != 2 {
 		t.Errorf("serving version %d after the cancel, want 2", got.GetVersion())

@@ -82,11 +82,20 @@ func TestConfigValidate(t *testing.T) {
 		{"hook not executable", func(c *rep.Config) { c.Hooks.OnDestroy = []string{notExec} }, "hooks.on_destroy[0]"},
 		{"crash rate", func(c *rep.Config) { c.Sim.CrashRate = 2 }, "sim.crash_rate"},
 		{"sim log interval", func(c *rep.Config) { c.Sim.LogInterval = -1 }, "sim.log_interval"},
+		{"sim host", func(c *rep.Config) { c.Backend, c.Sim.Cells, c.ListenAddress = rep.BackendSim, 100, "127.0.0.1:0" }, ""},
+		{"sim host of process cells", func(c *rep.Config) { c.Sim.Cells, c.ListenAddress = 100, "127.0.0.1:0" }, "sim.cells 100 needs backend"},
+		{"sim host on one port", func(c *rep.Config) { c.Backend, c.Sim.Cells, c.ListenAddress = rep.BackendSim, 2, "127.0.0.1:1800" }, "listen_address host:0"},
+		{"sim host with metrics", func(c *rep.Config) {
+			c.Backend, c.Sim.Cells, c.ListenAddress, c.MetricsAddress = rep.BackendSim, 2, "127.0.0.1:0", "127.0.0.1:0"
+		}, "metrics_address must be empty"},
+		{"negative sim cells", func(c *rep.Config) { c.Sim.Cells = -1 }, "sim.cells"},
 		{"log file bound", func(c *rep.Config) { c.Logs.MaxFileBytes = 100 }, "logs.max_file_bytes"},
 		{"log retention", func(c *rep.Config) { c.Logs.Retention = 0 }, "logs.retention"},
 		{"metrics sample interval", func(c *rep.Config) { c.Metrics.SampleInterval = rep.Duration(time.Millisecond) }, "metrics.sample_interval"},
 		{"bulk interval", func(c *rep.Config) { c.BulkInterval = 0 }, "bulk_interval"},
 		{"log level", func(c *rep.Config) { c.Log.Level = "loud" }, "log"},
+		{"image gc", func(c *rep.Config) { c.OCI.ImageGCUnusedFor = -1 }, "oci.image_gc_unused_for"},
+		{"image gc off", func(c *rep.Config) { c.OCI.ImageGCUnusedFor = 0 }, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,6 +37,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(config.List{Values: &c.Hooks.OnDestroy}, "on-destroy-hooks", "comma-separated executables run after a container stopped (spec JSON on stdin)")
 	fs.Var(&c.Sim.StartLatency, "sim-start-latency", "sim backend: time to become healthy")
 	fs.Float64Var(&c.Sim.CrashRate, "sim-crash-rate", c.Sim.CrashRate, "sim backend: crash probability per second")
+	fs.IntVar(&c.Sim.Cells, "sim-cells", c.Sim.Cells, "sim backend: run this many simulated cells in this process, cell-id-0000 on (scale runs; listen on host:0, {cell} in certificate paths)")
 	fs.Var(&c.Sim.LogInterval, "sim-log-interval", "sim backend: time between two synthetic log lines of a container (0: none)")
 	fs.Var(&c.Metrics.SampleInterval, "metrics-sample-interval", "how often every container's CPU, memory and disk use is measured (at least 100ms)")
 	fs.Int64Var(&c.Logs.MaxFileBytes, "log-max-file-bytes", c.Logs.MaxFileBytes, "bound of each of a container's two log files on the cell")
@@ -47,6 +48,8 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.OCI.Runtime, "containerd-runtime", c.OCI.Runtime, "oci backend: containerd runtime")
 	fs.StringVar(&c.OCI.CNIConfDir, "cni-conf-dir", c.OCI.CNIConfDir, "oci backend: CNI network configuration directory; containers get their own address and host ports (empty: loopback only)")
 	fs.StringVar(&c.OCI.CNIBinDir, "cni-bin-dir", c.OCI.CNIBinDir, "oci backend: CNI plugin directory")
+	fs.StringVar(&c.OCI.Snapshotter, "containerd-snapshotter", c.OCI.Snapshotter, "oci backend: containerd snapshotter for docker:// images (empty: overlayfs)")
+	fs.Var(&c.OCI.ImageGCUnusedFor, "containerd-image-gc-unused-for", "oci backend: how long a pulled docker:// image no container uses is kept before it is removed (0: for ever)")
 	fs.Var(&c.BulkInterval, "bulk-interval", "how often containers are reconciled with the BBS")
 	fs.Var(&c.EvacuationTimeout, "evacuation-timeout", "bound of an evacuation")
 }

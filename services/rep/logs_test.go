@@ -98,7 +98,9 @@ func TestLogsProcessBackend(t *testing.T) {
 	}
 	ig := waitRunning(t, env, r, "web", 0).GetInstanceKey().GetInstanceGuid()
 	var followed []*repv1.LogLine
-	for !hasLine(followed, "APP/PROC/WEB", "oops") || !hasLine(followed, "APP/PROC/WEB", "line 50") {
+	// The health check's line is written when the check passes, which may come after the app's
+	// last line: follow until both are in.
+	for !hasLine(followed, "APP/PROC/WEB", "oops") || !hasLine(followed, "APP/PROC/WEB", "line 50") || !hasLine(followed, "CELL", "health check passed") {
 		resp, err := follow.Recv()
 		if err != nil {
 			t.Fatalf("follow: %v after %q", err, texts(followed))

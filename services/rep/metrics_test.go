@@ -76,8 +76,9 @@ func TestMetrics(t *testing.T) {
 		`gavel_rep_container_stops_total{kind="lrp"} 1`,
 		`gavel_rep_container_crashes_total 1`,
 		`gavel_rep_hook_failures_total{event="on_create"} 1`,
-		// Per-RPC metrics of grpcx's interceptors: the rep's failed claim, its server's calls.
-		`grpc_client_handled_total{grpc_code="NotFound",grpc_method="ClaimActualLRP",grpc_service="gavel.bbs.v1.BBSService",grpc_type="unary"}`,
+		// Per-RPC metrics of grpcx's interceptors: the rep's claims (alone or in a batch,
+		// ClaimActualLRPs), its server's calls.
+		`grpc_client_handled_total{grpc_code="OK",grpc_method="ClaimActualLRP`,
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="Perform",grpc_service="gavel.rep.v1.RepService",grpc_type="unary"} 1`,
 		`grpc_server_handling_seconds_bucket{grpc_method="Perform",grpc_service="gavel.rep.v1.RepService",grpc_type="unary",le="+Inf"} 1`,
 		`gavel_rep_bulk_reconcile_fixes_total{fix="remove_record"} 1`,

@@ -167,6 +167,11 @@ type SimConfig struct {
 	CrashRate float64 `json:"crash_rate"`
 	// LogInterval is how often a simulated container writes a synthetic log line (0: never).
 	LogInterval Duration `json:"log_interval"`
+	// Cells, when more than 1, makes this process a sim host running that many simulated cells
+	// (SimHost), for scale runs of the deployed binaries: cell i is cell_id-000i, with its own
+	// listener (listen_address must be host:0), work directory and presence, and {cell} in the
+	// certificate and key paths is replaced by its id.
+	Cells int `json:"cells,omitempty"`
 }
 
 // OCIConfig configures the oci backend (containerd + runc; see services/rep/README.md).
@@ -185,6 +190,13 @@ type OCIConfig struct {
 	CNIConfDir string `json:"cni_conf_dir"`
 	// CNIBinDir holds the CNI plugins (empty: /usr/lib/cni, then /opt/cni/bin).
 	CNIBinDir string `json:"cni_bin_dir"`
+	// Snapshotter is the containerd snapshotter that unpacks docker:// images and holds each
+	// container's writable layer on them (empty: overlayfs).
+	Snapshotter string `json:"snapshotter"`
+	// ImageGCUnusedFor is how long a pulled docker:// image that no container of the cell uses
+	// stays in containerd's store before the rep removes it (its content and layer snapshots
+	// go with it); 0 keeps unused images for ever. Default 10m.
+	ImageGCUnusedFor Duration `json:"image_gc_unused_for"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -208,6 +220,7 @@ func Default() Config {
 			ContainerdSocket: oci.DefaultSocket,
 			Namespace:        oci.DefaultNamespace,
 			Runtime:          oci.DefaultRuntime,
+			ImageGCUnusedFor: Duration(oci.DefaultImageUnusedFor),
 		},
 		BulkInterval:      Duration(30 * time.Second),
 		EvacuationTimeout: Duration(10 * time.Minute),
@@ -301,6 +314,9 @@ func (c Config) Validate() error {
 	if c.Hooks.Timeout <= 0 {
 		errs = append(errs, errors.New("hooks.timeout must be positive"))
 	}
+	if c.OCI.ImageGCUnusedFor < 0 {
+		errs = append(errs, errors.New("oci.image_gc_unused_for must not be negative"))
+	}
 	if c.Sim.StartLatency < 0 {
 		errs = append(errs, errors.New("sim.start_latency must not be negative"))
 	}
@@ -315,6 +331,9 @@ func (c Config) Validate() error {
 	}
 	if c.Metrics.SampleInterval < Duration(100*time.Millisecond) {
 		errs = append(errs, fmt.Errorf("metrics.sample_interval must be at least 100ms, got %s", time.Duration(c.Metrics.SampleInterval)))
+	}
+	if err := c.simCells(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Sim.CrashRate < 0 || c.Sim.CrashRate > 1 {
 		errs = append(errs, fmt.Errorf("sim.crash_rate must be between 0 and 1, got %v", c.Sim.CrashRate))
@@ -380,13 +399,27 @@ func backendOptions(c Config) executor.Options {
 			OnCreateHooks:    c.Hooks.OnCreate,
 			OnDestroyHooks:   c.Hooks.OnDestroy,
 			HookTimeout:      time.Duration(c.Hooks.Timeout),
+			Snapshotter:      c.OCI.Snapshotter,
+			ImageUnusedFor:   imageUnusedFor(c.OCI.ImageGCUnusedFor),
+			// The docker provider's setting: the backend pulls images itself.
+			InsecureRegistries: c.InsecureRegistries,
 		},
 	}
 }
 
+// imageUnusedFor is oci.image_gc_unused_for as the backend's setting: 0 (keep for ever) is
+// negative there, where 0 is its default.
+func imageUnusedFor(d Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return time.Duration(d)
+}
+
 // newResolver builds the rootfs resolver for c: for the sim backend one that only checks names
 // and schemes (nothing is fetched), otherwise the real one (preloaded directories, docker
-// images fetched into work_dir/rootfs).
+// images fetched into work_dir/rootfs). On an oci cell docker:// images are left to the
+// backend, which pulls them into containerd's content store (imagePassThrough).
 func newResolver(c Config) (cell.Resolver, error) {
 	if c.Backend == BackendSim {
 		return cell.NewStaticResolver(c.PreloadedRootfses, c.SupportedRootfsProviders), nil
@@ -401,7 +434,29 @@ func newResolver(c Config) (cell.Resolver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rootfs resolver: %w", err)
 	}
+	if c.Backend == BackendOCI {
+		return imagePassThrough{rootfsAdapter{r}}, nil
+	}
 	return rootfsAdapter{r}, nil
+}
+
+// imagePassThrough resolves preloaded rootfses as its resolver does and hands docker:// URIs
+// to the backend unresolved (no directory), once their reference parses: the oci backend
+// pulls them into containerd's content store and unpacks them with its snapshotter.
+type imagePassThrough struct{ rootfsAdapter }
+
+// Resolve resolves uri for one container; a docker:// URI resolves to no directory.
+func (p imagePassThrough) Resolve(ctx context.Context, uri, containerGuid string, auth cell.ImageAuth) (cell.Rootfs, error) {
+	if !p.Supports(uri) {
+		return p.rootfsAdapter.Resolve(ctx, uri, containerGuid, auth) // says why
+	}
+	if r, err := models.ParseRootfs(uri); err == nil && r.Scheme == rootfs.SchemeDocker {
+		if _, err := p.r.DockerReference(uri); err != nil {
+			return cell.Rootfs{}, fmt.Errorf("resolve rootfs %q: %w", uri, err)
+		}
+		return cell.Rootfs{}, nil
+	}
+	return p.rootfsAdapter.Resolve(ctx, uri, containerGuid, auth)
 }
 
 // rootfsAdapter makes a *rootfs.Resolver a cell.Resolver.
@@ -411,8 +466,8 @@ type rootfsAdapter struct{ r *rootfs.Resolver }
 func (a rootfsAdapter) Supports(uri string) bool { return a.r.Supports(uri) }
 
 // Resolve resolves uri for one container.
-func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string) (cell.Rootfs, error) {
-	rfs, err := a.r.Resolve(ctx, uri, containerGuid)
+func (a rootfsAdapter) Resolve(ctx context.Context, uri, containerGuid string, auth cell.ImageAuth) (cell.Rootfs, error) {
+	rfs, err := a.r.Resolve(ctx, uri, containerGuid, rootfs.Auth(auth))
 	if err != nil {
 		return cell.Rootfs{}, err
 	}

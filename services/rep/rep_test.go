@@ -589,6 +589,21 @@ func (c *countingBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualL
 	return resp, err
 }
 
+// ClaimActualLRPs counts each claim of a batch (the rep batches the claims that queue behind
+// one in flight) and strips the desired LRPs of its results as ClaimActualLRP does.
+func (c *countingBBS) ClaimActualLRPs(ctx context.Context, in *bbsv1.ClaimActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPsResponse, error) {
+	c.claims.Add(int32(len(in.GetClaims())))
+	resp, err := c.BBSServiceClient.ClaimActualLRPs(ctx, in, opts...)
+	if c.stripDesired {
+		for _, r := range resp.GetResults() {
+			if r.GetResponse() != nil {
+				r.Response.DesiredLrp = nil
+			}
+		}
+	}
+	return resp, err
+}
+
 func (c *countingBBS) DesiredLRPByProcessGuid(ctx context.Context, in *bbsv1.DesiredLRPByProcessGuidRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPByProcessGuidResponse, error) {
 	c.fetches.Add(1)
 	return c.BBSServiceClient.DesiredLRPByProcessGuid(ctx, in, opts...)

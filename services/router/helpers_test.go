@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -265,6 +267,48 @@ func startRouter(t testing.TB, cfg Config) *Router {
 	t.Cleanup(func() { conn.Close() }) // after the router stopped: cleanups run last-in first-out
 	testkit.Start(t, "router", r)
 	return r
+}
+
+// serveEchoUpgrade answers an "Upgrade: echo" request as a backend that switches protocols
+// does (101, then it echoes one line as "echo:<line>") and reports whether the request was one;
+// any other request is left to the caller.
+func serveEchoUpgrade(w http.ResponseWriter, req *http.Request) bool {
+	if req.Header.Get("Upgrade") != "echo" {
+		return false
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return true
+	}
+	defer conn.Close()
+	_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	_ = brw.Flush()
+	line, _ := brw.ReadString('\n')
+	_, _ = brw.WriteString("echo:" + line)
+	_ = brw.Flush()
+	return true
+}
+
+// runRouter starts a router the test stops itself (stop), to watch its shutdown: done gets
+// what Run returned. It returns once the router has its first table.
+func runRouter(t testing.TB, cfg Config) (r *Router, stop context.CancelFunc, done <-chan error) {
+	t.Helper()
+	conn, err := DialRouteEmitter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r, err = New(cfg, hclog.NewNullLogger(), routeemitterv1.NewRouteEmitterServiceClient(conn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	ready, ended := make(chan struct{}), make(chan error, 1)
+	go func() { ended <- r.Run(ctx, func() { close(ready) }) }()
+	<-ready
+	waitSynced(t, r)
+	return r, stop, ended
 }
 
 // waitSynced waits for the router's first table.

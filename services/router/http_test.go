@@ -234,20 +234,9 @@ func TestHTTPRouteChangeAppliesWithoutRestart(t *testing.T) {
 func TestHTTPUpgradePassesThrough(t *testing.T) {
 	up := newBackend(t, "up")
 	up.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") != "echo" {
+		if !serveEchoUpgrade(w, r) {
 			http.Error(w, "want upgrade", http.StatusBadRequest)
-			return
 		}
-		c, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-		_ = brw.Flush()
-		line, _ := brw.ReadString('\n')
-		_, _ = brw.WriteString("echo:" + line)
-		_ = brw.Flush()
 	})
 	fake := startFake(t, "127.0.0.1:0", "t1", httpRoute("ws.example.com", false, up.addr()))
 	r := startRouter(t, testConfig(fake.addr))

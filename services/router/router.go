@@ -132,6 +132,7 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 		ln   net.Listener
 		srv  *http.Server
 		tls  bool
+		loop *loopServer // the request loop, on the HTTP and HTTPS listeners
 	}
 	var lns []listener
 	closeAll := func() {
@@ -154,7 +155,18 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 		if tc != nil {
 			srv.TLSConfig = tc.Clone()
 		}
-		lns = append(lns, listener{name: name, ln: ln, srv: srv, tls: tc != nil})
+		l := listener{name: name, ln: ln, srv: srv, tls: tc != nil}
+		if h == http.Handler(r.proxy) {
+			var loopTLS *tls.Config
+			if tc != nil {
+				// The loop serves HTTP/1.1; h2 connections go to srv, which serves h2 because
+				// its config offers it.
+				srv.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
+				loopTLS = srv.TLSConfig
+			}
+			l.loop = newLoopServer(r.proxy, srv, ln.Addr(), loopTLS, r.log.Named(name))
+		}
+		lns = append(lns, l)
 		return ln.Addr(), nil
 	}
 	httpAddr, err := bind("http", r.cfg.HTTPAddress, r.proxy, nil)
@@ -187,7 +199,11 @@ func (r *Router) Run(ctx context.Context, ready func()) error {
 		})
 	}
 	for _, l := range lns {
-		start(l.name, r.serveHTTP(l.srv, l.ln, l.tls))
+		if l.loop != nil {
+			start(l.name, r.serveLoop(l.loop, l.ln))
+		} else {
+			start(l.name, r.serveHTTP(l.srv, l.ln, l.tls))
+		}
 	}
 	start("watch", r.watcher.run)
 	start("backend pool", r.proxy.pool.reap)
@@ -228,6 +244,27 @@ func (r *Router) serveHTTP(srv *http.Server, ln net.Listener, useTLS bool) func(
 			srv.Close()
 		}
 		<-errc
+		return nil
+	}
+}
+
+// serveLoop serves ln with the request loop s until ctx ends, then shuts it down gracefully.
+func (r *Router) serveLoop(s *loopServer, ln net.Listener) func(context.Context) error {
+	return func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() { errc <- s.serve(ln) }()
+		select {
+		case err := <-errc:
+			return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+		case <-ctx.Done():
+		}
+		ln.Close()
+		<-errc
+		sctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.cfg.ShutdownTimeout))
+		defer cancel()
+		if err := s.shutdown(sctx); err != nil {
+			r.log.Warn("graceful shutdown incomplete; closed", "address", ln.Addr(), "error", err)
+		}
 		return nil
 	}
 }

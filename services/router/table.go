@@ -43,6 +43,11 @@ func shardOf(host string) int { return int(maphash.String(hostSeed, host) % host
 // get returns host's route, or nil.
 func (m *hostMap) get(host string) *route { return m.shards[shardOf(host)][host] }
 
+// getBytes is get for a key in bytes, without copying it.
+func (m *hostMap) getBytes(host []byte) *route {
+	return m.shards[int(maphash.Bytes(hostSeed, host)%hostShards)][string(host)]
+}
+
 // len is the number of routes.
 func (m *hostMap) len() int { return m.n }
 

@@ -164,7 +164,7 @@ func waitOutput(t *testing.T, p *proc, parts ...string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		for _, line := range strings.Split(p.out.String(), "\n") {
+		for _, line := range strings.Split(p.Out.String(), "\n") {
 			all := true
 			for _, part := range parts {
 				all = all && strings.Contains(line, part)
@@ -174,7 +174,7 @@ func waitOutput(t *testing.T, p *proc, parts ...string) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no line of %s's output holds %q", p.name, parts)
+			t.Fatalf("no line of %s's output holds %q", p.Name, parts)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -3,14 +3,10 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,73 +22,22 @@ import (
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
-
 // TestMain removes the built binaries after the run.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
+	testkit.RemoveBinaries()
 	os.Exit(code)
 }
 
-// binary builds the project's binaries once per test run and returns the path of one.
+// binary is the path of the project's binary name, built once per test run (testkit.Binary).
 // Under -short (make test-fast) every e2e test is skipped here, before anything is built.
-func binary(t *testing.T, name string) string {
+func binary(t testing.TB, name string) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("e2e over built binaries: skipped under -short")
-	}
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "gavel-e2e-bin")
-		if buildErr != nil {
-			return
-		}
-		// Every binary: the CLI, each service's commands and the examples. The go tool does
-		// not expand wildcards in directory names, so the services are globbed here.
-		pkgs := []string{"../../cmd/...", "../../examples/..."}
-		services, err := filepath.Glob("../../services/*/cmd")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		for _, dir := range services {
-			pkgs = append(pkgs, dir+"/...")
-		}
-		cmd := exec.Command("go", append([]string{"build", "-o", binDir + "/"}, pkgs...)...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, name)
+	return testkit.Binary(t, name)
 }
 
 // syncBuffer collects a process's output for failure messages.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testkit.SyncBuffer
 
 func TestBBSBinaryWithMutualTLS(t *testing.T) {
 	bbsBin := binary(t, "bbs")

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -20,8 +19,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
@@ -37,63 +36,11 @@ import (
 
 // haProc is a process a fault test signals or kills. When the test ends it gets SIGINT (a rep
 // stops at once on SIGINT), then SIGKILL after 15s.
-type haProc struct {
-	name   string
-	cmd    *exec.Cmd
-	out    *syncBuffer
-	exited chan struct{}
-	err    error // once exited is closed
-}
+type haProc = testkit.Proc
 
 func startHAProc(t *testing.T, name, bin string, args ...string) *haProc {
 	t.Helper()
-	p := &haProc{name: name, out: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		if !p.done() {
-			_ = p.cmd.Process.Signal(syscall.SIGINT)
-			select {
-			case <-p.exited:
-			case <-time.After(15 * time.Second):
-				t.Errorf("%s did not stop within 15s of SIGINT", name)
-				_ = p.cmd.Process.Kill()
-				<-p.exited
-			}
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", name, p.out.String())
-		}
-	})
-	return p
-}
-
-// done reports whether the process has exited.
-func (p *haProc) done() bool {
-	select {
-	case <-p.exited:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (p *haProc) kill(t *testing.T) {
-	t.Helper()
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s still running 10s after SIGKILL", p.name)
-	}
+	return testkit.StartProcWait(t, 15*time.Second, name, bin, args...)
 }
 
 // haOptions shape an HA cluster.
@@ -112,7 +59,7 @@ type haCluster struct {
 	bbsProcs, auctioneerProcs []*haProc
 	reps                      map[string]*haProc // by cell id
 	bbs                       bbsv1.BBSServiceClient
-	auctioneerHealth          []grpc_health_v1.HealthClient
+	auctioneerConns           []grpc.ClientConnInterface
 	etcd                      *clientv3.Client
 }
 
@@ -182,7 +129,7 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { aconn.Close() })
-		c.auctioneerHealth = append(c.auctioneerHealth, grpc_health_v1.NewHealthClient(aconn))
+		c.auctioneerConns = append(c.auctioneerConns, aconn)
 	}
 
 	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
@@ -201,14 +148,11 @@ func startHACluster(t *testing.T, o haOptions) *haCluster {
 
 // leader is the index of the auctioneer serving as leader, or -1.
 func (c *haCluster) leader() int {
-	for i, h := range c.auctioneerHealth {
-		if c.auctioneerProcs[i].done() {
+	for i, conn := range c.auctioneerConns {
+		if c.auctioneerProcs[i].Done() {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := h.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "gavel.auctioneer.v1.AuctioneerService"})
-		cancel()
-		if err == nil && resp.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
+		if serving, _ := testkit.Serving(conn, testkit.AuctioneerService); serving {
 			return i
 		}
 	}
@@ -225,7 +169,7 @@ func (c *haCluster) bbsLeader() int {
 		return -1
 	}
 	for i, addr := range c.bbsAddrs {
-		if strings.Contains(string(resp.Kvs[0].Value), "/"+addr+"/") && !c.bbsProcs[i].done() {
+		if strings.Contains(string(resp.Kvs[0].Value), "/"+addr+"/") && !c.bbsProcs[i].Done() {
 			return i
 		}
 	}
@@ -412,17 +356,17 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 
 	start := time.Now()
 	rep := c.reps[victim]
-	if err := rep.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(rep.Pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-rep.exited:
+	case <-rep.Exited:
 	case <-time.After(45 * time.Second):
 		t.Fatalf("%s still running 45s after SIGTERM", victim)
 	}
 	drained := time.Since(start)
-	if rep.err != nil {
-		t.Errorf("%s exited with %v after SIGTERM, want a clean exit", victim, rep.err)
+	if rep.Err != nil {
+		t.Errorf("%s exited with %v after SIGTERM, want a clean exit", victim, rep.Err)
 	}
 	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
 		as, err := c.actuals(guid)
@@ -446,7 +390,7 @@ func TestRepEvacuatesOnSIGTERM(t *testing.T) {
 	if pollErrors > polls/10 {
 		t.Errorf("%d of %d polls failed", pollErrors, polls)
 	}
-	if !strings.Contains(rep.out.String(), "evacuat") {
+	if !strings.Contains(rep.Out.String(), "evacuat") {
 		t.Errorf("%s did not log an evacuation", victim)
 	}
 	cells, err := c.cells()
@@ -514,8 +458,8 @@ func TestHAFailoverLosesNoWork(t *testing.T) {
 		return bbsLeader >= 0, "no BBS leads"
 	}, "a BBS to lead")
 	killed := time.Now()
-	c.auctioneerProcs[leader].kill(t)
-	c.bbsProcs[bbsLeader].kill(t)
+	c.auctioneerProcs[leader].Kill(t)
+	c.bbsProcs[bbsLeader].Kill(t)
 	t.Logf("killed auctioneer-%d and bbs-%d (the leaders)", leader, bbsLeader)
 	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		return c.bbsLeader() >= 0, "no BBS leads"
@@ -572,7 +516,7 @@ func TestKilledRepInstancesRestartElsewhere(t *testing.T) {
 	}
 
 	killed := time.Now()
-	c.reps[victim].kill(t)
+	c.reps[victim].Kill(t)
 	var expired time.Time
 	testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
 		if expired.IsZero() {

@@ -3,23 +3,17 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -49,6 +43,7 @@ type nsyncCluster struct {
 	*cluster
 	nsync     nsyncv1.NsyncServiceClient
 	nsyncArgs []string
+	nsyncAddr string // the first nsync's API
 	etcd      *clientv3.Client
 	router    string // HTTP address
 }
@@ -91,6 +86,7 @@ func startNsyncCluster(t *testing.T) *nsyncCluster {
 		}
 		c.procs = append(c.procs, startProc(t, "rep "+id, binary(t, "rep"), args...))
 	}
+	c.nsyncAddr = nsyncAddr
 	c.nsyncArgs = []string{"-listen", nsyncAddr, "-insecure", "-bbs-address", bbsAddr, "-bbs-insecure",
 		"-etcd-endpoints", etcd, "-etcd-insecure", "-stacks", `{"cflinuxfs4":"preloaded:cflinuxfs4","cflinuxfs3":"preloaded:cflinuxfs3"}`,
 		"-bulk-interval", "1s", "-domain-ttl", "5s", "-route-drain", "2s", "-restart-timeout", "60s", "-lock-ttl", "2s"}
@@ -119,12 +115,8 @@ func startNsyncCluster(t *testing.T) *nsyncCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { aconn.Close() })
-	health := grpc_health_v1.NewHealthClient(aconn)
 	c.waitFor(t, 30*time.Second, "the auctioneer to lead", func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		resp, err := health.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "gavel.auctioneer.v1.AuctioneerService"})
-		return err == nil && resp.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING, fmt.Sprint(resp, err)
+		return testkit.Serving(aconn, testkit.AuctioneerService)
 	})
 	c.waitFor(t, 30*time.Second, "9 cells", func() (bool, string) {
 		resp, err := c.bbs.Cells(context.Background(), &bbsv1.CellsRequest{})
@@ -179,57 +171,6 @@ func within(t *testing.T, what string, cells []string, allowed ...int) {
 			t.Fatalf("%s runs on %v, want only cells %v", what, cells, allowed)
 		}
 	}
-}
-
-// load sends requests to host through the router one after another until stopped (at most
-// 20,000), counting answers that are not 200 and failed requests.
-type load struct {
-	ok, failed atomic.Int64
-	firstErr   atomic.Value
-	stop       chan struct{}
-	done       sync.WaitGroup
-}
-
-func startLoad(router, host string) *load {
-	l := &load{stop: make(chan struct{})}
-	client := &http.Client{Timeout: 5 * time.Second}
-	l.done.Add(1)
-	go func() {
-		defer l.done.Done()
-		defer client.CloseIdleConnections()
-		for i := 0; i < 20000; i++ {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			req, _ := http.NewRequest(http.MethodGet, "http://"+router+"/", nil)
-			req.Host = host
-			resp, err := client.Do(req)
-			if err == nil {
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("%s: %s", resp.Status, body)
-				}
-			}
-			if err != nil {
-				l.failed.Add(1)
-				l.firstErr.CompareAndSwap(nil, err.Error())
-			} else {
-				l.ok.Add(1)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	return l
-}
-
-func (l *load) finish() (ok, failed int64, first string) {
-	close(l.stop)
-	l.done.Wait()
-	first, _ = l.firstErr.Load().(string)
-	return l.ok.Load(), l.failed.Load(), first
 }
 
 // stored is what nsync and the BBS hold: nsync's keys with their mod revisions and the BBS's
@@ -299,9 +240,9 @@ func TestNsyncEndToEnd(t *testing.T) {
 	routed := func(what string) {
 		t.Helper()
 		c.waitFor(t, 20*time.Second, what, func() (bool, string) {
-			l := startLoad(c.router, host)
+			l := testkit.StartRouterLoad(c.router, host, 20000, 5*time.Millisecond)
 			time.Sleep(50 * time.Millisecond)
-			ok, failed, first := l.finish()
+			ok, failed, first := l.Finish()
 			return ok > 0 && failed == 0, fmt.Sprintf("%d ok, %d failed (%s)", ok, failed, first)
 		})
 	}
@@ -325,11 +266,11 @@ func TestNsyncEndToEnd(t *testing.T) {
 	}
 
 	// RestartApp: v2 runs only on cells 7–8, without one failed request through the router.
-	l := startLoad(c.router, host)
+	l := testkit.StartRouterLoad(c.router, host, 20000, 5*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
 	rr, err := c.nsync.RestartApp(ctx, &nsyncv1.RestartAppRequest{Guid: "web"})
 	time.Sleep(500 * time.Millisecond)
-	ok, failed, first := l.finish()
+	ok, failed, first := l.Finish()
 	if err != nil {
 		t.Fatalf("RestartApp: %v", err)
 	}
@@ -356,9 +297,9 @@ func TestNsyncEndToEnd(t *testing.T) {
 
 	// A pool no cell satisfies: CELL_MISMATCH on the app, the old version keeps serving.
 	bind("space-a", "nowhere")
-	l = startLoad(c.router, host)
+	l = testkit.StartRouterLoad(c.router, host, 20000, 5*time.Millisecond)
 	_, err = c.nsync.RestartApp(ctx, &nsyncv1.RestartAppRequest{Guid: "web"})
-	ok, failed, first = l.finish()
+	ok, failed, first = l.Finish()
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "alfalfa") {
 		t.Fatalf("RestartApp under an impossible pool: %v", err)
 	}
@@ -408,15 +349,7 @@ func TestNsyncEndToEnd(t *testing.T) {
 	}
 
 	// nsync killed with SIGKILL and started again loses no app or pool.
-	victim := c.procs[len(c.procs)-3]
-	if victim.name != "nsync" {
-		t.Fatalf("process %s is not nsync", victim.name)
-	}
-	if err := syscall.Kill(victim.pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-victim.exited
-	c.procs = slices.Delete(c.procs, len(c.procs)-3, len(c.procs)-2)
+	c.kill(t, "nsync")
 	c.procs = append(c.procs, startProc(t, "nsync (restarted)", binary(t, "nsync"), c.nsyncArgs...))
 	c.waitForNsync(t)
 	apps, err := c.nsync.Apps(ctx, &nsyncv1.AppsRequest{})

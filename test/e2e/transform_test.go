@@ -136,12 +136,12 @@ func waitSocket(t *testing.T, p *proc, socket string) {
 			err = fmt.Errorf("describe answered %s", resp.Status)
 		}
 		select {
-		case <-p.exited:
-			t.Fatalf("%s exited (%v): %s", p.name, p.err, p.out.String())
+		case <-p.Exited:
+			t.Fatalf("%s exited (%v): %s", p.Name, p.Err, p.Out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not serving on %s within 10s: %v", p.name, socket, err)
+			t.Fatalf("%s not serving on %s within 10s: %v", p.Name, socket, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -91,13 +91,11 @@ func execIn(ctx context.Context, client bbsv1.BBSServiceClient, start *repv1.Exe
 	if err != nil {
 		return execResult{}, err
 	}
-	if err := stream.Send(&bbsv1.ExecRequest{Start: start}); err != nil {
-		return execResult{}, err
-	}
+	// A Send after the BBS ended the stream (a refusal) answers io.EOF; Recv below has the
+	// status, so send errors are left to it.
+	_ = stream.Send(&bbsv1.ExecRequest{Start: start})
 	if stdin != "" {
-		if err := stream.Send(&bbsv1.ExecRequest{Stdin: []byte(stdin)}); err != nil {
-			return execResult{}, err
-		}
+		_ = stream.Send(&bbsv1.ExecRequest{Stdin: []byte(stdin)})
 	}
 	if err := stream.CloseSend(); err != nil {
 		return execResult{}, err

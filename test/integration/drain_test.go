@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,58 +48,6 @@ func processCell(t *testing.T, id string) devcluster.Cell {
 	first, last := testkit.PortBlock(t, 20)
 	cfg.PortRange = fmt.Sprintf("%d-%d", first, last)
 	return devcluster.Cell{Config: cfg}
-}
-
-// routerLoad sends GETs for host through the router at about 50 per second (at most n)
-// until stopped, counting answers other than 200 and failed requests.
-type routerLoad struct {
-	ok, failed atomic.Int64
-	firstErr   atomic.Value
-	stop       chan struct{}
-	done       sync.WaitGroup
-}
-
-func startRouterLoad(router, host string, n int) *routerLoad {
-	l := &routerLoad{stop: make(chan struct{})}
-	client := &http.Client{Timeout: 5 * time.Second}
-	l.done.Add(1)
-	go func() {
-		defer l.done.Done()
-		defer client.CloseIdleConnections()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for range n {
-			select {
-			case <-l.stop:
-				return
-			case <-tick.C:
-			}
-			req, _ := http.NewRequest(http.MethodGet, "http://"+router+"/", nil)
-			req.Host = host
-			resp, err := client.Do(req)
-			if err == nil {
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("%s: %s", resp.Status, body)
-				}
-			}
-			if err != nil {
-				l.failed.Add(1)
-				l.firstErr.CompareAndSwap(nil, err.Error())
-			} else {
-				l.ok.Add(1)
-			}
-		}
-	}()
-	return l
-}
-
-func (l *routerLoad) finish() (ok, failed int64, first string) {
-	close(l.stop)
-	l.done.Wait()
-	first, _ = l.firstErr.Load().(string)
-	return l.ok.Load(), l.failed.Load(), first
 }
 
 // stopObserver is the BBS's way to the reps in TestDrainFirstUnderRouterTraffic: at every
@@ -258,7 +204,7 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 	}
 	routed(4)
 
-	load := startRouterLoad(c.Router.HTTPAddr().String(), host, 3000)
+	load := testkit.StartRouterLoad(c.Router.HTTPAddr().String(), host, 3000, 20*time.Millisecond)
 	scale := func(n int32) {
 		t.Helper()
 		if _, err := c.BBS.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: guid, Update: &modelsv1.DesiredLRPUpdate{Instances: &n}}); err != nil {
@@ -300,7 +246,7 @@ func TestDrainFirstUnderRouterTraffic(t *testing.T) {
 		return off == 2 && len(as) == 2 && len(c.Router.Endpoints(host)) == 2, fmt.Sprintf("%v", as)
 	}, "both instances running off the evacuated cell, and routed")
 
-	ok, failed, first := load.finish()
+	ok, failed, first := load.Finish()
 	drainMu.Lock()
 	t.Logf("requests through the router: %d ok, %d failed; drains recorded: %d; stops checked against the router's table: %d; draining_since to record removed: %v",
 		ok, failed, drains.Load(), stops.checked.Load(), drainTimes)

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,8 +33,23 @@ func TestStartReportSurvivesAnOutage(t *testing.T) {
 	failing.Store(true)
 	// Each instance's refusals alternate between a BBS that is down and one that sheds load.
 	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if failing.Load() && strings.HasSuffix(method, "/StartActualLRP") {
-			if refused[req.(*bbsv1.StartActualLRPRequest).GetIndex()].Add(1)%2 == 0 {
+		// A report goes alone (StartActualLRP) or with others that queued behind it
+		// (StartActualLRPs); a refused batch is a refusal of each of its reports.
+		var indexes []int32
+		switch r := req.(type) {
+		case *bbsv1.StartActualLRPRequest:
+			indexes = []int32{r.GetIndex()}
+		case *bbsv1.StartActualLRPsRequest:
+			for _, st := range r.GetStarts() {
+				indexes = append(indexes, st.GetIndex())
+			}
+		}
+		if failing.Load() && len(indexes) > 0 {
+			busy := false
+			for _, i := range indexes {
+				busy = refused[i].Add(1)%2 == 0
+			}
+			if busy {
 				return rpcerr.Overloaded(50*time.Millisecond, "bbs busy (injected)")
 			}
 			return status.Error(codes.Unavailable, "bbs down (injected)")

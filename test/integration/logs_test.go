@@ -16,6 +16,7 @@ import (
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	"github.com/gavel-sched/gavel/services/rep"
 )
 
@@ -97,6 +98,63 @@ func TestLogsThroughTheBBS(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("tail 3 of web/0: %d lines", n)
+	}
+
+	// A tail of the whole LRP is exactly that many lines over both cells, in time order; with
+	// follow, the new lines come after them, none twice.
+	five := int32(5)
+	merged, err := c.BBS.StreamLogs(ctx, &bbsv1.StreamLogsRequest{ProcessGuid: "web", Tail: &five})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*repv1.LogLine
+	for {
+		msg, err := merged.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, msg.GetLines()...)
+	}
+	if len(got) != 5 || !inTimeOrder(got) {
+		t.Fatalf("tail 5 of web over 2 cells: %d lines %v, want 5 in time order", len(got), got)
+	}
+	four := int32(4)
+	fctx, cancel = context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	follow, err = c.BBS.StreamLogs(fctx, &bbsv1.StreamLogsRequest{ProcessGuid: "web", Tail: &four, Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	seenIdx := map[int32]int{}
+	for len(seenIdx) < 2 || seenIdx[0] < 8 || seenIdx[1] < 8 {
+		msg, err := follow.Recv()
+		if err != nil {
+			t.Fatalf("following web with tail 4: %v after %d lines", err, len(got))
+		}
+		got = append(got, msg.GetLines()...)
+		for _, l := range msg.GetLines() {
+			seenIdx[l.GetIndex()]++
+		}
+	}
+	cancel()
+	type key struct {
+		instance, text string
+		at             time.Time
+	}
+	once := map[key]bool{}
+	for _, l := range got {
+		k := key{l.GetInstanceGuid(), l.GetText(), l.GetTimestamp().AsTime()}
+		if once[k] {
+			t.Fatalf("following web with tail 4: line %v came twice", l)
+		}
+		once[k] = true
+	}
+	if !inTimeOrder(got[:4]) {
+		t.Fatalf("following web with tail 4: the first 4 lines are not in time order: %v", got[:4])
 	}
 
 	missing, err := c.BBS.StreamLogs(ctx, &bbsv1.StreamLogsRequest{ProcessGuid: "nope"})
@@ -204,4 +262,14 @@ func TestLogsFollowAnInstanceThatMoves(t *testing.T) {
 		t.Fatalf("the follow ended: %s", state())
 	default:
 	}
+}
+
+// inTimeOrder reports whether lines are in the order of their timestamps.
+func inTimeOrder(lines []*repv1.LogLine) bool {
+	for i := 1; i < len(lines); i++ {
+		if lines[i].GetTimestamp().AsTime().Before(lines[i-1].GetTimestamp().AsTime()) {
+			return false
+		}
+	}
+	return true
 }

@@ -99,7 +99,7 @@ func TestRoutesAndRestartJoinTheTrace(t *testing.T) {
 		Instances: 2, MemoryMb: 64, DiskMb: 64, Ports: []uint32{8080}}
 
 	// wait collects the spans of trace id until every one of want is there.
-	wait := func(id string, want ...string) spanTree {
+	wait := func(t *testing.T, id string, want ...string) spanTree {
 		t.Helper()
 		var tree spanTree
 		testkit.EventuallyState(t, 30*time.Second, func() (bool, string) {
@@ -127,7 +127,7 @@ func TestRoutesAndRestartJoinTheTrace(t *testing.T) {
 			t.Fatal(err)
 		}
 		root.End()
-		tree := wait(root.SpanContext().TraceID().String(), "routeemitter.publish_routes@web-v1", "rep.start_lrp")
+		tree := wait(t, root.SpanContext().TraceID().String(), "routeemitter.publish_routes@web-v1", "rep.start_lrp")
 		pubs := tree.named("routeemitter.publish_routes", "gavel.process_guid", "web-v1")
 		if len(pubs) != 2 {
 			t.Errorf("%d route publications of web-v1 in the push's trace, want one per instance (2)", len(pubs))
@@ -146,7 +146,7 @@ func TestRoutesAndRestartJoinTheTrace(t *testing.T) {
 			t.Fatalf("RestartApp: %v %v", rr, err)
 		}
 		root.End()
-		tree := wait(root.SpanContext().TraceID().String(), "nsync.restart", "nsync.restart.desire", "nsync.restart.wait_running",
+		tree := wait(t, root.SpanContext().TraceID().String(), "nsync.restart", "nsync.restart.desire", "nsync.restart.wait_running",
 			"nsync.restart.drain", "gavel.bbs.v1.BBSService/DesireLRP", "auctioneer.place", "rep.start_lrp", "routeemitter.publish_routes@web-v2")
 		want := map[string]string{
 			"nsync.restart.desire":       "nsync.restart",
@@ -185,7 +185,7 @@ func TestRoutesAndRestartJoinTheTrace(t *testing.T) {
 			t.Fatalf("DeployApp: %v %v", resp, err)
 		}
 		root.End()
-		tree := wait(root.SpanContext().TraceID().String(), "nsync.deploy", "nsync.deployment.scale",
+		tree := wait(t, root.SpanContext().TraceID().String(), "nsync.deploy", "nsync.deployment.scale",
 			"gavel.bbs.v1.BBSService/UpdateDesiredLRP", "rep.start_lrp", "nsync.deployment.end")
 		for _, s := range tree.named("nsync.deployment.scale", "", "") {
 			if ch := tree.chain(s); !strings.HasSuffix(ch, "deploy web") {

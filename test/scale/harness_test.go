@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,10 +31,8 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
-	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 	"github.com/gavel-sched/gavel/pkg/retry"
-	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/services/auctioneer"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/rep"
@@ -74,6 +73,13 @@ type runConfig struct {
 	BBSMaxInflightWrites, AuctioneerMaxInflight int
 	// RouteSyncInterval overrides the route-emitter's full-listing interval when positive.
 	RouteSyncInterval time.Duration
+	// Deployed runs every service as its own process of the built binaries, over mutual TLS,
+	// with the cells in sim hosts (rep -sim-cells) of CellsPerHost cells each; otherwise
+	// everything runs in this process over plaintext.
+	Deployed bool
+	// ProfileDir, as deployed, is where each process writes a CPU profile of its run (NAME.cpu;
+	// a lost sim host's is lost with it).
+	ProfileDir string
 }
 
 // report is what one run measured.
@@ -111,6 +117,7 @@ type report struct {
 	desireTransient        int64
 	heapShares             []heapShare
 	writes                 commitCounts
+	usage                  []procUsage
 }
 
 // commitCounts is what the BBS's group committer did during the burst and the stream.
@@ -153,11 +160,9 @@ func simCells(cfg runConfig) []devcluster.Cell {
 	return cells
 }
 
-// run runs one whole scale run and returns its report; it fails t on a broken run (an error,
-// a phase that does not finish), not on slow figures.
-func run(t testing.TB, cfg runConfig) *report {
-	r := &report{cfg: cfg}
-	dir := t.TempDir() // removed after the cluster has stopped: cleanups run last-registered first
+// startInProcess runs the cluster of an in-process run (every service and cell in this process,
+// plaintext) until the test ends, and waits until it is ready.
+func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// The cluster stops in a cleanup registered before its test logger, so the logger is muted
@@ -174,9 +179,6 @@ func run(t testing.TB, cfg runConfig) *report {
 			t.Error("cluster did not stop within 2m")
 		}
 	})
-	var mem memory
-	go mem.sample(ctx, 250*time.Millisecond)
-
 	c := devcluster.New(devcluster.Config{
 		Dir: dir, BBSAddress: "127.0.0.1:0", AuctioneerAddress: "127.0.0.1:0",
 		UnsafeNoFsync: !cfg.Fsync, Cells: simCells(cfg), CellsPerHost: cfg.CellsPerHost,
@@ -210,8 +212,44 @@ func run(t testing.TB, cfg runConfig) *report {
 	case <-time.After(cfg.PhaseTimeout):
 		t.Fatalf("cluster not ready after %s", cfg.PhaseTimeout)
 	}
+	reConn := testkit.Dial(t, c.RouteEmitterAddress)
+	t.Cleanup(func() { reConn.Close() })
+	return &inProcess{c: c, re: routeemitterv1.NewRouteEmitterServiceClient(reConn), cells: cfg.Cells}
+}
+
+// run runs one whole scale run and returns its report; it fails t on a broken run (an error,
+// a phase that does not finish), not on slow figures.
+func run(t testing.TB, cfg runConfig) *report {
+	r := &report{cfg: cfg}
+	dir := t.TempDir() // removed after the cluster has stopped: cleanups run last-registered first
+	var mem memory
+	memCtx, stopMem := context.WithCancel(context.Background())
+	defer stopMem()
+	go mem.sample(memCtx, 250*time.Millisecond)
+	var (
+		tg target
+		ip *inProcess
+	)
+	if cfg.Deployed {
+		r.bbsLimit, r.auctioneerLimit = bbs.Default().MaxInflightWrites, auctioneer.Default().MaxInflightStarts
+		if cfg.BBSMaxInflightWrites >= 0 {
+			r.bbsLimit = cfg.BBSMaxInflightWrites
+		}
+		if cfg.AuctioneerMaxInflight >= 0 {
+			r.auctioneerLimit = cfg.AuctioneerMaxInflight
+		}
+		tg = startDeployed(t, cfg, dir)
+	} else {
+		ip = startInProcess(t, cfg, r, dir)
+		tg = ip
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	waitUntil(t, cfg.PhaseTimeout, "every cell registered", func() (bool, string) {
-		resp, err := c.BBS.Cells(ctx, &bbsv1.CellsRequest{})
+		if d, ok := tg.(*deployed); ok {
+			d.alive(t, "every cell registered") // a host whose cell failed at start-up ends the wait with its output
+		}
+		resp, err := tg.BBS().Cells(ctx, &bbsv1.CellsRequest{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -219,16 +257,14 @@ func run(t testing.TB, cfg runConfig) *report {
 	})
 
 	var err error
-	if r.ceiling, err = measureCeiling(ctx, c.Etcd, cfg.CeilingDuration); err != nil {
+	if r.ceiling, err = measureCeiling(ctx, tg.Etcd(), cfg.CeilingDuration); err != nil {
 		t.Fatalf("etcd ceiling: %v", err)
 	}
 
 	obs := newObserver()
-	reConn := testkit.Dial(t, c.RouteEmitterAddress)
-	defer reConn.Close()
 	evReady, rtReady := make(chan struct{}), make(chan struct{})
-	go obs.followEvents(ctx, c.BBS, evReady)
-	go obs.followRoutes(ctx, routeemitterv1.NewRouteEmitterServiceClient(reConn), rtReady)
+	go obs.followEvents(ctx, tg.BBS(), evReady)
+	go obs.followRoutes(ctx, tg.RouteEmitter(), rtReady)
 	<-evReady
 	<-rtReady
 
@@ -247,7 +283,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		calls := 0
 		_, err := retried(ctx, func() (*bbsv1.DesireLRPResponse, error) {
 			calls++
-			return c.BBS.DesireLRP(ctx, req)
+			return tg.BBS().DesireLRP(ctx, req)
 		})
 		transient.Add(int64(calls - 1))
 		if status.Code(err) == codes.AlreadyExists && calls > 1 {
@@ -256,8 +292,13 @@ func run(t testing.TB, cfg runConfig) *report {
 		return err
 	}
 	refusalsBefore := bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)
-	before := c.Auctioneer.Stats()
-	commitsBefore := c.BBSService.CommitStats()
+	var (
+		before        auctioneer.Timings
+		commitsBefore bbs.CommitStats
+	)
+	if ip != nil {
+		before, commitsBefore = ip.c.Auctioneer.Stats(), ip.c.BBSService.CommitStats()
+	}
 
 	// Burst: half the instances, desired by cfg.Writers callers as fast as the BBS takes them.
 	burstLRPs := max(1, cfg.Instances/2/cfg.PerLRP)
@@ -315,15 +356,17 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.streamTotal = last.Sub(start)
 	r.streamRate = float64(r.streamN) / r.streamTotal.Seconds()
 	r.streamP50, r.streamP99 = percentile(lat, 50), percentile(lat, 99)
-	after := c.Auctioneer.Stats()
-	r.auctionStates = after.ListCells + after.FetchStates - before.ListCells - before.FetchStates
-	r.auction = after.Place - before.Place
-	r.auctionPerform = after.Perform - before.Perform
-	r.auctionRounds = c.Auctioneer.Rounds()
 	r.desireRefusals, r.desireTransient = bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)-refusalsBefore, transient.Load()
-	commits := c.BBSService.CommitStats().Sub(commitsBefore)
-	r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
-		alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
+	if ip != nil { // what only the services' own objects tell
+		after := ip.c.Auctioneer.Stats()
+		r.auctionStates = after.ListCells + after.FetchStates - before.ListCells - before.FetchStates
+		r.auction = after.Place - before.Place
+		r.auctionPerform = after.Perform - before.Perform
+		r.auctionRounds = ip.c.Auctioneer.Rounds()
+		commits := ip.c.BBSService.CommitStats().Sub(commitsBefore)
+		r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
+			alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
+	}
 
 	// Routing: every container that ran during the stream must reach the table.
 	waitUntil(t, cfg.PhaseTimeout, "every streamed instance routed", func() (bool, string) {
@@ -338,7 +381,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	var lists []time.Duration
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
-		resp, err := c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		resp, err := tg.BBS().ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
 		if err != nil {
 			t.Fatalf("ActualLRPs at full size: %v", err)
 		}
@@ -346,7 +389,9 @@ func run(t testing.TB, cfg runConfig) *report {
 		r.listN = len(resp.GetActualLrps())
 	}
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
-	r.heapShares = heapByOwner()
+	if ip != nil {
+		r.heapShares = heapByOwner()
+	}
 	if cfg.HeapProfile != "" {
 		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
 			t.Fatal(err)
@@ -356,16 +401,15 @@ func run(t testing.TB, cfg runConfig) *report {
 	// Cell loss: cut whole simulated hosts until a tenth of the cells are gone; their leases
 	// expire and every instance they held must run elsewhere.
 	lost := map[string]bool{}
-	for h := c.Hosts() - 1; h >= 0 && float64(len(lost)) < cfg.LossFraction*float64(cfg.Cells); h-- {
-		for _, id := range c.HostCells(h) {
+	for h := tg.Hosts() - 1; h >= 0 && float64(len(lost)) < cfg.LossFraction*float64(cfg.Cells); h-- {
+		for _, id := range tg.HostCells(h) {
 			lost[id] = true
 		}
-		if err := c.DisconnectHost(h); err != nil {
-			t.Fatalf("disconnect host %d: %v", h, err)
-		}
+		tg.LoseHost(t, h)
 	}
 	slots := obs.slotsOn(lost)
 	r.lostCells, r.lostSlots = len(lost), len(slots)
+	lossStart := time.Now()
 	waitUntil(t, cfg.PhaseTimeout+2*cfg.LeaseTTL, "every lost cell disappeared and its instances run elsewhere", func() (bool, string) {
 		gone := 0
 		for id := range obs.disappearedCells() {
@@ -373,8 +417,14 @@ func run(t testing.TB, cfg runConfig) *report {
 				gone++
 			}
 		}
-		left, ok := obs.movedAway(slots, lost)
-		return ok && gone == len(lost), fmt.Sprintf("%d/%d cells disappeared, %d/%d instances not yet running elsewhere", gone, len(lost), left, len(slots))
+		left := obs.notMoved(slots, lost)
+		state := fmt.Sprintf("%d/%d cells disappeared, %d/%d instances not yet running elsewhere", gone, len(lost), len(left), len(slots))
+		if len(left) > 0 && time.Since(lossStart) > cfg.PhaseTimeout {
+			// About to time out: what the BBS holds for the first few, against what the
+			// observer saw on the event stream.
+			state += "; the BBS has " + describeSlots(ctx, tg.BBS(), left[:min(len(left), 5)])
+		}
+		return len(left) == 0 && gone == len(lost), state
 	})
 	recovered := time.Now()
 	var firstExpiry time.Time
@@ -396,8 +446,12 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 
 	// Correctness at full size.
-	r.stranded, r.duplicates = audit(t, ctx, c, lost, r.burstN+r.streamN)
+	r.stranded, r.duplicates = audit(t, ctx, tg, lost, r.burstN+r.streamN)
 	r.peakRSS, r.peakHeap = peakRSS(), mem.peak()
+	r.usage = tg.Usage()
+	if d, ok := tg.(*deployed); ok {
+		d.saveMetrics() // with -profile-dir, the services' counters at the end of the run
+	}
 	if err := obs.err(); err != nil {
 		t.Fatalf("observer: %v", err)
 	}
@@ -407,9 +461,9 @@ func run(t testing.TB, cfg runConfig) *report {
 // audit lists every instance and asks every live cell what it holds: stranded are desired
 // slots without a RUNNING ordinary instance; duplicates are slots held by more than one
 // container on live cells.
-func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[string]bool, want int) (stranded, duplicates int) {
+func audit(t testing.TB, ctx context.Context, tg target, lost map[string]bool, want int) (stranded, duplicates int) {
 	resp, err := retried(ctx, func() (*bbsv1.ActualLRPsResponse, error) {
-		return c.BBS.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		return tg.BBS().ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
 	})
 	if err != nil {
 		t.Fatalf("audit: list: %v", err)
@@ -422,17 +476,17 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 		}
 	}
 	stranded = want - running
-	cells, err := retried(ctx, func() (*bbsv1.CellsResponse, error) { return c.BBS.Cells(ctx, &bbsv1.CellsRequest{}) })
+	cells, err := retried(ctx, func() (*bbsv1.CellsResponse, error) { return tg.BBS().Cells(ctx, &bbsv1.CellsRequest{}) })
 	if err != nil {
 		t.Fatalf("audit: cells: %v", err)
 	}
 	var mu sync.Mutex
-	holders := map[string]int{}
+	holders := map[string][]string{} // slot → the cells holding a container for it
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
 	for _, cell := range cells.GetCells() {
 		g.Go(func() error {
-			conn, err := grpcx.Dial(cell.GetRepAddress(), grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+			conn, err := tg.DialRep(cell.GetRepAddress())
 			if err != nil {
 				return err
 			}
@@ -446,7 +500,7 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 			mu.Lock()
 			defer mu.Unlock()
 			for _, l := range st.GetLrps() {
-				holders[slot(l.GetKey())]++
+				holders[slot(l.GetKey())] = append(holders[slot(l.GetKey())], cell.GetCellId())
 			}
 			return nil
 		})
@@ -454,9 +508,20 @@ func audit(t testing.TB, ctx context.Context, c *devcluster.Cluster, lost map[st
 	if err := g.Wait(); err != nil {
 		t.Fatalf("audit: %v", err)
 	}
-	for _, n := range holders {
-		if n > 1 {
-			duplicates++
+	records := map[string]*modelsv1.ActualLRP{}
+	for _, a := range resp.GetActualLrps() {
+		if a.GetPresence() == modelsv1.ActualLRP_PRESENCE_ORDINARY {
+			records[slot(a.GetKey())] = a
+		}
+	}
+	for s, cells := range holders {
+		if len(cells) > 1 {
+			// The first few, with the record, say which side kept a container it should not.
+			if duplicates++; duplicates <= 5 {
+				a := records[s]
+				t.Logf("audit: %s held on cells %v; its record is %s on %s (instance %s)", s, cells, a.GetState(),
+					a.GetInstanceKey().GetCellId(), a.GetInstanceKey().GetInstanceGuid())
+			}
 		}
 	}
 	return stranded, duplicates
@@ -521,27 +586,52 @@ func (r *report) print(w io.Writer) {
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
 	var b strings.Builder
-	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
-		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, r.cfg.Fsync, r.bbsLimit, r.auctioneerLimit)
+	mode := "in process, plaintext (every service and cell in this process)"
+	if r.cfg.Deployed {
+		mode = fmt.Sprintf("as deployed: each service its own process, mutual TLS on every hop, cells in sim hosts of %d", max(r.cfg.CellsPerHost, 2))
+	}
+	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
+		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit)
 	fmt.Fprintf(&b, "  etcd ceiling (same run):  %.0f single-key txn/s, %.0f keys/s in 64-key txns\n", r.ceiling.TxnPerSec, r.ceiling.KeysPerSec)
 	fmt.Fprintf(&b, "  burst:    %d instances by %d writers: desired in %s, all RUNNING in %s = %.0f placements/s (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), r.burstSteady, ms(r.burstP50), ms(r.burstP99))
 	fmt.Fprintf(&b, "  stream:   %d instances offered at %.0f/s: all RUNNING in %s = %.0f placements/s sustained (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.streamN, r.offered, r.streamTotal.Round(time.Millisecond), r.streamRate, ratio(r.streamRate, r.ceiling.TxnPerSec), r.streamSteady, ms(r.streamP50), ms(r.streamP99))
 	fmt.Fprintf(&b, "  intake:   %d DesireLRP calls refused by the BBS's admission bound and sent again by the BBS connection after the wait it named; %d retried after Unavailable, DeadlineExceeded or a refusal that outlasted those waits\n", r.desireRefusals, r.desireTransient)
-	fmt.Fprintf(&b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
-	fmt.Fprintf(&b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
-		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)
+	if r.cfg.Deployed {
+		fmt.Fprintf(&b, "  auction, writes, heap: measured in process only (run with -in-process)\n")
+	} else {
+		r.printInProcess(&b)
+	}
 	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
 		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
 	fmt.Fprintf(&b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
 		ms(r.recoverSteps[0][0]), ms(r.recoverSteps[0][1]), ms(r.recoverSteps[1][0]), ms(r.recoverSteps[1][1]), ms(r.recoverSteps[2][0]), ms(r.recoverSteps[2][1]), r.movedTwice)
-	fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
-	fmt.Fprintf(&b, "  heap:     live at full size, after a GC, by allocating service: %s\n", formatShares(r.heapShares))
+	if r.cfg.Deployed {
+		fmt.Fprintf(&b, "  harness:  peak RSS %.0f MiB (this process: the clients, the observer and the report)\n", float64(r.peakRSS)/(1<<20))
+	} else {
+		fmt.Fprintf(&b, "  memory:   peak RSS %.0f MiB, peak heap objects %.0f MiB (live and not yet swept; whole process: etcd, services, cells, harness)\n", float64(r.peakRSS)/(1<<20), float64(r.peakHeap)/(1<<20))
+		fmt.Fprintf(&b, "  heap:     live at full size, after a GC, by allocating service: %s\n", formatShares(r.heapShares))
+	}
+	for _, u := range r.usage {
+		fmt.Fprintf(&b, "  process:  %-40s CPU %8.1fs, peak RSS %6.0f MiB", u.name, u.cpu.Seconds(), float64(u.peakRSS)/(1<<20))
+		if u.n > 1 {
+			fmt.Fprintf(&b, " (%d processes: CPU summed, the largest peak; %d cells, %.1f MiB per hosted cell)", u.n, u.cells, float64(u.peakRSS)/(1<<20)/float64(max(u.cells/u.n, 1)))
+		}
+		b.WriteString("\n")
+	}
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
 	_, _ = io.WriteString(w, b.String())
+}
+
+// printInProcess writes what only an in-process run measures: the auctioneer's and the BBS
+// committer's own counters.
+func (r *report) printInProcess(b *strings.Builder) {
+	fmt.Fprintf(b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
+	fmt.Fprintf(b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
+		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)
 }
 
 // check fails t on what must hold at any size and load: nothing stranded or running twice,
@@ -563,4 +653,28 @@ func (r *report) check(t testing.TB) {
 	if r.listN < r.burstN+r.streamN {
 		t.Errorf("ActualLRPs at full size listed %d of %d instances", r.listN, r.burstN+r.streamN)
 	}
+}
+
+// describeSlots says what the BBS holds for each slot ("guid/index"): its records' states,
+// cells and placement errors.
+func describeSlots(ctx context.Context, bbs bbsv1.BBSServiceClient, slots []string) string {
+	var parts []string
+	for _, sl := range slots {
+		guid, idx, _ := strings.Cut(sl, "/")
+		i, _ := strconv.Atoi(idx)
+		index := int32(i)
+		resp, err := bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: []string{guid}}, Index: &index})
+		if err != nil {
+			parts = append(parts, sl+": "+err.Error())
+			continue
+		}
+		for _, a := range resp.GetActualLrps() {
+			parts = append(parts, fmt.Sprintf("%s: %s %s on %q since %s (placement error %q)", sl, a.GetPresence(), a.GetState(),
+				a.GetInstanceKey().GetCellId(), a.GetSince().AsTime().Format(time.TimeOnly), a.GetPlacementError().GetMessage()))
+		}
+		if len(resp.GetActualLrps()) == 0 {
+			parts = append(parts, sl+": no record")
+		}
+	}
+	return strings.Join(parts, "; ")
 }

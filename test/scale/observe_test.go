@@ -257,16 +257,23 @@ func (o *observer) slotsOn(cells map[string]bool) map[string]string {
 
 // movedAway reports whether every slot runs again, on a cell outside lost.
 func (o *observer) movedAway(slots map[string]string, lost map[string]bool) (int, bool) {
+	left := o.notMoved(slots, lost)
+	return len(left), len(left) == 0
+}
+
+// notMoved is the slots of slots the observer has not seen running on a cell outside lost.
+func (o *observer) notMoved(slots map[string]string, lost map[string]bool) []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	left := 0
+	var left []string
 	for s := range slots {
 		p, ok := o.running[s]
 		if !ok || lost[p.cellID] {
-			left++
+			left = append(left, s)
 		}
 	}
-	return left, left == 0
+	sort.Strings(left)
+	return left
 }
 
 // disappearedCells returns the cells that disappeared and when.

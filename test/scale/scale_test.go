@@ -5,17 +5,21 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
 )
 
 // Flags of BenchmarkScale (`make bench-scale ARGS='-cells 200 -instances 20000'`).
 var (
-	flagCells        = flag.Int("cells", 1000, "simulated cells")
-	flagInstances    = flag.Int("instances", 100000, "instances desired in all: half as a burst, half as a stream")
+	flagCells        = flag.Int("cells", 5000, "simulated cells")
+	flagInstances    = flag.Int("instances", 250000, "instances desired in all: half as a burst, half as a stream")
 	flagPerLRP       = flag.Int("per-lrp", 10, "instances per desired LRP")
 	flagWriters      = flag.Int("writers", 32, "concurrent DesireLRP callers")
 	flagStreamRate   = flag.Int("stream-rate", 2000, "offered rate of the stream phase, instances per second (the sustained goal; routing is measured at this event rate)")
 	flagLoss         = flag.Float64("loss", 0.10, "fraction of cells lost at full size")
-	flagCellsPerHost = flag.Int("cells-per-host", 10, "cells per simulated host (one presence connection each)")
+	flagCellsPerHost = flag.Int("cells-per-host", 0, "cells per host: per sim host process as deployed (default 100), per shared etcd connection in process (default 10); losing a host loses all its cells")
+	flagProfileDir   = flag.String("profile-dir", "", "as deployed: write each process's CPU profile of the run to DIR/NAME.cpu and each service's final metrics to DIR/NAME.metrics (in process: use go test's -cpuprofile)")
+	flagInProcess    = flag.Bool("in-process", false, "run every service and cell in this process over plaintext (for profiles, and the cost of TLS and process boundaries) instead of as deployed")
 	flagLeaseTTL     = flag.Duration("lease-ttl", 10*time.Second, "cells' presence TTL")
 	flagStartLatency = flag.Duration("start-latency", 10*time.Millisecond, "simulated container start time")
 	flagPhaseTimeout = flag.Duration("phase-timeout", 15*time.Minute, "bound of each phase")
@@ -29,12 +33,19 @@ var (
 )
 
 // BenchmarkScale runs the scale harness once per iteration at the size the flags give
-// (default 1,000 cells, 100,000 instances) and prints the report. Run it with
-// `make bench-scale`; its figures are quoted in docs/performance.md.
+// (default 5,000 cells, 250,000 instances), as deployed unless -in-process, and prints the
+// report. Run it with `make bench-scale`; its figures are quoted in docs/performance.md.
 func BenchmarkScale(b *testing.B) {
-	cfg := runConfig{
+	perHost := *flagCellsPerHost
+	if perHost <= 0 {
+		perHost = 100
+		if *flagInProcess {
+			perHost = 10
+		}
+	}
+	cfg := runConfig{Deployed: !*flagInProcess, ProfileDir: *flagProfileDir,
 		Cells: *flagCells, Instances: *flagInstances, PerLRP: *flagPerLRP, Writers: *flagWriters,
-		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: *flagCellsPerHost,
+		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: perHost,
 		LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
 		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
 		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, RouteSyncInterval: *flagRouteSync,
@@ -71,6 +82,30 @@ func TestScaleQuick(t *testing.T) {
 	})
 	r.print(testWriter{t})
 	r.check(t)
+}
+
+// TestScaleDeployedQuick runs the harness as deployed at a small size (the built binaries,
+// mutual TLS, four sim hosts of five cells, one of them lost), so the deployed mode of
+// `make bench-scale` is kept working; it fails on broken correctness only, as TestScaleQuick.
+func TestScaleDeployedQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale run over built binaries skipped with -short")
+	}
+	r := run(t, runConfig{
+		Deployed: true, Cells: 20, Instances: 1000, PerLRP: 10, Writers: 8, StreamRate: 250, LossFraction: 0.10,
+		CellsPerHost: 5, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
+		PhaseTimeout: 3 * time.Minute, CeilingDuration: 300 * time.Millisecond, Fsync: true,
+		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1,
+	})
+	r.print(testWriter{t})
+	r.check(t)
+}
+
+// TestMain removes the binaries TestScaleDeployedQuick and BenchmarkScale built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.RemoveBinaries()
+	os.Exit(code)
 }
 
 // testWriter writes to the test log.

@@ -493,14 +493,14 @@ func (r *Runner) performOn(ctx context.Context, c *placement.Cell, works []*plac
 // placeSpans starts, for each piece of work handed to cell c, an "auctioneer.place" span in
 // the trace of the request that asked for it, and returns the spans and the trace contexts
 // the cell's spans for each work are to join.
-func placeSpans(ctx context.Context, c *placement.Cell, works []*placement.Work) ([]trace.Span, []map[string]string) {
+func placeSpans(ctx context.Context, c *placement.Cell, works []*placement.Work) ([]trace.Span, []*modelsv1.TraceContext) {
 	tracer := tracing.Tracer("auctioneer")
 	spans := make([]trace.Span, len(works))
-	traces := make([]map[string]string, len(works))
+	traces := make([]*modelsv1.TraceContext, len(works))
 	for i, w := range works {
-		sctx, span := tracer.Start(tracing.Extract(ctx, w.TraceContext), "auctioneer.place",
+		sctx, span := tracer.Start(tracing.Join(ctx, w.Trace), "auctioneer.place",
 			trace.WithAttributes(attribute.String("gavel.work", w.Key()), attribute.String("gavel.cell_id", c.ID)))
-		spans[i], traces[i] = span, tracing.Inject(sctx)
+		spans[i], traces[i] = span, tracing.Carry(sctx)
 	}
 	return spans, traces
 }

@@ -13,6 +13,7 @@ import (
 func LRPWork(starts []*auctioneerv1.LRPStartRequest) []*placement.Work {
 	var out []*placement.Work
 	for _, s := range starts {
+		peer := spreadPeer(s.GetSpreadPeer())
 		for _, idx := range s.GetIndices() {
 			out = append(out, &placement.Work{
 				Kind:        placement.KindLRP,
@@ -26,8 +27,24 @@ func LRPWork(starts []*auctioneerv1.LRPStartRequest) []*placement.Work {
 				Require:     s.GetPlacementConstraint().GetRequire(),
 				Disallow:    s.GetPlacementConstraint().GetDisallow(),
 
-				TraceContext: s.GetTraceContext(),
+				Trace:      s.GetTrace(),
+				SpreadPeer: peer,
 			})
+		}
+	}
+	return out
+}
+
+// spreadPeer is the placement form of a start request's spread peer: its instances per cell id
+// (nil when there is none, or it has no instance to count).
+func spreadPeer(p *auctioneerv1.SpreadPeer) map[string]int {
+	if len(p.GetCellInstances()) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(p.GetCellInstances()))
+	for id, n := range p.GetCellInstances() {
+		if n > 0 {
+			out[id] = int(n)
 		}
 	}
 	return out
@@ -48,7 +65,7 @@ func TaskWork(tasks []*auctioneerv1.TaskStartRequest) []*placement.Work {
 			Require:  t.GetPlacementConstraint().GetRequire(),
 			Disallow: t.GetPlacementConstraint().GetDisallow(),
 
-			TraceContext: t.GetTraceContext(),
+			Trace: t.GetTrace(),
 		})
 	}
 	return out
@@ -56,10 +73,10 @@ func TaskWork(tasks []*auctioneerv1.TaskStartRequest) []*placement.Work {
 
 // performRequest is the Perform request handing works to a cell; traces[i], when set, is the
 // trace context works[i] carries to the cell.
-func performRequest(works []*placement.Work, traces []map[string]string) *repv1.PerformRequest {
+func performRequest(works []*placement.Work, traces []*modelsv1.TraceContext) *repv1.PerformRequest {
 	req := &repv1.PerformRequest{}
 	for i, w := range works {
-		var tc map[string]string
+		var tc *modelsv1.TraceContext
 		if i < len(traces) {
 			tc = traces[i]
 		}
@@ -71,13 +88,13 @@ func performRequest(works []*placement.Work, traces []map[string]string) *repv1.
 		if w.Kind == placement.KindTask {
 			req.Tasks = append(req.Tasks, &repv1.TaskWork{
 				TaskGuid: w.TaskGuid, Domain: w.Domain, Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc,
-				TraceContext: tc,
+				Trace: tc,
 			})
 			continue
 		}
 		req.Lrps = append(req.Lrps, &repv1.LRPInstance{
 			Key:       &modelsv1.ActualLRPKey{ProcessGuid: w.ProcessGuid, Index: w.Index, Domain: w.Domain},
-			Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc, TraceContext: tc,
+			Resources: res, Rootfs: w.Rootfs, PlacementConstraint: pc, Trace: tc,
 		})
 	}
 	return req

@@ -139,9 +139,14 @@ type Work struct {
 	Require []string
 	// Disallow lists tags no eligible cell may carry.
 	Disallow []string
-	// TraceContext is the W3C trace context of the request that asked for the work
-	// (pkg/tracing), carried to the cell so that placing and starting it join that trace.
-	TraceContext map[string]string
+	// Trace is the W3C trace context of the request that asked for the work (pkg/tracing),
+	// carried to the cell so that placing and starting it join that trace; nil for none.
+	Trace *modelsv1.TraceContext
+	// SpreadPeer (KindLRP, optional) counts another LRP's instances per cell id, which the zone
+	// spread adds to this LRP's own: during a deployment, the old version's instances that
+	// outlive the step (LRPStartRequest.spread_peer, resolved by the BBS). Cells not in the
+	// round are ignored. All instances of one start request share the map; it is not changed.
+	SpreadPeer map[string]int
 }
 
 // Key identifies the work for deduplication: "lrp/<process_guid>/<index>" or "task/<task_guid>".

@@ -42,7 +42,7 @@ func referenceSelect(s *Stack, w *Work, cells []*Cell, refused Refused) (*Cell, 
 	if w.Kind == KindLRP {
 		perZone := map[string]int{}
 		for _, c := range cells {
-			perZone[c.Zone] += c.Instances[w.ProcessGuid]
+			perZone[c.Zone] += c.Instances[w.ProcessGuid] + w.SpreadPeer[c.ID]
 		}
 		fewest := -1
 		for _, c := range fits {
@@ -136,6 +136,14 @@ func TestSelectChoosesAsTheReference(t *testing.T) {
 				w = taskWork(fmt.Sprintf("task-%d", i), 64*(1+r.IntN(3)))
 			} else {
 				w = lrpWork(fmt.Sprintf("lrp-%d", r.IntN(6)), int32(i), 64*(1+r.IntN(3)))
+				if r.IntN(3) == 0 { // a spread peer on some cells, and one on a cell not in the round
+					w.SpreadPeer = map[string]int{"gone": 3}
+					for _, c := range cells {
+						if r.IntN(4) == 0 {
+							w.SpreadPeer[c.ID] = r.IntN(3)
+						}
+					}
+				}
 			}
 			if r.IntN(6) == 0 {
 				w.Rootfs = "preloaded:cflinuxfs3"

@@ -14,6 +14,8 @@ import (
 //     they run once per class and cell: a round of N items in K classes over C cells runs them
 //     K×C times, not N×C.
 //   - zones: each cell's zone as a small index, for counting an LRP's instances per zone.
+//   - byID: each cell's index by id, built the first time an item with a spread peer asks
+//     (items without one never pay for it).
 //   - holders: for each process guid, the indices of the cells holding its instances, found by
 //     one walk over the cells the first time the guid is asked for. Afterwards only Reserve on
 //     a cell that Select returned can add instances (the caller reserves nothing else), so
@@ -29,6 +31,7 @@ type round struct {
 	classes map[classKey][][]Reason
 	zoneOf  []int // zone index of each cell
 	zones   int
+	byID    map[string]int // nil until an item with a spread peer needs it
 	holders map[string][]int
 
 	// The current item's LRP: instances per zone, and per cell where mark[i] == seq.
@@ -49,6 +52,7 @@ func (r *round) reset(cells []*Cell) {
 	}
 	r.classes = map[classKey][][]Reason{}
 	r.holders = map[string][]int{}
+	r.byID = nil
 	zoneIdx := map[string]int{}
 	r.zoneOf = make([]int, len(cells))
 	for i, c := range cells {
@@ -95,7 +99,8 @@ func (r *round) classReasons(w *Work, cells []*Cell, filters []Filter) [][]Reaso
 }
 
 // count loads the current item's LRP: its instances per zone over every cell and per holding
-// cell, read by inZone and sameOn. A task holds no instances.
+// cell, read by inZone and sameOn, and its spread peer's instances added to their zones (not to
+// sameOn: the peer counts for the zone spread only). A task holds no instances.
 func (r *round) count(w *Work, cells []*Cell) {
 	r.seq++
 	if r.seq == 0 { // wrapped: no mark may look current
@@ -120,6 +125,24 @@ func (r *round) count(w *Work, cells []*Cell) {
 		n := cells[i].Instances[guid]
 		r.mark[i], r.same[i] = r.seq, n
 		r.perZone[r.zoneOf[i]] += n
+	}
+	if len(w.SpreadPeer) > 0 {
+		r.countPeer(w.SpreadPeer, cells)
+	}
+}
+
+// countPeer adds a spread peer's instances (per cell id) to the zones of their cells.
+func (r *round) countPeer(peer map[string]int, cells []*Cell) {
+	if r.byID == nil {
+		r.byID = make(map[string]int, len(cells))
+		for i, c := range cells {
+			r.byID[c.ID] = i
+		}
+	}
+	for id, n := range peer {
+		if i, ok := r.byID[id]; ok && n > 0 {
+			r.perZone[r.zoneOf[i]] += n
+		}
 	}
 }
 

@@ -22,7 +22,8 @@ type Scorer interface {
 
 // Spreader ranks the availability zones for w: of the cells that can take w, Select keeps those
 // whose zone has the lowest rank and scores them together. inZone is how many instances of w's
-// LRP the zone's cells hold (counted over every cell of the round; 0 for a task).
+// LRP the zone's cells hold (counted over every cell of the round, with the LRP's spread peer's
+// instances in the zone; 0 for a task).
 type Spreader interface {
 	Rank(w *Work, inZone int) int
 }

@@ -147,6 +147,12 @@ func (s *Server) Exec(stream grpc.BidiStreamingServer[bbsv1.ExecRequest, bbsv1.E
 		return fmt.Errorf("exec on cell %s: %w", cellID, err)
 	}
 	if err := rs.Send(&repv1.ExecRequest{Start: st}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The rep ended the stream already (a refusal): its status is on Recv.
+			if _, rerr := rs.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
+				err = rerr
+			}
+		}
 		return fmt.Errorf("exec on cell %s: %w", cellID, err)
 	}
 	// Client → rep: stdin, resizes, the end of input.

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 )
 
@@ -68,11 +69,12 @@ func (a *Admission) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			}
 			defer a.intake.Add(-1)
 		}
-		if a.inflight.Add(1) > a.limit {
-			a.inflight.Add(-1)
+		w := min(weight(req), a.limit)
+		if a.inflight.Add(w) > a.limit {
+			a.inflight.Add(-w)
 			return nil, a.refuse(method, "writes")
 		}
-		defer a.inflight.Add(-1)
+		defer a.inflight.Add(-w)
 		return handler(ctx, req)
 	}
 }
@@ -89,4 +91,16 @@ func (a *Admission) refuse(method, what string) error {
 		limit = a.intakeLimit
 	}
 	return rpcerr.Overloaded(a.retryAfter, "bbs busy: %d %s in flight, %s refused; retry after %s", limit, what, method, a.retryAfter)
+}
+
+// weight is how many writes a call brings: one, or a batch call's items (a batch larger than
+// the bound counts as the bound, so it can be admitted when nothing else is in flight).
+func weight(req any) int64 {
+	switch r := req.(type) {
+	case *bbsv1.ClaimActualLRPsRequest:
+		return max(1, int64(len(r.GetClaims())))
+	case *bbsv1.StartActualLRPsRequest:
+		return max(1, int64(len(r.GetStarts())))
+	}
+	return 1
 }

@@ -158,18 +158,25 @@ func (s *Server) ClaimActualLRP(ctx context.Context, r *bbsv1.ClaimActualLRPRequ
 	}
 	resp := &bbsv1.ClaimActualLRPResponse{ActualLrp: a}
 	if r.GetIncludeDesiredLrp() {
-		// Read from the cache: a removed LRP leaves it unset, and the rep then asks and finds
-		// the LRP gone, as it would have without the flag.
-		// The claim is for an instance on the caller's cell (the policy checked), so a rep
-		// with the read-secrets capability gets the secrets it must start the container with.
-		if d, _, err := s.desired.DesiredLRP(r.GetProcessGuid()); err == nil {
-			resp.DesiredLrp = d
-			if sc := secretsFor(ctx); !sc.all && sc.cell == "" {
-				resp.DesiredLrp = models.RedactSecrets(d)
-			}
-		}
+		resp.DesiredLrp = s.claimedDesired(ctx, r.GetProcessGuid())
 	}
 	return resp, nil
+}
+
+// claimedDesired is the desired LRP a claim brings back (include_desired_lrp), read after the
+// claim committed. It is read from the cache: a removed LRP leaves it nil, and the rep then asks
+// and finds the LRP gone, as it would have without the flag. The claim is for an instance on the
+// caller's cell (the policy checked), so a rep with the read-secrets capability gets the secrets
+// it must start the container with.
+func (s *Server) claimedDesired(ctx context.Context, guid string) *modelsv1.DesiredLRP {
+	d, _, err := s.desired.DesiredLRP(guid)
+	if err != nil {
+		return nil
+	}
+	if sc := secretsFor(ctx); !sc.all && sc.cell == "" {
+		return models.RedactSecrets(d)
+	}
+	return d
 }
 
 // StartActualLRP implements bbsv1.BBSServiceServer.
@@ -333,6 +340,9 @@ func (s *Server) ResolveLinks(_ context.Context, r *bbsv1.ResolveLinksRequest) (
 func (s *Server) SubscribeToEvents(r *bbsv1.SubscribeToEventsRequest, stream bbsv1.BBSService_SubscribeToEventsServer) error {
 	f, err := store.NewEventFilter(r.GetFilter())
 	if err != nil {
+		return err
+	}
+	if f.Kinds, err = store.EventKinds(r.GetKinds()); err != nil {
 		return err
 	}
 	sc := secretsFor(stream.Context())

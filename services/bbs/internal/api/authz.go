@@ -17,7 +17,7 @@ var Reads = []string{"Domains", "DesiredLRPs", "DesiredLRPByProcessGuid", "Desir
 	"ActualLRPs", "Tasks", "TaskByGuid", "Cells", "Tags", "ResolveLinks", "SubscribeToEvents"}
 
 // repCalls are the lifecycle calls a rep makes; Check confines them to its own cell.
-var repCalls = []string{"ClaimActualLRP", "StartActualLRP", "CrashActualLRP", "RemoveActualLRP",
+var repCalls = []string{"ClaimActualLRP", "StartActualLRP", "ClaimActualLRPs", "StartActualLRPs", "CrashActualLRP", "RemoveActualLRP",
 	"EvacuateClaimedActualLRP", "EvacuateRunningActualLRP", "EvacuateStoppedActualLRP",
 	"EvacuateCrashedActualLRP", "RemoveEvacuatingActualLRP", "StartTask", "CompleteTask"}
 
@@ -143,6 +143,20 @@ func repMayCall(cell string, req any) error {
 		return ik(r.GetInstanceKey())
 	case *bbsv1.StartActualLRPRequest:
 		return ik(r.GetInstanceKey())
+	case *bbsv1.ClaimActualLRPsRequest:
+		for _, c := range r.GetClaims() {
+			if err := ik(c.GetInstanceKey()); err != nil {
+				return err
+			}
+		}
+		return nil
+	case *bbsv1.StartActualLRPsRequest:
+		for _, st := range r.GetStarts() {
+			if err := ik(st.GetInstanceKey()); err != nil {
+				return err
+			}
+		}
+		return nil
 	case *bbsv1.CrashActualLRPRequest:
 		return ik(r.GetInstanceKey())
 	case *bbsv1.RemoveActualLRPRequest:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -98,13 +99,30 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 		}()
 	}
 	byID := s.presentCells()
+	present := map[string]*modelsv1.CellPresence{}
 	for _, id := range cellIDs {
 		if cell := byID[id]; cell != nil {
-			openCell(id, cell, req) // a cell that is gone took its containers' lines with it
+			present[id] = cell // a cell that is gone took its containers' lines with it
 		}
 	}
-	if open == 0 {
+	if len(present) == 0 {
 		return rpcerr.Unavailable("no cell holding the selected containers is present")
+	}
+	follows := map[string]*repv1.StreamLogsRequest{}
+	for id := range present {
+		follows[id] = req
+	}
+	if r.Tail != nil && r.GetTail() > 0 && len(present) > 1 {
+		// Each cell keeps its own lines: the last tail lines of the selection are read from
+		// every cell, merged by time and cut to tail; a follow then goes on in each cell after
+		// the last line it sent.
+		var err error
+		if follows, err = s.sendTail(ctx, stream, r, present); err != nil || !r.GetFollow() {
+			return err
+		}
+	}
+	for id, cell := range present {
+		openCell(id, cell, follows[id])
 	}
 	var recheck <-chan time.Time
 	if r.GetFollow() {
@@ -144,3 +162,97 @@ func (s *Server) StreamLogs(r *bbsv1.StreamLogsRequest, stream grpc.ServerStream
 	}
 	return nil
 }
+
+// cellLine is a log line and the cell it came from.
+type cellLine struct {
+	line *repv1.LogLine
+	cell string
+}
+
+// sendTail sends the last r.tail lines of the selection over the cells present (each cell
+// sends at most that many, so the BBS holds at most tail lines per cell), in time order, and
+// returns each cell's request to follow on from there: after the latest line it sent, or, for a
+// cell that sent none, every line it captures from now on. A cell that does not answer is
+// left out (followed from the start of the call); when none answers, that is the error.
+func (s *Server) sendTail(ctx context.Context, stream grpc.ServerStreamingServer[bbsv1.StreamLogsResponse], r *bbsv1.StreamLogsRequest, present map[string]*modelsv1.CellPresence) (map[string]*repv1.StreamLogsRequest, error) {
+	started := timestamppb.Now()
+	type read struct {
+		cell  string
+		lines []*repv1.LogLine
+		err   error
+	}
+	reads := make(chan read, len(present))
+	for id, cell := range present {
+		go func() {
+			rs, err := s.logs.StreamLogs(ctx, cell, &repv1.StreamLogsRequest{ProcessGuid: r.GetProcessGuid(), Index: r.Index,
+				TaskGuid: r.GetTaskGuid(), Tail: r.Tail, Since: r.GetSince()})
+			var lines []*repv1.LogLine
+			for err == nil {
+				var m *repv1.StreamLogsResponse
+				if m, err = rs.Recv(); err == nil {
+					lines = append(lines, m.GetLines()...)
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			reads <- read{id, lines, err}
+		}()
+	}
+	var (
+		all  []cellLine
+		errs []error
+	)
+	follows := make(map[string]*repv1.StreamLogsRequest, len(present))
+	for range present {
+		rd := <-reads
+		follow := &repv1.StreamLogsRequest{ProcessGuid: r.GetProcessGuid(), Index: r.Index, TaskGuid: r.GetTaskGuid(), Follow: true}
+		switch {
+		case rd.err != nil:
+			errs = append(errs, fmt.Errorf("logs of cell %s: %w", rd.cell, rd.err))
+			follow.Since = started
+		case len(rd.lines) > 0:
+			// After the latest line sent (a cell's lines of several containers, or of one
+			// container's stdout and stderr, are only nearly in time order: the latest is not
+			// always the last, and resuming after the last could send a line twice).
+			latest := rd.lines[0].GetTimestamp().AsTime()
+			for _, l := range rd.lines[1:] {
+				if t := l.GetTimestamp().AsTime(); t.After(latest) {
+					latest = t
+				}
+			}
+			follow.Since = timestamppb.New(latest.Add(time.Nanosecond))
+		default:
+			follow.Since = r.GetSince() // it had none: all it keeps from now on are new
+		}
+		follows[rd.cell] = follow
+		for _, l := range rd.lines {
+			all = append(all, cellLine{l, rd.cell})
+		}
+	}
+	if len(errs) == len(present) {
+		return nil, errors.Join(errs...)
+	}
+	slices.SortStableFunc(all, func(a, b cellLine) int {
+		return a.line.GetTimestamp().AsTime().Compare(b.line.GetTimestamp().AsTime())
+	})
+	all = all[max(0, len(all)-int(r.GetTail())):]
+	for len(all) > 0 {
+		n := 1
+		for n < len(all) && n < tailBatch && all[n].cell == all[0].cell {
+			n++
+		}
+		resp := &bbsv1.StreamLogsResponse{CellId: all[0].cell, Lines: make([]*repv1.LogLine, n)}
+		for i := range n {
+			resp.Lines[i] = all[i].line
+		}
+		if err := stream.Send(resp); err != nil {
+			return nil, err
+		}
+		all = all[n:]
+	}
+	return follows, nil
+}
+
+// tailBatch is the most lines of a merged tail sent in one message.
+const tailBatch = 256

@@ -42,7 +42,10 @@ func (c *ActualLRPs) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_Sta
 	}
 	next.State = state
 	next.ModificationTag = bump(a.GetModificationTag())
-	next.TraceContext = nil // only the change that made it RUNNING keeps its trace (StartActualLRP)
+	// Only the change that made it RUNNING keeps its trace (StartActualLRP); TraceContext is the
+	// form an older release wrote it in, cleared the same way.
+	next.Trace = nil
+	next.TraceContext = nil
 	return next
 }
 
@@ -152,7 +155,7 @@ func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int3
 		next.Routable = routable
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
-		next.TraceContext = tracing.InjectSampled(ctx) // what follows (route publication) joins the trace
+		next.Trace = tracing.CarrySampled(ctx) // what follows (route publication) joins the trace
 		// A running replacement ends the suspect copy of the slot (in the same transaction).
 		sus, err := t.ActualLRP(guid, index, suspect)
 		if err != nil {

@@ -28,6 +28,21 @@ type LRPStart struct {
 	SchedulingInfo *modelsv1.DesiredLRPSchedulingInfo
 	// Indices are the instance indices to place.
 	Indices []int32
+	// Peer, when the desired LRP has a spread peer (spread_with), is the peer's instances that
+	// outlive this step, per cell, for the auctioneer to count with this LRP's; nil otherwise.
+	Peer *SpreadPeer
+}
+
+// SpreadPeer is a desired LRP's spread peer resolved for one auction request.
+type SpreadPeer struct {
+	// ProcessGuid names the peer LRP.
+	ProcessGuid string
+	// BelowIndex is the survivor bound: the peer's total_instances minus the LRP's desired
+	// instances. The peer's instances with a smaller index outlive the step.
+	BelowIndex int32
+	// CellInstances counts the surviving instances per cell id: ordinary instances placed on a
+	// cell (claimed or running) and not draining.
+	CellInstances map[string]int32
 }
 
 // Auctioneer places work on cells. The BBS calls it after creating UNCLAIMED instances or
@@ -220,12 +235,46 @@ func (c *deps) auctionLRPs(ctx context.Context, starts []LRPStart) {
 		return
 	}
 	c.observeAuction("lrp", n)
-	tc := tracing.Inject(ctx)
+	tc := tracing.Carry(ctx)
 	if !c.detach("lrp auction", func(ctx context.Context) error {
-		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(tracing.Extract(ctx, tc), kept))
+		c.resolvePeers(kept)
+		return c.auctionResult("lrp", n, c.cfg.Auctioneer.RequestLRPAuctions(tracing.Join(ctx, tc), kept))
 	}) {
 		c.auctionResult("lrp", n, errNotQueued)
 	}
+}
+
+// resolvePeers sets Peer on every start whose desired LRP has a spread peer, from the store's
+// current instances of the peer. Starts without one cost nothing. It runs in the background,
+// off the request that created the instances.
+func (c *deps) resolvePeers(starts []LRPStart) {
+	for i := range starts {
+		sw := starts[i].SchedulingInfo.GetSpreadWith()
+		if sw.GetProcessGuid() == "" {
+			continue
+		}
+		starts[i].Peer = c.spreadPeer(sw, starts[i].SchedulingInfo.GetInstances())
+	}
+}
+
+// spreadPeer resolves peer sw of an LRP with desired instances: the peer's instances whose
+// index is below sw.total_instances - desired, counted per cell. nsync retires the peer's
+// highest indices first (old_desired = total - new_healthy), so these are the instances that
+// outlive the step this auction belongs to.
+func (c *deps) spreadPeer(sw *modelsv1.SpreadWith, desired int32) *SpreadPeer {
+	p := &SpreadPeer{ProcessGuid: sw.GetProcessGuid(), BelowIndex: max(0, sw.GetTotalInstances()-desired), CellInstances: map[string]int32{}}
+	actuals, _ := c.st.ActualLRPs(store.ListFilter{Guids: map[string]struct{}{p.ProcessGuid: {}}})
+	for _, a := range actuals {
+		cell := a.GetInstanceKey().GetCellId()
+		if a.GetPresence() != ordinary || cell == "" || draining(a) || a.GetKey().GetIndex() >= p.BelowIndex {
+			continue
+		}
+		if s := a.GetState(); s != modelsv1.ActualLRP_STATE_CLAIMED && s != modelsv1.ActualLRP_STATE_RUNNING {
+			continue
+		}
+		p.CellInstances[cell]++
+	}
+	return p
 }
 
 // auctionTasks asks the auctioneer, in the background, to place tasks, carrying ctx's trace
@@ -235,9 +284,9 @@ func (c *deps) auctionTasks(ctx context.Context, tasks []*modelsv1.Task) {
 		return
 	}
 	c.observeAuction("task", len(tasks))
-	tc := tracing.Inject(ctx)
+	tc := tracing.Carry(ctx)
 	if !c.detach("task auction", func(ctx context.Context) error {
-		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(tracing.Extract(ctx, tc), tasks))
+		return c.auctionResult("task", len(tasks), c.cfg.Auctioneer.RequestTaskAuctions(tracing.Join(ctx, tc), tasks))
 	}) {
 		c.auctionResult("task", len(tasks), errNotQueued)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -141,6 +142,15 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		if err := models.CheckImmutable("update", models.JoinDesiredLRP(sched, run), u); err != nil {
 			return none, err
 		}
+		if d := u.GetLogDrains(); d != nil && !slices.Equal(d.GetLogDrains(), run.GetLogDrains()) {
+			// The drains live in the run info: its key changes, and the DesiredLRPChanged event
+			// (which cells follow for drains) carries them.
+			run = clone(run)
+			run.LogDrains = slices.Clone(d.GetLogDrains())
+			if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
+				return none, err
+			}
+		}
 		next := clone(sched)
 		if u.Instances != nil {
 			next.Instances = u.GetInstances()
@@ -153,6 +163,12 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		}
 		if u.GetLabels() != nil {
 			next.Labels = maps.Clone(u.GetLabels().GetLabels())
+		}
+		if u.GetSpreadWith() != nil {
+			next.SpreadWith = nil // an update without a peer clears it
+			if sw := u.GetSpreadWith().GetSpreadWith(); sw != nil {
+				next.SpreadWith = proto.CloneOf(sw)
+			}
 		}
 		if c.cfg.Transformer != nil {
 			transformed, err := memo.transform(ctx, c.deps, models.JoinDesiredLRP(next, run))

@@ -126,7 +126,7 @@ func (a *Auctioneer) Close() error {
 // RequestLRPAuctions queues instances for placement; they are sent within one window, each
 // carrying ctx's trace context.
 func (a *Auctioneer) RequestLRPAuctions(ctx context.Context, starts []core.LRPStart) error {
-	tc := tracing.Inject(ctx)
+	tc := tracing.Carry(ctx)
 	a.mu.Lock()
 	for _, s := range starts {
 		if len(s.Indices) == 0 {
@@ -140,7 +140,8 @@ func (a *Auctioneer) RequestLRPAuctions(ctx context.Context, starts []core.LRPSt
 			Resources:           si.GetResources(),
 			Rootfs:              si.GetRootfs(),
 			PlacementConstraint: si.GetPlacementConstraint(),
-			TraceContext:        tc,
+			Trace:               tc,
+			SpreadPeer:          spreadPeer(s.Peer),
 		})
 	}
 	a.mu.Unlock()
@@ -148,10 +149,18 @@ func (a *Auctioneer) RequestLRPAuctions(ctx context.Context, starts []core.LRPSt
 	return nil
 }
 
+// spreadPeer is the start request's form of a resolved spread peer (nil for none).
+func spreadPeer(p *core.SpreadPeer) *auctioneerv1.SpreadPeer {
+	if p == nil {
+		return nil
+	}
+	return &auctioneerv1.SpreadPeer{ProcessGuid: p.ProcessGuid, BelowIndex: p.BelowIndex, CellInstances: p.CellInstances}
+}
+
 // RequestTaskAuctions queues tasks for placement; they are sent within one window, each
 // carrying ctx's trace context.
 func (a *Auctioneer) RequestTaskAuctions(ctx context.Context, tasks []*modelsv1.Task) error {
-	tc := tracing.Inject(ctx)
+	tc := tracing.Carry(ctx)
 	a.mu.Lock()
 	for _, t := range tasks {
 		def := t.GetDefinition()
@@ -161,7 +170,7 @@ func (a *Auctioneer) RequestTaskAuctions(ctx context.Context, tasks []*modelsv1.
 			Resources:           &modelsv1.Resources{MemoryMb: def.GetMemoryMb(), DiskMb: def.GetDiskMb(), MaxPids: def.GetMaxPids()},
 			Rootfs:              def.GetRootfs(),
 			PlacementConstraint: def.GetPlacementConstraint(),
-			TraceContext:        tc,
+			Trace:               tc,
 		})
 	}
 	a.mu.Unlock()

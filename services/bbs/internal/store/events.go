@@ -1,7 +1,11 @@
 package store
 
 import (
+	"fmt"
+	"slices"
+
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -222,6 +226,28 @@ type EventFilter struct {
 	// definition labels. A change matches when either side does; presence events never match
 	// a non-empty selector.
 	Selector labels.Selector
+	// Kinds keeps only events of these kinds (Event's kind field numbers); nil keeps all.
+	Kinds map[protoreflect.FieldNumber]bool
+}
+
+// eventKinds are the fields of Event's kind oneof.
+var eventKinds = (&bbsv1.Event{}).ProtoReflect().Descriptor().Oneofs().ByName("kind")
+
+// EventKinds is the Kinds filter of the event kinds named (Event's kind field names); nil for
+// none. An unknown name is InvalidArgument, naming kinds[i].
+func EventKinds(names []string) (map[protoreflect.FieldNumber]bool, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	out := make(map[protoreflect.FieldNumber]bool, len(names))
+	for i, n := range names {
+		fd := eventKinds.Fields().ByName(protoreflect.Name(n))
+		if fd == nil {
+			return nil, rpcerr.Invalid(fmt.Sprintf("kinds[%d]", i), "unknown event kind %q", n)
+		}
+		out[fd.Number()] = true
+	}
+	return out, nil
 }
 
 // NewEventFilter builds a filter from the API's filter message; the selector was validated
@@ -243,7 +269,16 @@ func NewEventFilter(f *bbsv1.Filter) (EventFilter, error) {
 }
 
 func (f EventFilter) empty() bool {
-	return f.Domain == "" && f.Guids == nil && f.CellID == "" && f.Selector.Empty()
+	return f.Domain == "" && f.Guids == nil && f.CellID == "" && f.Selector.Empty() && f.Kinds == nil
+}
+
+// kept reports whether e's kind passes the Kinds filter.
+func (f EventFilter) kept(e *bbsv1.Event) bool {
+	if f.Kinds == nil {
+		return true
+	}
+	fd := e.ProtoReflect().WhichOneof(eventKinds)
+	return fd != nil && f.Kinds[fd.Number()]
 }
 
 // selects reports whether one of an event's label sets matches the selector.
@@ -277,7 +312,7 @@ func (f EventFilter) Match(e *bbsv1.Event, sets labelSets) bool {
 	if f.empty() {
 		return true
 	}
-	if !f.selects(sets) {
+	if !f.kept(e) || !f.selects(sets) {
 		return false
 	}
 	desired := func(d *modelsv1.DesiredLRP) bool {
@@ -296,7 +331,13 @@ func (f EventFilter) Match(e *bbsv1.Event, sets labelSets) bool {
 	case *bbsv1.Event_DesiredLrpCreated:
 		return desired(k.DesiredLrpCreated.GetDesiredLrp())
 	case *bbsv1.Event_DesiredLrpChanged:
-		return desired(k.DesiredLrpChanged.GetBefore()) || desired(k.DesiredLrpChanged.GetAfter())
+		c := k.DesiredLrpChanged
+		if f.CellID != "" && !slices.Equal(c.GetBefore().GetLogDrains(), c.GetAfter().GetLogDrains()) {
+			// A change of log drains concerns every cell that may run the LRP (its reps switch
+			// the drains of its instances), so a cell filter keeps it, as it keeps LinksChanged.
+			return f.matchRecord(c.GetAfter().GetDomain(), c.GetAfter().GetProcessGuid(), f.CellID)
+		}
+		return desired(c.GetBefore()) || desired(c.GetAfter())
 	case *bbsv1.Event_DesiredLrpRemoved:
 		return desired(k.DesiredLrpRemoved.GetDesiredLrp())
 	case *bbsv1.Event_ActualLrpCreated:

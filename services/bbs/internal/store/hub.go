@@ -1,6 +1,7 @@
 package store
 
 import (
+	"slices"
 	"sort"
 	"sync"
 
@@ -199,7 +200,8 @@ func mergeAfter(a, b []int64, rev int64, max int) []int64 {
 
 // cellsOf lists the cells the events concern: every cell x for which some event passes
 // EventFilter{CellID: x} (instance, task and presence events name their cells), each once; all
-// is true when an event passes every cell filter (LinksChanged).
+// is true when an event passes every cell filter (LinksChanged, and DesiredLRPChanged of log
+// drains).
 func cellsOf(events []*bbsv1.Event) (ids []string, all bool) {
 	seen := map[string]bool{}
 	add := func(id string) {
@@ -232,6 +234,10 @@ func cellsOf(events []*bbsv1.Event) (ids []string, all bool) {
 			add(k.CellDisappeared.GetCell().GetCellId())
 		case *bbsv1.Event_LinksChanged:
 			all = true
+		case *bbsv1.Event_DesiredLrpChanged:
+			if c := k.DesiredLrpChanged; !slices.Equal(c.GetBefore().GetLogDrains(), c.GetAfter().GetLogDrains()) {
+				all = true // a change of log drains passes every cell filter (EventFilter.Match)
+			}
 		}
 	}
 	return ids, all

@@ -5,8 +5,11 @@
 package validate
 
 import (
+	"errors"
 	"strconv"
 	"time"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
@@ -61,6 +64,10 @@ func (v Validator) Request(req any) error {
 		if r.GetDomain() != "" {
 			e.Merge("domain", models.ValidateDomain("domain", r.GetDomain()))
 		}
+	case *bbsv1.ClaimActualLRPsRequest:
+		batch(e, "claims", len(r.GetClaims()), func(i int) error { return v.Request(r.GetClaims()[i]) })
+	case *bbsv1.StartActualLRPsRequest:
+		batch(e, "starts", len(r.GetStarts()), func(i int) error { return v.Request(r.GetStarts()[i]) })
 	case *bbsv1.CrashActualLRPRequest:
 		slot(e, r.GetProcessGuid(), r.GetIndex())
 		e.Merge("instance_key", models.ValidateInstanceKey("instance_key", r.GetInstanceKey()))
@@ -129,6 +136,11 @@ func (v Validator) Request(req any) error {
 	case *bbsv1.SubscribeToEventsRequest:
 		nonNegative(e, "since_revision", r.GetSinceRevision())
 		filter(e, "filter", r.GetFilter())
+		for i, k := range r.GetKinds() {
+			if eventKinds.ByName(protoreflect.Name(k)) == nil {
+				e.Add("kinds["+strconv.Itoa(i)+"]", "unknown event kind %q", k)
+			}
+		}
 	case *bbsv1.StreamLogsRequest:
 		selection(e, r.GetProcessGuid(), r.Index, r.GetTaskGuid())
 		if r.Tail != nil && r.GetTail() < 0 {
@@ -188,6 +200,35 @@ func emitterID(e *rpcerr.InvalidError, id string) {
 		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '_' || ch == '-') {
 			e.Add("emitter_id", "may hold only letters, digits, '.', '_' and '-', got %q", id)
 			return
+		}
+	}
+}
+
+// eventKinds are the fields of Event's kind oneof, the names SubscribeToEventsRequest.kinds takes.
+var eventKinds = (&bbsv1.Event{}).ProtoReflect().Descriptor().Oneofs().ByName("kind").Fields()
+
+// MaxBatch bounds the items of one batch call (ClaimActualLRPs, StartActualLRPs).
+const MaxBatch = 1000
+
+// batch checks a batch call's n items: at least one, at most MaxBatch, each valid as the call
+// it stands for, its violations named under field[i].
+func batch(e *rpcerr.InvalidError, field string, n int, item func(i int) error) {
+	if n == 0 {
+		e.Add(field, "must hold at least one item")
+	}
+	if n > MaxBatch {
+		e.Add(field, "must hold at most %d items, got %d", MaxBatch, n)
+		return
+	}
+	for i := range n {
+		err := item(i)
+		var inv *rpcerr.InvalidError
+		if !errors.As(err, &inv) {
+			e.Merge(field+"["+strconv.Itoa(i)+"]", err)
+			continue
+		}
+		for _, viol := range inv.Violations {
+			e.Add(field+"["+strconv.Itoa(i)+"]."+viol.Field, "%s", viol.Reason)
 		}
 	}
 }

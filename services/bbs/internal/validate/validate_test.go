@@ -118,6 +118,18 @@ func requestCases() []requestCase {
 		{"start missing", &bbsv1.StartActualLRPRequest{ProcessGuid: "web-1"}, []string{"instance_key", "net_info"}},
 		{"start bad", &bbsv1.StartActualLRPRequest{ProcessGuid: "web-1", InstanceKey: badKey, NetInfo: badNet},
 			[]string{"instance_key.instance_guid", "instance_key.cell_id", "net_info.ports[0].host_port"}},
+		{"claims", &bbsv1.ClaimActualLRPsRequest{Claims: []*bbsv1.ClaimActualLRPRequest{
+			{ProcessGuid: "web-1", Index: 0, InstanceKey: goodKey}, {ProcessGuid: "web-1", Index: 1, InstanceKey: goodKey}}}, nil},
+		{"claims empty", &bbsv1.ClaimActualLRPsRequest{}, []string{"claims"}},
+		{"claims bad", &bbsv1.ClaimActualLRPsRequest{Claims: []*bbsv1.ClaimActualLRPRequest{
+			{ProcessGuid: "web-1", Index: 0, InstanceKey: goodKey}, {ProcessGuid: "web-1", Index: -1, InstanceKey: badKey}}},
+			[]string{"claims[1].index", "claims[1].instance_key.instance_guid", "claims[1].instance_key.cell_id"}},
+		{"claims too many", &bbsv1.ClaimActualLRPsRequest{Claims: make([]*bbsv1.ClaimActualLRPRequest, 1001)}, []string{"claims"}},
+		{"starts", &bbsv1.StartActualLRPsRequest{Starts: []*bbsv1.StartActualLRPRequest{
+			{ProcessGuid: "web-1", Index: 1, InstanceKey: goodKey, NetInfo: goodNet, Routable: true}}}, nil},
+		{"starts bad", &bbsv1.StartActualLRPsRequest{Starts: []*bbsv1.StartActualLRPRequest{
+			{ProcessGuid: "web-1", Index: 1, InstanceKey: goodKey, NetInfo: goodNet}, {ProcessGuid: "web-1"}}},
+			[]string{"starts[1].instance_key", "starts[1].net_info"}},
 		{"crash", &bbsv1.CrashActualLRPRequest{ProcessGuid: "web-1", InstanceKey: goodKey, ErrorMessage: "exit 1"}, nil},
 		{"crash bad", &bbsv1.CrashActualLRPRequest{ProcessGuid: "web.1", Index: -2}, []string{"process_guid", "index", "instance_key"}},
 		{"fail", &bbsv1.FailActualLRPRequest{ProcessGuid: "web-1", PlacementError: goodPE}, nil},
@@ -183,6 +195,8 @@ func requestCases() []requestCase {
 		{"resolve links bad", &bbsv1.ResolveLinksRequest{}, []string{"process_guid"}},
 		{"subscribe", &bbsv1.SubscribeToEventsRequest{SinceRevision: 42, Filter: &bbsv1.Filter{Domain: "cf-apps", CellId: "cell-1"}}, nil},
 		{"subscribe from now", &bbsv1.SubscribeToEventsRequest{}, nil},
+		{"subscribe to kinds", &bbsv1.SubscribeToEventsRequest{Kinds: []string{"links_changed", "desired_lrp_changed"}}, nil},
+		{"subscribe to an unknown kind", &bbsv1.SubscribeToEventsRequest{Kinds: []string{"links_changed", "LinksChanged"}}, []string{"kinds[1]"}},
 		{"subscribe bad", &bbsv1.SubscribeToEventsRequest{SinceRevision: -1, Filter: badFilter},
 			append([]string{"since_revision"}, badFilterAt...)},
 		{"logs", &bbsv1.StreamLogsRequest{ProcessGuid: "web", Follow: true}, nil},

@@ -83,6 +83,22 @@ func Instances(rec *nsyncv1.AppRecord, v int64) int32 {
 	return rec.GetApp().GetInstances()
 }
 
+// SpreadWith is the spread peer version v's LRP is desired with (DesiredLRP.spread_with):
+// during an active deployment its new LRP (the to_version; a revert's is the old version)
+// spreads with the other version's LRP over the app's instance count, so that the auctioneer
+// counts the other version's instances that outlive each step when it places the new ones.
+// Every other version has none (nil).
+func SpreadWith(rec *nsyncv1.AppRecord, v int64) *modelsv1.SpreadWith {
+	d := rec.GetDeployment()
+	if !deploying(d) || v != d.GetToVersion() || d.GetFromVersion() == d.GetToVersion() {
+		return nil
+	}
+	return &modelsv1.SpreadWith{
+		ProcessGuid:    ProcessGuid(rec.GetApp().GetGuid(), d.GetFromVersion()),
+		TotalInstances: rec.GetApp().GetInstances(),
+	}
+}
+
 // VersionWork is version v of the recorded app as it is desired at the BBS: the version's
 // definition with the app's current routes, the version's instance count (Instances) and
 // version set, and its rootfs and constraint.

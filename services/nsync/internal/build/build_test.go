@@ -158,3 +158,33 @@ func TestValidatePool(t *testing.T) {
 		})
 	}
 }
+
+// TestSpreadWith: during an active deployment the new LRP (a revert's: the old version) spreads
+// with the other version over the app's instances; no other version, and no LRP outside an
+// active deployment, has a peer.
+func TestSpreadWith(t *testing.T) {
+	rec := &nsyncv1.AppRecord{
+		State: nsyncv1.AppState_APP_STATE_STARTED,
+		App:   &nsyncv1.App{Guid: "web", Version: 1, Instances: 6},
+		Deployment: &nsyncv1.Deployment{FromVersion: 1, ToVersion: 2,
+			State: nsyncv1.DeploymentState_DEPLOYMENT_STATE_RUNNING},
+	}
+	if sw := SpreadWith(rec, 2); sw.GetProcessGuid() != "web-v1" || sw.GetTotalInstances() != 6 {
+		t.Errorf("new version's peer %v, want web-v1 over 6", sw)
+	}
+	if sw := SpreadWith(rec, 1); sw != nil {
+		t.Errorf("old version's peer %v, want none", sw)
+	}
+	rec.Deployment.FromVersion, rec.Deployment.ToVersion, rec.Deployment.RevertOf = 2, 1, "web-d1"
+	if sw := SpreadWith(rec, 1); sw.GetProcessGuid() != "web-v2" {
+		t.Errorf("a revert's new LRP's peer %v, want web-v2", sw)
+	}
+	rec.Deployment.State = nsyncv1.DeploymentState_DEPLOYMENT_STATE_PAUSED
+	if SpreadWith(rec, 1) == nil {
+		t.Error("a paused deployment's new LRP has no peer")
+	}
+	rec.Deployment.State = nsyncv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED
+	if sw := SpreadWith(rec, 1); sw != nil {
+		t.Errorf("after the deployment: peer %v, want none", sw)
+	}
+}

@@ -34,6 +34,12 @@ type Snapshot struct {
 	Apps []App
 	// Now is the time the pass judges drain deadlines against.
 	Now time.Time
+	// ListedAt is the revision of nsync's store read before the LRPs were listed (0: unknown).
+	// A record changed after it (ModRevision > ListedAt) may have been desired or updated at the
+	// BBS after the listing, by the call that changed it: the pass leaves its desires and
+	// updates to that call and plans them again next time, so it never races the call (a
+	// second DesireLRP would start the instances outside the call's trace).
+	ListedAt int64
 }
 
 // Change is one step of a bulk plan.
@@ -51,6 +57,9 @@ type Desire struct {
 	// Rootfs and Constraint are the recorded placement of that version.
 	Rootfs     string
 	Constraint *modelsv1.PlacementConstraint
+	// SpreadWith is the version's spread peer (build.SpreadWith): set for a deployment's new
+	// LRP, nil otherwise.
+	SpreadWith *modelsv1.SpreadWith
 }
 
 // Update corrects an LRP whose instances or routes drifted from its app.
@@ -121,13 +130,18 @@ func Make(s Snapshot) Plan {
 	for _, a := range s.Apps {
 		rec := a.Record
 		app := rec.GetApp()
+		newer := s.ListedAt > 0 && a.ModRevision > s.ListedAt
 		for _, v := range build.LiveVersions(rec) {
 			pg := build.ProcessGuid(app.GetGuid(), v)
 			expected[pg] = true
 			si, ok := atBBS[pg]
+			if newer {
+				continue
+			}
 			if !ok {
 				def, w := build.VersionWork(rec, v)
-				p.Changes = append(p.Changes, Desire{ProcessGuid: pg, App: def, Version: v, Rootfs: w.Rootfs, Constraint: w.Constraint})
+				p.Changes = append(p.Changes, Desire{ProcessGuid: pg, App: def, Version: v, Rootfs: w.Rootfs, Constraint: w.Constraint,
+					SpreadWith: build.SpreadWith(rec, v)})
 				continue
 			}
 			u, err := build.LRPUpdateFor(rec, v)

@@ -203,3 +203,50 @@ func TestMake(t *testing.T) {
 		})
 	}
 }
+
+// TestMakeDesiresADeploymentsNewLRPWithItsPeer: a deployment's missing new LRP is desired with
+// the old version as its spread peer (decision 0037); the old version, when missing, without.
+func TestMakeDesiresADeploymentsNewLRPWithItsPeer(t *testing.T) {
+	r := rec("web", 1, 3, started)
+	r.Deployment = &nsyncv1.Deployment{FromVersion: 1, ToVersion: 2, NewDesired: 1, OldDesired: 3,
+		State: nsyncv1.DeploymentState_DEPLOYMENT_STATE_RUNNING}
+	p := Make(Snapshot{Apps: []App{{Record: r}}, Now: now})
+	peers := map[string]*modelsv1.SpreadWith{}
+	for _, ch := range p.Changes {
+		if d, ok := ch.(Desire); ok {
+			peers[d.ProcessGuid] = d.SpreadWith
+		}
+	}
+	if len(peers) != 2 {
+		t.Fatalf("desires %v, want both versions", p.Changes)
+	}
+	if sw := peers[build.ProcessGuid("web", 2)]; sw.GetProcessGuid() != build.ProcessGuid("web", 1) || sw.GetTotalInstances() != 3 {
+		t.Errorf("the new LRP's peer %v, want web-v1 over 3", sw)
+	}
+	if sw := peers[build.ProcessGuid("web", 1)]; sw != nil {
+		t.Errorf("the old LRP's peer %v, want none", sw)
+	}
+}
+
+// TestMakeLeavesRecordsNewerThanTheListing: a record written after the LRPs were listed (the
+// call that wrote it desires or updates its LRP itself) is neither desired nor corrected by the
+// pass, and its LRPs are not removed; an older record with the same gap is.
+func TestMakeLeavesRecordsNewerThanTheListing(t *testing.T) {
+	s := Snapshot{
+		LRPs: []*modelsv1.DesiredLRPSchedulingInfo{lrp("old", 1, 1), lrp("scaled", 1, 1)},
+		Apps: []App{
+			{Record: rec("new", 1, 2, started), ModRevision: 11},
+			{Record: rec("scaled", 1, 3, started), ModRevision: 12},
+			{Record: rec("gap", 1, 1, started), ModRevision: 9},
+			{Record: rec("old", 1, 1, started), ModRevision: 5},
+		},
+		Now: now, ListedAt: 10,
+	}
+	var got []string
+	for _, ch := range Make(s).Changes {
+		got = append(got, describe(ch))
+	}
+	if want := []string{"desire gap-v1 v1 preloaded:cflinuxfs4 [pool:default]"}; !slices.Equal(got, want) {
+		t.Errorf("changes %v, want %v", got, want)
+	}
+}

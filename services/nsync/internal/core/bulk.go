@@ -38,6 +38,10 @@ func (c *Core) Bulk(ctx context.Context) (BulkResult, error) {
 // bulk lists the BBS's LRPs, then the records, plans, applies and, when all went well,
 // refreshes the domain.
 func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
+	listedAt, err := c.store.Revision(ctx)
+	if err != nil {
+		return BulkResult{}, err
+	}
 	infos, err := c.bbs.DesiredLRPSchedulingInfos(ctx, &bbsv1.DesiredLRPSchedulingInfosRequest{Filter: &bbsv1.Filter{Domain: build.AppsDomain}})
 	if err != nil {
 		return BulkResult{}, fmt.Errorf("list cf-apps LRPs: %w", err)
@@ -46,7 +50,7 @@ func (c *Core) bulk(ctx context.Context) (BulkResult, error) {
 	if err != nil {
 		return BulkResult{}, err
 	}
-	snap := bulk.Snapshot{LRPs: infos.GetSchedulingInfos(), Apps: make([]bulk.App, 0, len(recs)), Now: c.cfg.Now()}
+	snap := bulk.Snapshot{LRPs: infos.GetSchedulingInfos(), Apps: make([]bulk.App, 0, len(recs)), Now: c.cfg.Now(), ListedAt: listedAt}
 	for _, r := range recs {
 		snap.Apps = append(snap.Apps, bulk.App{Record: r.Record, ModRevision: r.ModRevision})
 	}
@@ -72,6 +76,7 @@ func (c *Core) applyBulk(ctx context.Context, changes []bulk.Change) (BulkResult
 		case bulk.Desire:
 			d, err := c.lrp(ctx, ch.App, ch.Version, ch.Rootfs, ch.Constraint)
 			if err == nil {
+				d.SpreadWith = ch.SpreadWith
 				err = c.desire(ctx, d)
 			}
 			if err != nil {

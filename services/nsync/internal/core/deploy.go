@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -17,6 +18,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/models"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/tracing"
 	"github.com/gavel-sched/gavel/services/nsync/internal/build"
@@ -205,13 +207,18 @@ func (c *Core) kickDeployments() {
 }
 
 // RunDeployments drives every deployment while ctx (the leadership) lasts: a step every
-// deploy poll, and at once when this instance records a new deployment. The apps with a
-// deployment are found by listing every record at the start, on a kick and every
+// deploy poll, at once when this instance records a new deployment, and, while a deployment is
+// active, when the BBS reports a change of an instance of the apps' domain (watchInstances, run
+// only then), so that a step follows the instance it waited for instead of the next poll. The
+// apps with a deployment are found by listing every record at the start, on a kick and every
 // fullListEvery polls; in between only those apps are read.
 func (c *Core) RunDeployments(ctx context.Context) {
 	synced := map[string]bool{} // deployments whose counts this leader has applied at the BBS
 	t := time.NewTicker(c.cfg.DeployPoll)
 	defer t.Stop()
+	wake := make(chan struct{}, 1)
+	watch := &instanceWatch{c: c, wake: wake}
+	defer watch.set(ctx, false)
 	var deploying []string // nil: list every record
 	for polls := 0; ; polls++ {
 		if polls%fullListEvery == 0 {
@@ -222,15 +229,81 @@ func (c *Core) RunDeployments(ctx context.Context) {
 			c.log.Warn("deployment step incomplete", "error", err)
 		}
 		deploying = next
+		watch.set(ctx, len(deploying) > 0)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-wake:
+			// Let the burst of events one change makes (claim, start, route published) arrive
+			// before stepping: one step per burst, not one per event.
+			if !retry.Sleep(ctx, wakeCoalesce) {
+				return
+			}
 		case <-c.kick:
 			deploying = nil // a new deployment (or promote/cancel) may be on an app not in the list
 		}
 	}
 }
+
+// instanceWatch runs watchInstances while a deployment is active, so that the leader follows
+// the apps' instance events only when a step may wait on them.
+type instanceWatch struct {
+	c      *Core
+	wake   chan<- struct{}
+	cancel context.CancelFunc // ends the running watch; nil while none runs
+	done   sync.WaitGroup
+}
+
+// set starts the watch (under ctx) when on and none runs, or ends it and waits for it when off.
+func (w *instanceWatch) set(ctx context.Context, on bool) {
+	switch {
+	case on && w.cancel == nil:
+		wctx, cancel := context.WithCancel(ctx)
+		w.cancel = cancel
+		w.done.Go(func() { w.c.watchInstances(wctx, w.wake) })
+	case !on && w.cancel != nil:
+		w.cancel()
+		w.cancel = nil
+		w.done.Wait()
+	}
+}
+
+// wakeCoalesce is how long the deployment loop waits after an instance event before stepping,
+// so that the events of one change wake it once.
+const wakeCoalesce = 20 * time.Millisecond
+
+// watchInstances follows the BBS's events of the apps' domain while ctx lasts (while a
+// deployment is active) and wakes the deployment loop (wake, never blocking) on every batch of
+// events. A broken stream is resumed after a backoff; the loop's poll is the backstop
+// meanwhile, so nothing waits on the stream.
+func (c *Core) watchInstances(ctx context.Context, wake chan<- struct{}) {
+	b := watchRetry.BackOff()
+	for ctx.Err() == nil {
+		stream, err := c.bbs.SubscribeToEvents(ctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{Domain: build.AppsDomain}})
+		for err == nil {
+			var resp *bbsv1.SubscribeToEventsResponse
+			if resp, err = stream.Recv(); err != nil {
+				break
+			}
+			b.Reset()
+			if len(resp.GetEvents()) == 0 {
+				continue
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+		if ctx.Err() == nil {
+			c.log.Debug("the BBS event stream ended; deployments step on the poll until it is back", "error", err)
+			retry.Sleep(ctx, b.NextBackOff())
+		}
+	}
+}
+
+// watchRetry paces the resumption of watchInstances' event stream.
+var watchRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
 
 // fullListEvery is how many deploy polls pass between full listings of the app records (a
 // deployment recorded by another nsync instance is found within this many polls).
@@ -400,8 +473,8 @@ func (c *Core) stepDeployment(ctx context.Context, guid string, synced map[strin
 	return errors.Join(errs...)
 }
 
-// applyDeployment brings both LRPs of rec's deployment to their recorded counts: the new
-// version is desired when missing.
+// applyDeployment brings both LRPs of rec's deployment to their recorded counts and spread
+// peers (build.SpreadWith): the new version is desired when missing.
 func (c *Core) applyDeployment(ctx context.Context, rec *nsyncv1.AppRecord, synced map[string]bool) (err error) {
 	d := rec.GetDeployment()
 	guid := rec.GetApp().GetGuid()
@@ -412,11 +485,16 @@ func (c *Core) applyDeployment(ctx context.Context, rec *nsyncv1.AppRecord, sync
 	for _, v := range []int64{d.GetToVersion(), d.GetFromVersion()} {
 		pg := build.ProcessGuid(guid, v)
 		n := build.Instances(rec, v)
-		_, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: &modelsv1.DesiredLRPUpdate{Instances: &n}})
+		// The new LRP spreads with the old one (its peer; decision 0037); the old one has no
+		// peer (a revert's old LRP had the failed version's as its peer: cleared).
+		sw := build.SpreadWith(rec, v)
+		u := &modelsv1.DesiredLRPUpdate{Instances: &n, SpreadWith: &modelsv1.SpreadWithUpdate{SpreadWith: sw}}
+		_, err := c.bbs.UpdateDesiredLRP(ctx, &bbsv1.UpdateDesiredLRPRequest{ProcessGuid: pg, Update: u})
 		if status.Code(err) == codes.NotFound {
 			def, w := build.VersionWork(rec, v)
 			var lrp *modelsv1.DesiredLRP
 			if lrp, err = c.lrp(ctx, def, v, w.Rootfs, w.Constraint); err == nil {
+				lrp.SpreadWith = sw
 				err = c.desire(ctx, lrp)
 			}
 		}

@@ -107,6 +107,16 @@ func (s *Store) Apps(ctx context.Context) ([]App, int64, error) {
 	return out, resp.Header.Revision, nil
 }
 
+// Revision is the store's current revision: a record with a higher ModRevision was written
+// after this call.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	resp, err := s.kv.Get(ctx, appPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, unavailable("read the store's revision", err)
+	}
+	return resp.Header.GetRevision(), nil
+}
+
 // CreateApp stores a new app record; AlreadyExists when the guid is taken.
 func (s *Store) CreateApp(ctx context.Context, rec *nsyncv1.AppRecord) (int64, error) {
 	guid := rec.GetApp().GetGuid()

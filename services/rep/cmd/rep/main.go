@@ -7,6 +7,12 @@
 //	    --supported-root-fs-providers docker --memory-mb 8192 --disk-mb 65536 --containers 250 \
 //	    --backend process --listen :1800 --bbs-address bbs:8889 --etcd-endpoints https://etcd-0:2379 ...
 //
+// With --backend sim --sim-cells N it is a sim host for scale runs: N simulated cells in one
+// process (cell-id-0000 on), each a whole rep with its own listener, presence and identity
+// ({cell} in the certificate paths), stopped at once by SIGINT or SIGTERM:
+//
+//	rep --backend sim --sim-cells 100 --cell-id rack-3 --listen 127.0.0.1:0 //	    --tls-cert pki/rep/{cell}.crt --tls-key pki/rep/{cell}.key ...
+//
 // SIGTERM and SIGUSR1 evacuate the cell (its instances are started elsewhere before they stop)
 // and then exit; SIGINT, or a second SIGTERM, exits at once (rep.Service.ServeUntilSignal).
 package main
@@ -35,6 +41,13 @@ func run(args []string) error {
 		return err
 	}
 	defer stopTracing()
+	if cfg.Sim.Cells > 1 {
+		host, err := rep.NewSimHost(cfg, logger)
+		if err != nil {
+			return err
+		}
+		return host.ServeUntilSignal()
+	}
 	etcd, err := cfg.Etcd.Connect(logger.Named("etcd"))
 	if err != nil {
 		return err

@@ -78,16 +78,17 @@ func (c *Cell) adopt(ctx context.Context) {
 func (c *Cell) adoptedContainer(s executor.Spec) *container {
 	ctx, cancel := context.WithCancel(c.base)
 	ctr := &container{
-		guid:      s.Guid,
-		kind:      s.Kind,
-		domain:    s.Domain,
-		resources: &modelsv1.Resources{MemoryMb: s.MemoryMB, DiskMb: s.DiskMB, MaxPids: s.MaxPids},
-		rootfs:    s.Rootfs,
-		ctx:       ctx,
-		cancel:    cancel,
-		done:      make(chan struct{}),
-		phase:     phaseStarting,
-		claimed:   true,
+		guid:       s.Guid,
+		kind:       s.Kind,
+		domain:     s.Domain,
+		resources:  &modelsv1.Resources{MemoryMb: s.MemoryMB, DiskMb: s.DiskMB, MaxPids: s.MaxPids},
+		rootfs:     s.Rootfs,
+		constraint: cloneConstraint(s.PlacementConstraint),
+		ctx:        ctx,
+		cancel:     cancel,
+		done:       make(chan struct{}),
+		phase:      phaseStarting,
+		claimed:    true,
 	}
 	if s.Kind == executor.KindLRP {
 		ctr.key = &modelsv1.ActualLRPKey{ProcessGuid: s.ProcessGuid, Index: s.Index, Domain: s.Domain}
@@ -95,8 +96,9 @@ func (c *Cell) adoptedContainer(s executor.Spec) *container {
 	return ctr
 }
 
-// runAdopted is an adopted container's lifecycle from its start on: watched like any other,
-// then its on_destroy hooks, then released.
+// runAdopted is an adopted container's lifecycle from its start on: watched like any other
+// (an LRP's link consumer registered again, adoptLinks), then its on_destroy hooks, then
+// released.
 func (c *Cell) runAdopted(ctr *container, s executor.Spec) {
 	defer c.release(ctr)
 	defer func() {
@@ -110,5 +112,6 @@ func (c *Cell) runAdopted(ctr *container, s executor.Spec) {
 		return
 	}
 	log := c.log.With("process_guid", ctr.key.GetProcessGuid(), "index", ctr.key.GetIndex(), "instance_guid", ctr.guid)
+	go c.adoptLinks(ctr, log)
 	c.watchLRP(ctr, ctr.exec, log, trace.SpanFromContext(context.Background()), func(string) {})
 }

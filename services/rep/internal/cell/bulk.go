@@ -155,10 +155,14 @@ func (c *Cell) reportUnknown(ctx context.Context, ctr *container) bool {
 	return true
 }
 
-// holdsKey reports whether the cell holds the container guid for the instance slot key.
+// holdsKey reports whether the cell holds the container guid for the instance slot key, or a
+// stop of that container is removing its records.
 func (c *Cell) holdsKey(guid string, key *modelsv1.ActualLRPKey) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.removing[guid] {
+		return true
+	}
 	ctr := c.containers[guid]
 	return ctr != nil && ctr.kind == executor.KindLRP &&
 		ctr.key.GetProcessGuid() == key.GetProcessGuid() && ctr.key.GetIndex() == key.GetIndex()

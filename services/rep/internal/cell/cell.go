@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,6 +47,10 @@ type LRPReporter interface {
 	StartActualLRP(ctx context.Context, in *bbsv1.StartActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.StartActualLRPResponse, error)
 	// CrashActualLRP reports a container that ended on its own.
 	CrashActualLRP(ctx context.Context, in *bbsv1.CrashActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.CrashActualLRPResponse, error)
+	// ClaimActualLRPs makes several claims in one call (the claims queued while one was out).
+	ClaimActualLRPs(ctx context.Context, in *bbsv1.ClaimActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPsResponse, error)
+	// StartActualLRPs makes several RUNNING reports in one call.
+	StartActualLRPs(ctx context.Context, in *bbsv1.StartActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.StartActualLRPsResponse, error)
 	// RemoveActualLRP removes the record of a stopped or vanished container.
 	RemoveActualLRP(ctx context.Context, in *bbsv1.RemoveActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.RemoveActualLRPResponse, error)
 }
@@ -80,6 +85,9 @@ type Lister interface {
 	ActualLRPs(ctx context.Context, in *bbsv1.ActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ActualLRPsResponse, error)
 	// Tasks lists the tasks on this cell.
 	Tasks(ctx context.Context, in *bbsv1.TasksRequest, opts ...grpc.CallOption) (*bbsv1.TasksResponse, error)
+	// DesiredLRPs lists the LRPs of this cell's instances when the event stream (re)subscribes,
+	// for the log drains changed while it was down.
+	DesiredLRPs(ctx context.Context, in *bbsv1.DesiredLRPsRequest, opts ...grpc.CallOption) (*bbsv1.DesiredLRPsResponse, error)
 }
 
 // BBS is every BBS call the cell makes; bbsv1.BBSServiceClient satisfies it.
@@ -163,9 +171,16 @@ type Cell struct {
 	cancelBase context.CancelFunc
 	wg         sync.WaitGroup
 
+	// claims and starts batch the lifecycle's claims and RUNNING reports (batch.go).
+	claims *batcher[*bbsv1.ClaimActualLRPRequest, *bbsv1.ClaimActualLRPResponse]
+	starts *batcher[*bbsv1.StartActualLRPRequest, *bbsv1.StartActualLRPResponse]
+
 	mu         sync.Mutex
 	containers map[string]*container // by instance guid (LRP) or task guid (task)
-	linksRev   map[string]int64      // by process guid: the revision of the last LinksChanged
+	// removing holds the instance guids whose stop is removing their records: the bulk loop
+	// leaves those records to the stop instead of racing it for them.
+	removing   map[string]bool
+	linksRev   map[string]int64 // by process guid: the revision of the last LinksChanged
 	evacuating bool
 	evacDone   chan struct{} // closed when the evacuation finished; nil before Evacuate
 	closing    bool
@@ -190,7 +205,7 @@ type container struct {
 	guid       string
 	kind       executor.Kind
 	key        *modelsv1.ActualLRPKey // LRP only
-	trace      map[string]string      // the W3C trace context the work came with (pkg/tracing)
+	trace      *modelsv1.TraceContext // the W3C trace context the work came with (pkg/tracing)
 	domain     string                 // task only (LRPs carry it in key)
 	resources  *modelsv1.Resources
 	rootfs     string
@@ -217,9 +232,11 @@ type container struct {
 	// logs is the container's log, open from its creation to its release (nil without a
 	// store); only its lifecycle goroutine sets it.
 	logs *logs.Instance
-	// drains forwards the container's lines to its syslog drains (nil without); only its
-	// lifecycle goroutine sets it.
-	drains *drain.Set
+	// drains forwards the container's lines to its syslog drains (nil without), set under
+	// Cell.mu (switchDrains); drainURLs and drainApp are what it was opened with.
+	drains    *drain.Set
+	drainURLs []string
+	drainApp  string
 }
 
 func (ctr *container) instanceKey(cellID string) *modelsv1.ActualLRPInstanceKey {
@@ -263,7 +280,7 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 		cfg.PresenceHeld = func() bool { return true }
 	}
 	base, cancel := context.WithCancel(context.Background())
-	return &Cell{
+	c := &Cell{
 		cfg:        cfg,
 		bbs:        bbs,
 		backend:    backend,
@@ -274,7 +291,10 @@ func New(cfg Config, bbs BBS, backend executor.Backend, resolver Resolver) *Cell
 		cancelBase: cancel,
 		containers: map[string]*container{},
 		linksRev:   map[string]int64{},
+		removing:   map[string]bool{},
 	}
+	c.newBatchers()
+	return c
 }
 
 // Run implements lifecycle.Runner: the cell adopts the containers an earlier run of the rep
@@ -460,7 +480,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 		}
 		ctr := c.reserveLocked(uuid.NewString(), executor.KindLRP, l.GetResources(), l.GetRootfs(), l.GetPlacementConstraint())
 		ctr.key = proto.Clone(l.GetKey()).(*modelsv1.ActualLRPKey)
-		ctr.trace = l.GetTraceContext()
+		ctr.trace = l.GetTrace()
 		started = append(started, ctr)
 	}
 	for _, t := range tasks {
@@ -474,7 +494,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 		}
 		ctr := c.reserveLocked(t.GetTaskGuid(), executor.KindTask, t.GetResources(), t.GetRootfs(), t.GetPlacementConstraint())
 		ctr.domain = t.GetDomain()
-		ctr.trace = t.GetTraceContext()
+		ctr.trace = t.GetTrace()
 		started = append(started, ctr)
 	}
 	c.wg.Add(len(started))
@@ -528,10 +548,12 @@ func (c *Cell) release(ctr *container) {
 	if c.containers[ctr.guid] == ctr {
 		delete(c.containers, ctr.guid)
 	}
+	drains := ctr.drains
+	ctr.drains = nil
 	c.mu.Unlock()
 	// After the removal: a follower told of it finds the container gone.
-	if ctr.drains != nil {
-		go ctr.drains.Close() // sends what is queued, bounded
+	if drains != nil {
+		go drains.Close() // sends what is queued, bounded
 	}
 	switch {
 	case ctr.logs != nil:
@@ -666,17 +688,101 @@ func (c *Cell) openLog(ctr *container, spec *executor.Spec) {
 			c.log.Warn("cannot capture the container's logs", "guid", ctr.guid, "error", err)
 			return
 		}
+		c.mu.Lock() // SetLogDrains reads ctr.logs under it
 		ctr.logs = l
-		if d := c.cfg.Drains; d != nil && len(spec.LogDrains) > 0 {
-			k := ctr.logKey()
-			app := spec.LogGuid
-			if app == "" {
-				app = k.ProcessGuid
-			}
-			ctr.drains = drain.Open(spec.LogDrains, drain.Tags{Hostname: c.cfg.CellID, AppName: app, ProcessGuid: k.ProcessGuid,
-				Index: k.Index, InstanceGuid: k.InstanceGuid}, d.TLS, d.Counters, c.log.Named("drain").With("guid", ctr.guid))
-			l.SetTap(ctr.drains.Line)
-		}
+		c.switchDrains(ctr, spec.LogGuid, spec.LogDrains)
+		c.mu.Unlock()
 	}
 	spec.Log = ctr.logs
+}
+
+// switchDrains makes urls the syslog drains of ctr's log (none when empty), closing the ones
+// it had (they send what is queued, bounded). c.mu is held.
+func (c *Cell) switchDrains(ctr *container, logGuid string, urls []string) {
+	d := c.cfg.Drains
+	if d == nil || ctr.logs == nil {
+		return
+	}
+	old := ctr.drains
+	ctr.drains, ctr.drainURLs, ctr.drainApp = nil, slices.Clone(urls), logGuid
+	if len(urls) > 0 {
+		k := ctr.logKey()
+		app := logGuid
+		if app == "" {
+			app = k.ProcessGuid + k.TaskGuid // one of them is set
+		}
+		ctr.drains = drain.Open(urls, drain.Tags{Hostname: c.cfg.CellID, AppName: app, ProcessGuid: k.ProcessGuid,
+			Index: k.Index, InstanceGuid: k.InstanceGuid, TaskGuid: k.TaskGuid}, d.TLS, d.Counters, c.log.Named("drain").With("guid", ctr.guid))
+		ctr.logs.SetTap(ctr.drains.Line)
+	} else if old != nil {
+		ctr.logs.SetTap(nil)
+	}
+	if old != nil {
+		go old.Close()
+	}
+}
+
+// SetLogDrains switches the drains of the cell's containers of d (an LRP whose log drains
+// changed) to d's; a container that already has them keeps its drains (and their queues).
+func (c *Cell) SetLogDrains(d *modelsv1.DesiredLRP) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, ctr := range c.containers {
+		if ctr.kind == executor.KindLRP && ctr.key.GetProcessGuid() == d.GetProcessGuid() && ctr.logs != nil &&
+			(!slices.Equal(ctr.drainURLs, d.GetLogDrains()) || ctr.drainApp != d.GetLogGuid()) {
+			c.switchDrains(ctr, d.GetLogGuid(), d.GetLogDrains())
+			n++
+		}
+	}
+	if n > 0 {
+		c.log.Info("log drains changed", "process_guid", d.GetProcessGuid(), "containers", n, "drains", len(d.GetLogDrains()))
+	}
+}
+
+// drainedGuids lists the process guids of the LRP containers whose logs are open (those whose
+// drains SetLogDrains may switch).
+func (c *Cell) drainedGuids() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[string]struct{}{}
+	var out []string
+	for _, ctr := range c.containers {
+		if ctr.kind != executor.KindLRP || ctr.logs == nil {
+			continue
+		}
+		if _, ok := seen[ctr.key.GetProcessGuid()]; !ok {
+			seen[ctr.key.GetProcessGuid()] = struct{}{}
+			out = append(out, ctr.key.GetProcessGuid())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ReconcileDrains reads the desired LRPs of the cell's running instances (one DesiredLRPs call
+// for all of them) and switches the drains of the instances whose LRP's drains are not the
+// ones they have: the changes made while the cell did not follow the BBS's events. An LRP that
+// is gone keeps its instances' drains until they stop.
+func (c *Cell) ReconcileDrains(ctx context.Context) error {
+	if c.cfg.Drains == nil {
+		return nil
+	}
+	guids := c.drainedGuids()
+	if len(guids) == 0 {
+		return nil
+	}
+	var resp *bbsv1.DesiredLRPsResponse
+	err := c.call(ctx, "list desired LRPs", func(ctx context.Context) error {
+		var err error
+		resp, err = c.bbs.DesiredLRPs(ctx, &bbsv1.DesiredLRPsRequest{Filter: &bbsv1.Filter{ProcessGuids: guids}})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, d := range resp.GetDesiredLrps() {
+		c.SetLogDrains(d)
+	}
+	return nil
 }

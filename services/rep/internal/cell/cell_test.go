@@ -25,11 +25,11 @@ func TestStaticResolver(t *testing.T) {
 			t.Errorf("Supports(%q) = %v, want %v", uri, got, want)
 		}
 	}
-	rfs, err := r.Resolve(context.Background(), "preloaded:cflinuxfs4", "g")
+	rfs, err := r.Resolve(context.Background(), "preloaded:cflinuxfs4", "g", ImageAuth{})
 	if err != nil || rfs.Path != "/rootfs/cf4" {
 		t.Fatalf("Resolve = %+v, %v", rfs, err)
 	}
-	if _, err := r.Resolve(context.Background(), "preloaded:lucid64", "g"); err == nil {
+	if _, err := r.Resolve(context.Background(), "preloaded:lucid64", "g", ImageAuth{}); err == nil {
 		t.Fatal("Resolve of an unknown preloaded rootfs succeeded")
 	}
 }

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
 	"github.com/gavel-sched/gavel/pkg/atomicfile"
@@ -102,7 +104,11 @@ func (c *Cell) addLinks(ctx context.Context, d *modelsv1.DesiredLRP, spec *execu
 
 // FollowLinks implements lifecycle.Runner: it follows the BBS's LinksChanged events and
 // rewrites the link files of the affected containers, re-subscribing (and refreshing every
-// consumer, for the changes it may have missed) whenever the stream breaks.
+// consumer, for the changes it may have missed) whenever the stream breaks. On the same stream
+// it follows changes of an LRP's log drains (UpdateDesiredLRP) and switches the drains of its
+// containers here (SetLogDrains); on every (re)subscription it also reconciles the drains of
+// the running instances with the BBS's desired LRPs (ReconcileDrains), so a change made while
+// the stream was broken applies once it is back.
 func (c *Cell) FollowLinks(ctx context.Context, ready func()) error {
 	ready()
 	wait := retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.BackOff()
@@ -122,12 +128,16 @@ func (c *Cell) FollowLinks(ctx context.Context, ready func()) error {
 func (c *Cell) followLinks(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.bbs.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{CellId: c.cfg.CellID}})
+	// Only the kinds followed here: the cell's own instance changes (two per placement) would
+	// cost the BBS a send each for nothing.
+	stream, err := c.bbs.SubscribeToEvents(sctx, &bbsv1.SubscribeToEventsRequest{Filter: &bbsv1.Filter{CellId: c.cfg.CellID},
+		Kinds: []string{"links_changed", "desired_lrp_changed"}})
 	if err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	// The first response (a bookmark or events) proves the subscription is live; refreshing
-	// every consumer then covers whatever changed before it.
+	// every consumer and reconciling every instance's drains then covers whatever changed
+	// before it (a later change comes as an event).
 	refreshed := false
 	for {
 		resp, err := stream.Recv()
@@ -139,10 +149,16 @@ func (c *Cell) followLinks(ctx context.Context) error {
 			for _, g := range c.consumerGuids() {
 				c.RefreshLinks(ctx, g, 0)
 			}
+			if err := c.ReconcileDrains(ctx); err != nil {
+				c.log.Warn("log drains not reconciled after subscribing; changes made meanwhile apply at the instances' next start", "error", err)
+			}
 		}
 		for _, e := range resp.GetEvents() {
 			if lc := e.GetLinksChanged(); lc != nil {
 				c.RefreshLinks(ctx, lc.GetProcessGuid(), e.GetRevision())
+			}
+			if dc := e.GetDesiredLrpChanged(); dc != nil && !slices.Equal(dc.GetBefore().GetLogDrains(), dc.GetAfter().GetLogDrains()) {
+				c.SetLogDrains(dc.GetAfter())
 			}
 		}
 	}
@@ -197,6 +213,66 @@ func (c *Cell) RefreshLinks(ctx context.Context, guid string, rev int64) {
 	}
 }
 
+// adoptLinks registers the link consumer of an adopted LRP container as addLinks and
+// linksRegistered do for a started one: the record keeps no links, so its desired LRP is
+// fetched again; the link files as they are in the container are what was written (so only a
+// change is written, and signalled), and one refresh applies what changed while no rep
+// followed the links. The container keeps running meanwhile; an LRP gone from the BBS, or one
+// that consumes no links, has no consumer.
+func (c *Cell) adoptLinks(ctr *container, log hclog.Logger) {
+	var desired *modelsv1.DesiredLRP
+	err := c.call(ctr.ctx, "fetch desired lrp", func(ctx context.Context) error {
+		resp, err := c.bbs.DesiredLRPByProcessGuid(ctx, &bbsv1.DesiredLRPByProcessGuidRequest{ProcessGuid: ctr.key.GetProcessGuid()})
+		desired = resp.GetDesiredLrp()
+		return err
+	})
+	if err != nil {
+		log.Warn("adopted instance: its links are not followed", "error", err)
+		return
+	}
+	if len(desired.GetLinks().GetConsumes()) == 0 {
+		return
+	}
+	cons := &consumer{lrp: links.FromDesired(desired), signal: desired.GetLinks().GetSignalOnChange(), files: linkFilesIn(ctr.exec)}
+	c.mu.Lock()
+	ctr.links = cons
+	c.mu.Unlock()
+	c.RefreshLinks(ctr.ctx, ctr.key.GetProcessGuid(), 0)
+}
+
+// linkFilesIn reads the link files in exec's files directory (through an os.Root of its
+// filesystem, as writeLinks writes them); nil when there are none or they cannot be read.
+func linkFilesIn(exec executor.Container) map[string][]byte {
+	rootDir, dir := exec.FilesPath()
+	if rootDir == "" {
+		return nil
+	}
+	root, err := os.OpenRoot(rootDir)
+	if err != nil {
+		return nil
+	}
+	defer root.Close()
+	d, err := root.Open(dir)
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil
+	}
+	files := map[string][]byte{}
+	for _, name := range names {
+		if !strings.HasSuffix(name, linkFileSuffix) {
+			continue
+		}
+		if b, err := root.ReadFile(filepath.Join(dir, name)); err == nil {
+			files[name] = b
+		}
+	}
+	return files
+}
+
 // linksRegistered is called once a consumer's container exists: a LinksChanged event that
 // arrived between its resolution and now is applied.
 func (c *Cell) linksRegistered(ctx context.Context, ctr *container) {
@@ -217,21 +293,29 @@ func (c *Cell) linksRegistered(ctx context.Context, ctr *container) {
 // writeLinks rewrites the files that changed (atomically), removes those of links gone, and
 // signals the processes when the LRP asks for it.
 func (c *Cell) writeLinks(ctr *container, exec executor.Container, files map[string][]byte, rev int64) {
-	dir := exec.FilesPath()
+	rootDir, dir := exec.FilesPath()
 	l := ctr.links
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if dir == "" || rev < l.rev {
+	if rootDir == "" || rev < l.rev {
 		return
 	}
 	log := c.log.With("process_guid", ctr.key.GetProcessGuid(), "index", ctr.key.GetIndex(), "instance_guid", ctr.guid)
+	// Every write goes through an os.Root of the container's filesystem: the container owns
+	// what is inside it and may have made the files directory a link to a host path.
+	root, err := os.OpenRoot(rootDir)
+	if err != nil {
+		log.Warn("rewriting link files failed", "error", err)
+		return
+	}
+	defer root.Close()
 	changed := false
 	var errs []error
 	for name, b := range files {
 		if string(l.files[name]) == string(b) {
 			continue
 		}
-		if err := atomicfile.Write(filepath.Join(dir, name), b, 0o644); err != nil {
+		if err := atomicfile.WriteIn(root, filepath.Join(dir, name), b, 0o644); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -239,7 +323,7 @@ func (c *Cell) writeLinks(ctr *container, exec executor.Container, files map[str
 	}
 	for name := range l.files {
 		if _, ok := files[name]; !ok && strings.HasSuffix(name, linkFileSuffix) {
-			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := root.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 				continue
 			}

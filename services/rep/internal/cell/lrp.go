@@ -29,7 +29,7 @@ func (c *Cell) runLRP(ctr *container) {
 	// The start — claim, create, the first RUNNING report — is one span in the trace of the
 	// desire that asked for the instance.
 	tracer := tracing.Tracer("rep")
-	sctx, span := tracer.Start(tracing.Extract(ctr.ctx, ctr.trace), "rep.start_lrp", trace.WithAttributes(
+	sctx, span := tracer.Start(tracing.Join(ctr.ctx, ctr.trace), "rep.start_lrp", trace.WithAttributes(
 		attribute.String("gavel.process_guid", guid), attribute.Int("gavel.index", int(index)),
 		attribute.String("gavel.instance_guid", ctr.guid), attribute.String("gavel.cell_id", c.cfg.CellID)))
 	var endStart sync.Once
@@ -45,10 +45,22 @@ func (c *Cell) runLRP(ctr *container) {
 
 	// The claim brings the desired LRP back with it (include_desired_lrp): one BBS round trip
 	// before the container starts instead of two.
+	//
+	// It is tried until the BBS answers it either way (or the container is stopped), never
+	// given up on a timeout: a claim that timed out may have landed, and a container dropped
+	// then would leave its slot CLAIMED by nothing until convergence's claimed timeout (5
+	// minutes). Claiming again with the same instance key is a no-op, so the retry is safe;
+	// and the reservation meanwhile counts as starting, so the auctioneer holds back.
 	var desired *modelsv1.DesiredLRP
-	err := c.call(sctx, "claim", func(ctx context.Context) error {
-		resp, err := c.bbs.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, IncludeDesiredLrp: true})
+	failures := 0
+	err := c.retry(sctx, "claim", 0, func(ctx context.Context) error {
+		resp, err := c.claims.do(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, IncludeDesiredLrp: true})
 		desired = resp.GetDesiredLrp()
+		if err != nil && retriable(err) {
+			if failures++; failures == callAttempts {
+				log.Warn("could not claim the instance yet, still trying", "error", err)
+			}
+		}
 		return err
 	})
 	if err != nil {
@@ -172,7 +184,7 @@ func (c *Cell) create(ctr *container, spec func(ctx context.Context) (executor.S
 	}
 	c.openLog(ctr, &s)
 	ctr.logs.Cell("creating container")
-	rfs, err := c.resolver.Resolve(ctr.ctx, s.Rootfs, ctr.guid)
+	rfs, err := c.resolver.Resolve(ctr.ctx, s.Rootfs, ctr.guid, ImageAuth{Username: s.ImageUsername, Password: s.ImagePassword})
 	if err != nil {
 		return nil, nil, fmt.Errorf("resolve rootfs %s: %w", s.Rootfs, err)
 	}
@@ -227,7 +239,7 @@ func (c *Cell) reportRunning(ctx context.Context, ctr *container, log hclog.Logg
 	key := ctr.key
 	failures := 0
 	err := c.retry(ctx, "start actual lrp", 0, func(ctx context.Context) error {
-		_, err := c.bbs.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{
+		_, err := c.starts.do(ctx, &bbsv1.StartActualLRPRequest{
 			ProcessGuid: key.GetProcessGuid(), Index: key.GetIndex(), InstanceKey: ctr.instanceKey(c.cfg.CellID),
 			NetInfo: net, Routable: routable,
 		})
@@ -245,6 +257,12 @@ func (c *Cell) reportRunning(ctx context.Context, ctr *container, log hclog.Logg
 		}
 	case gone(err):
 		log.Info("instance slot is no longer this container's, stopping it", "error", err)
+		go c.stop(ctr)
+	case first && ctx.Err() == nil:
+		// Refused for good (not a timeout, not gone): the BBS does not know this container
+		// runs, and once the claimed timeout passes it places the slot again. Stopped now, it
+		// never runs twice.
+		log.Warn("could not report the instance running, stopping it", "error", err)
 		go c.stop(ctr)
 	default:
 		log.Warn("could not report the instance running", "error", err)
@@ -303,6 +321,16 @@ func (c *Cell) StopLRPInstance(ctx context.Context, key *modelsv1.ActualLRPKey, 
 	}
 	log := c.log.With("process_guid", key.GetProcessGuid(), "index", key.GetIndex(), "instance_guid", ik.GetInstanceGuid())
 	err := c.detached(ctx, c.stopBudget(), func(ctx context.Context) error {
+		// From here until its records are gone the slot is this stop's to clear: the bulk
+		// loop must not count the gap between the container's end and the removal as an orphan.
+		c.mu.Lock()
+		c.removing[ik.GetInstanceGuid()] = true
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			delete(c.removing, ik.GetInstanceGuid())
+			c.mu.Unlock()
+		}()
 		if ctr := c.findLRP(key, ik.GetInstanceGuid()); ctr != nil {
 			c.stop(ctr)
 			select {

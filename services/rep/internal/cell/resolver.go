@@ -25,8 +25,18 @@ type Resolver interface {
 	// Supports reports whether the cell can provide uri (a preloaded name it has, or a
 	// provider scheme it supports).
 	Supports(uri string) bool
-	// Resolve makes uri available to the container containerGuid.
-	Resolve(ctx context.Context, uri, containerGuid string) (Rootfs, error)
+	// Resolve makes uri available to the container containerGuid, fetching an image with
+	// auth (the work's image credentials).
+	Resolve(ctx context.Context, uri, containerGuid string, auth ImageAuth) (Rootfs, error)
+}
+
+// ImageAuth is the registry credentials of a work's docker:// rootfs (image_username,
+// image_password); the zero ImageAuth fetches without.
+type ImageAuth struct {
+	// Username is the registry user name; empty means none.
+	Username string
+	// Password is Username's password or token.
+	Password string
 }
 
 // StaticResolver supports the preloaded names and provider schemes it was given and resolves
@@ -65,7 +75,7 @@ func (r *StaticResolver) Supports(uri string) bool {
 }
 
 // Resolve returns the preloaded path of uri, or no directory for a provider URI.
-func (r *StaticResolver) Resolve(_ context.Context, uri, _ string) (Rootfs, error) {
+func (r *StaticResolver) Resolve(_ context.Context, uri, _ string, _ ImageAuth) (Rootfs, error) {
 	if !r.Supports(uri) {
 		return Rootfs{}, fmt.Errorf("rootfs %q is not supported by this cell", uri)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -47,6 +49,13 @@ func (c *Cell) retry(ctx context.Context, what string, attempts int, f func(ctx 
 			}
 		}
 		wait := b.NextBackOff()
+		// The rep's lifecycle calls have no client span (tracing.ClientSpan): each failed
+		// attempt retried here is an event of the span the call was made in, so one no server
+		// span saw (the BBS unreachable, a timeout) still shows in the trace.
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.AddEvent("bbs call failed, retrying", trace.WithAttributes(attribute.String("gavel.call", what),
+				attribute.Bool("gavel.shed", shed), attribute.String("error", err.Error())))
+		}
 		c.log.Debug("bbs call failed, retrying", "call", what, "failed_attempts", failed, "shed", shed, "error", err, "retry_in", wait)
 		if !retry.Sleep(ctx, wait) {
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)

@@ -50,10 +50,13 @@ type Tags struct {
 	Hostname string
 	// AppName is the RFC 5424 APP-NAME: the LRP's log guid, else its process guid.
 	AppName string
-	// ProcessGuid, Index and InstanceGuid go into the structured data.
+	// ProcessGuid, Index and InstanceGuid go into the structured data (of an LRP's instance).
 	ProcessGuid  string
 	Index        int32
 	InstanceGuid string
+	// TaskGuid, for a task's container, goes into the structured data instead of the process
+	// guid and index.
+	TaskGuid string
 }
 
 // Set is one container's drains.
@@ -210,15 +213,22 @@ func (d *drain) dial() (net.Conn, error) {
 
 // Format renders l as an RFC 5424 message (without framing): facility user, severity info for
 // stdout and error for stderr; PROCID "[SOURCE/INDEX]" as Cloud Foundry's does; structured
-// data gavel@47450 with the process guid, index, instance guid and source.
+// data gavel@47450 with the process guid, index, instance guid and source (a task's: its task
+// guid, instance guid and source; PROCID "[SOURCE]").
 func Format(l logs.Line, t Tags) string {
 	pri := 14 // user.info
 	if l.Stream == logs.Stderr {
 		pri = 11 // user.err
 	}
+	stamp := l.Time.UTC().Format(time.RFC3339Nano)
+	if t.TaskGuid != "" {
+		return fmt.Sprintf("<%d>1 %s %s %s %s - [gavel@47450 task_guid=\"%s\" instance_guid=\"%s\" source=\"%s\"] %s",
+			pri, stamp, header(t.Hostname, 255), header(t.AppName, 48), header("["+l.Source+"]", 128),
+			sdEscape(t.TaskGuid), sdEscape(t.InstanceGuid), sdEscape(l.Source), l.Text)
+	}
 	procID := fmt.Sprintf("[%s/%d]", l.Source, l.Index)
 	return fmt.Sprintf("<%d>1 %s %s %s %s - [gavel@47450 process_guid=\"%s\" index=\"%d\" instance_guid=\"%s\" source=\"%s\"] %s",
-		pri, l.Time.UTC().Format(time.RFC3339Nano), header(t.Hostname, 255), header(t.AppName, 48), header(procID, 128),
+		pri, stamp, header(t.Hostname, 255), header(t.AppName, 48), header(procID, 128),
 		sdEscape(t.ProcessGuid), t.Index, sdEscape(t.InstanceGuid), sdEscape(l.Source), l.Text)
 }
 

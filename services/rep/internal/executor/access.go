@@ -85,3 +85,24 @@ func DirSize(ctx context.Context, dir string) uint64 {
 	})
 	return total
 }
+
+// FollowResize applies every size spec.Resize carries until it is closed or stop is closed,
+// in a goroutine of its own; it does nothing without a TTY or a resize channel.
+func (spec ExecSpec) FollowResize(stop <-chan struct{}, apply func(TerminalSize)) {
+	if !spec.TTY || spec.Resize == nil {
+		return
+	}
+	go func() {
+		for {
+			select {
+			case sz, ok := <-spec.Resize:
+				if !ok {
+					return
+				}
+				apply(sz)
+			case <-stop:
+				return
+			}
+		}
+	}()
+}

@@ -40,6 +40,12 @@ type Spec struct {
 	Domain string `json:"domain"`
 	// Rootfs is the work's root filesystem URI.
 	Rootfs string `json:"rootfs"`
+	// ImageUsername and ImagePassword authenticate the pull of a docker:// Rootfs at its
+	// registry (both empty: anonymous). Never serialized: not in the JSON container hooks get,
+	// nor in a backend's records.
+	ImageUsername string `json:"-"`
+	// ImagePassword is ImageUsername's password or token.
+	ImagePassword string `json:"-"`
 	// RootfsPath is the resolved root filesystem directory; empty runs on the host's.
 	RootfsPath string `json:"rootfs_path,omitempty"`
 	// Chroot runs every process chrooted into RootfsPath (paths in actions are inside it).
@@ -72,6 +78,9 @@ type Spec struct {
 	ResultFile string `json:"result_file,omitempty"`
 	// StartTimeout bounds how long an LRP may take to become healthy (0: the cell's default).
 	StartTimeout time.Duration `json:"start_timeout"`
+	// PlacementConstraint is the work's placement constraint, kept so a restarted rep's cell
+	// state shows an adopted container's as a started one's.
+	PlacementConstraint *modelsv1.PlacementConstraint `json:"placement_constraint,omitempty"`
 	// Properties are the work's opaque properties, carried untouched.
 	Properties map[string]string `json:"properties,omitempty"`
 	// LogGuid tags the container's logs.
@@ -110,6 +119,27 @@ type Result struct {
 	Output string
 }
 
+// ReasonExitedCleanly is the reason of an LRP whose action ended without an error: for an LRP,
+// which should run for ever, that is a crash.
+const ReasonExitedCleanly = "exited with status 0"
+
+// Completed is the result of work whose action ended without an error: an LRP crashed
+// (ReasonExitedCleanly); a task succeeded, with the content of its result file when spec names
+// one (read by readResultFile; failing to read it fails the task).
+func Completed(spec Spec, readResultFile func() (string, error)) Result {
+	switch {
+	case spec.Kind == KindLRP:
+		return Result{Failed: true, Reason: ReasonExitedCleanly}
+	case spec.ResultFile != "":
+		out, err := readResultFile()
+		if err != nil {
+			return Result{Failed: true, Reason: err.Error()}
+		}
+		return Result{Output: out}
+	}
+	return Result{}
+}
+
 // Container is a started container.
 type Container interface {
 	// Guid is Spec.Guid.
@@ -129,9 +159,13 @@ type Container interface {
 	// Stop signals the processes, waits up to grace, then kills them. It is idempotent and
 	// returns once Done is closed.
 	Stop(grace time.Duration)
-	// FilesPath is the host path of Spec.FilesDir, where the cell may rewrite files while the
-	// container runs; empty when the spec has none or the backend keeps no files.
-	FilesPath() string
+	// FilesPath is where Spec.FilesDir is on the host, for the cell to rewrite files in while
+	// the container runs: root is a host directory the container cannot replace (its root
+	// filesystem, or its own directory without one) and dir the files directory relative to
+	// it. The cell writes through os.OpenRoot(root), so that no link the container makes can
+	// lead its writes outside. Both are empty when the spec has none or the backend keeps no
+	// files.
+	FilesPath() (root, dir string)
 	// Signal sends sig to every running process of the container.
 	Signal(sig syscall.Signal) error
 }

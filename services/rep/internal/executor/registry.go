@@ -44,6 +44,14 @@ type OCIOptions struct {
 	OnCreateHooks, OnDestroyHooks []string
 	// HookTimeout bounds each hook run.
 	HookTimeout time.Duration
+	// Snapshotter is the containerd snapshotter docker:// images are unpacked by (the
+	// backend's default when empty).
+	Snapshotter string
+	// InsecureRegistries lets image pulls talk plain HTTP to any registry.
+	InsecureRegistries bool
+	// ImageUnusedFor is how long a pulled image no container uses is kept (the backend's
+	// default when zero; negative: for ever).
+	ImageUnusedFor time.Duration
 }
 
 // Factory builds a backend.

@@ -57,10 +57,20 @@ const (
 	// of them): beyond it new lines are dropped.
 	QueueBytes = 4 << 20
 	queueLines = 8192
+	// memQueueLines is the queue of a store in memory (Options.Memory, a sim cell's): its
+	// containers write a synthetic line every few seconds, and a sim host runs a hundred cells,
+	// so the disk store's queue (about 1 MiB) would be most of each cell's memory.
+	memQueueLines = 512
 	// subBatches bounds a follower's backlog (each batch at most one write's lines).
-	subBatches  = 64
-	currentFile = "current.log"
-	rotatedFile = "current.log.1"
+	subBatches = 64
+	// FlushInterval is how long the writer lets lines gather after the first one of a batch
+	// before it writes them and hands them to the followers (earlier once the queue is half
+	// full): a container printing a line at a time costs a file write, a follower's wakeup and
+	// a StreamLogs message per interval instead of per line, and a follower sees a line at
+	// most this much later.
+	FlushInterval = 20 * time.Millisecond
+	currentFile   = "current.log"
+	rotatedFile   = "current.log.1"
 )
 
 // Line is one captured line.
@@ -157,6 +167,7 @@ type Options struct {
 type Store struct {
 	opts  Options
 	queue chan entry
+	full  chan struct{} // wakes the writer early: the queue is half full
 	done  chan struct{} // closed when Run returns
 
 	mu   sync.Mutex // guards open, subs, mem and the files
@@ -164,6 +175,8 @@ type Store struct {
 	subs map[*Subscription]struct{}
 	// mem holds each container's lines, by directory, with Options.Memory.
 	mem map[string]*memLog
+
+	enc []byte // a line's encoding (writer goroutine only)
 
 	queued  atomic.Int64 // bytes of text in queue
 	dropped atomic.Uint64
@@ -189,7 +202,11 @@ func New(o Options) (*Store, error) {
 			return nil, fmt.Errorf("log dir: %w", err)
 		}
 	}
-	return &Store{opts: o, queue: make(chan entry, queueLines), done: make(chan struct{}),
+	queue := queueLines
+	if o.Memory {
+		queue = memQueueLines
+	}
+	return &Store{opts: o, queue: make(chan entry, queue), full: make(chan struct{}, 1), done: make(chan struct{}),
 		open: map[string]*Instance{}, subs: map[*Subscription]struct{}{}, mem: map[string]*memLog{}}, nil
 }
 
@@ -211,8 +228,14 @@ type Instance struct {
 }
 
 // SetTap makes every later line of the container also go to f (the container's log drains),
-// called on the capturing goroutine: f must not block.
-func (i *Instance) SetTap(f func(Line)) { i.tap.Store(&f) }
+// called on the capturing goroutine: f must not block. A nil f removes the tap.
+func (i *Instance) SetTap(f func(Line)) {
+	if f == nil {
+		i.tap.Store(nil)
+		return
+	}
+	i.tap.Store(&f)
+}
 
 // Open opens the log of the container k; source is its processes' default source. Lines of a
 // key already open go to the same files.
@@ -262,6 +285,12 @@ func (i *Instance) Line(source, stream, text string) {
 	}
 	select {
 	case i.s.queue <- entry{inst: i, line: l}:
+		if len(i.s.queue) >= cap(i.s.queue)/2 || i.s.queued.Load() >= QueueBytes/2 {
+			select {
+			case i.s.full <- struct{}{}:
+			default:
+			}
+		}
 	default:
 		i.s.queued.Add(-int64(len(text)))
 		i.s.dropped.Add(1)
@@ -289,7 +318,9 @@ func (i *Instance) Close() {
 }
 
 // Run writes queued lines until ctx ends (then the rest of the queue), and removes the files
-// of containers closed for longer than the retention period, at start and periodically.
+// of containers closed for longer than the retention period, at start and periodically. A
+// batch is what the queue holds FlushInterval after its first line (or once the queue is half
+// full): the writer sleeps meanwhile rather than waking for every line.
 func (s *Store) Run(ctx context.Context, ready func()) error {
 	defer close(s.done)
 	s.sweep(time.Now())
@@ -298,33 +329,48 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 	}
 	tick := time.NewTicker(min(s.opts.Retention/4+time.Second, time.Minute))
 	defer tick.Stop()
+	linger := time.NewTimer(FlushInterval)
+	linger.Stop()
+	var batch []entry
 	for {
 		select {
 		case <-ctx.Done():
-			for {
-				select {
-				case e := <-s.queue:
-					s.write([]entry{e})
-				default:
-					return nil
-				}
-			}
+			s.write(s.drain(batch[:0]))
+			return nil
 		case now := <-tick.C:
 			s.sweep(now)
 		case e := <-s.queue:
-			batch := []entry{e}
-			for len(batch) < 512 {
-				select {
-				case e := <-s.queue:
-					batch = append(batch, e)
-					continue
-				default:
-				}
-				break
+			linger.Reset(FlushInterval)
+			select {
+			case <-linger.C:
+			case <-s.full:
+				linger.Stop()
+			case <-ctx.Done():
+				linger.Stop()
 			}
+			batch = s.drain(append(batch[:0], e))
 			s.write(batch)
+			clear(batch) // the lines are the followers' now; do not keep them alive
 		}
 	}
+}
+
+// drain appends to batch the entries queued now (at most a queue's worth: a container
+// printing as fast as the writer takes its lines does not hold the batch open).
+func (s *Store) drain(batch []entry) []entry {
+	for len(batch) < queueLines {
+		select {
+		case e := <-s.queue:
+			batch = append(batch, e)
+		default:
+			select {
+			case <-s.full: // read: the queue is empty
+			default:
+			}
+			return batch
+		}
+	}
+	return batch
 }
 
 // write appends a batch to the files, rotating them by size, then hands it to the followers.
@@ -359,16 +405,15 @@ func (s *Store) write(batch []entry) {
 			files[e.inst] = b
 			order = append(order, e.inst)
 		}
-		data, _ := json.Marshal(e.line)
-		data = append(data, '\n')
+		s.enc = appendLine(s.enc[:0], e.line)
 		if e.inst.size < 0 {
 			e.inst.size = fileSize(filepath.Join(e.inst.dir, currentFile))
 		}
-		if e.inst.size+int64(b.Len()+len(data)) > s.opts.MaxFileBytes {
+		if e.inst.size+int64(b.Len()+len(s.enc)) > s.opts.MaxFileBytes {
 			flush(e.inst)
 			s.rotate(e.inst)
 		}
-		b.Write(data)
+		b.Write(s.enc)
 		lines = append(lines, liveLine{key: e.inst.key, line: e.line})
 	}
 	for _, i := range order {

@@ -137,9 +137,20 @@ func (r *Resolver) Supports(uri string) bool {
 	return slices.ContainsFunc(r.cfg.Providers, func(p string) bool { return strings.EqualFold(p, u.Scheme) })
 }
 
+// Auth is the registry credentials a docker image is fetched with (the zero Auth: the
+// machine's docker keychain, else anonymous).
+type Auth struct {
+	// Username is the registry user name; empty means no credentials.
+	Username string
+	// Password is Username's password or token.
+	Password string
+}
+
 // Resolve returns the root filesystem for uri, for container containerGuid. For a docker
-// image it fetches and unpacks the image when not cached and makes the container's copy.
-func (r *Resolver) Resolve(ctx context.Context, uri, containerGuid string) (Rootfs, error) {
+// image it fetches and unpacks the image when not cached and makes the container's copy; its
+// manifest is fetched from the registry every time, with auth when it has a user name, so a
+// cached image is no way around the registry's authentication.
+func (r *Resolver) Resolve(ctx context.Context, uri, containerGuid string, auth Auth) (Rootfs, error) {
 	if !r.Supports(uri) {
 		return Rootfs{}, fmt.Errorf("resolve rootfs %q: %w", uri, ErrUnsupported)
 	}
@@ -153,7 +164,7 @@ func (r *Resolver) Resolve(ctx context.Context, uri, containerGuid string) (Root
 	if err != nil {
 		return Rootfs{}, fmt.Errorf("resolve rootfs %q: %w", uri, err)
 	}
-	imageDir, err := r.image(ctx, ref)
+	imageDir, err := r.image(ctx, ref, auth)
 	if err != nil {
 		return Rootfs{}, fmt.Errorf("resolve rootfs %q: %w", uri, err)
 	}
@@ -228,10 +239,14 @@ func (r *Resolver) DockerReference(uri string) (name.Reference, error) {
 
 // image fetches ref's manifest and returns the directory it is unpacked in, unpacking it
 // once per digest (concurrent callers for the same image wait for one unpack).
-func (r *Resolver) image(ctx context.Context, ref name.Reference) (string, error) {
+func (r *Resolver) image(ctx context.Context, ref name.Reference, auth Auth) (string, error) {
+	authOpt := remote.WithAuthFromKeychain(authn.DefaultKeychain)
+	if auth.Username != "" {
+		authOpt = remote.WithAuth(&authn.Basic{Username: auth.Username, Password: auth.Password})
+	}
 	img, err := remote.Image(ref,
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		authOpt,
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
 	)
 	if err != nil {

@@ -78,7 +78,7 @@ func TestResolveDockerImage(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fs, err := r.Resolve(ctx, uri, "guid-1")
+	fs, err := r.Resolve(ctx, uri, "guid-1", Auth{})
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
@@ -131,7 +131,7 @@ func TestResolveUnpacksOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = r.Resolve(ctx, uri, fmt.Sprintf("c-%d", i))
+			results[i], errs[i] = r.Resolve(ctx, uri, fmt.Sprintf("c-%d", i), Auth{})
 		}()
 	}
 	wg.Wait()
@@ -143,7 +143,7 @@ func TestResolveUnpacksOnce(t *testing.T) {
 	if got := r.unpacks.Load(); got != 1 {
 		t.Errorf("concurrent resolves unpacked %d times, want 1", got)
 	}
-	again, err := r.Resolve(ctx, uri, "c-later")
+	again, err := r.Resolve(ctx, uri, "c-later", Auth{})
 	if err != nil {
 		t.Fatalf("Resolve again: %v", err)
 	}
@@ -183,7 +183,7 @@ func TestPreloaded(t *testing.T) {
 			if !r.Supports(uri) {
 				t.Errorf("Supports(%q) = false", uri)
 			}
-			fs, err := r.Resolve(context.Background(), uri, "g")
+			fs, err := r.Resolve(context.Background(), uri, "g", Auth{})
 			if err != nil {
 				t.Fatalf("Resolve(%q): %v", uri, err)
 			}
@@ -231,7 +231,7 @@ func TestSupports(t *testing.T) {
 		}
 	}
 	for _, uri := range []string{"oci://example.com/a", "docker:///a/b"} {
-		if _, err := without.Resolve(context.Background(), uri, "g"); !errors.Is(err, ErrUnsupported) {
+		if _, err := without.Resolve(context.Background(), uri, "g", Auth{}); !errors.Is(err, ErrUnsupported) {
 			t.Errorf("Resolve(%q) without providers: err = %v, want ErrUnsupported", uri, err)
 		}
 	}
@@ -331,5 +331,34 @@ func TestUntarStaysInside(t *testing.T) {
 	}
 	if b != nil && b.Mode().Perm() != 0o640 {
 		t.Errorf("mode = %v, want 0640", b.Mode())
+	}
+}
+
+// TestResolveDockerImageCredentials: an image of a registry that requires basic authentication
+// is fetched with the work's credentials; without them, or with wrong ones, Resolve fails
+// naming the image, even once the image is in the cache (its manifest is fetched each time),
+// and the password is not in the error.
+func TestResolveDockerImageCredentials(t *testing.T) {
+	host := rootfstest.NewAuthRegistry(t, "alice", "s3cret")
+	layer := rootfstest.Layer(t, rootfstest.File{Name: "hello", Mode: 0o644, Body: []byte("hello\n")})
+	uri, _ := rootfstest.PushAuth(t, host, "gavel/private", "v1", "alice", "s3cret", layer)
+	r := newDockerResolver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fs, err := r.Resolve(ctx, uri, "ok", Auth{Username: "alice", Password: "s3cret"})
+	if err != nil {
+		t.Fatalf("Resolve with the right credentials: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(fs.Path, "hello")); err != nil {
+		t.Errorf("the image's file: %v", err)
+	}
+	for _, a := range []Auth{{}, {Username: "alice", Password: "wrong-secret"}} {
+		_, err := r.Resolve(ctx, uri, "refused", a)
+		if err == nil || !strings.Contains(err.Error(), host+"/gavel/private") || !strings.Contains(strings.ToUpper(err.Error()), "UNAUTHORIZED") {
+			t.Errorf("Resolve with %q: %v, want the image refused as unauthorized", a.Username, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "wrong-secret") {
+			t.Errorf("the error shows the password: %v", err)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package syncer
 
 import (
 	"context"
-	"maps"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -29,11 +28,11 @@ func publishSpans(resp *bbsv1.SubscribeToEventsResponse) []trace.Span {
 		default:
 			continue
 		}
-		tc := after.GetTraceContext()
-		if len(tc) == 0 || after.GetState() != modelsv1.ActualLRP_STATE_RUNNING || maps.Equal(tc, before.GetTraceContext()) {
+		tc := after.GetTrace()
+		if tc == nil || after.GetState() != modelsv1.ActualLRP_STATE_RUNNING || tc.GetTraceparent() == before.GetTrace().GetTraceparent() {
 			continue
 		}
-		_, span := tracing.Tracer("routeemitter").Start(tracing.Extract(context.Background(), tc), "routeemitter.publish_routes",
+		_, span := tracing.Tracer("routeemitter").Start(tracing.Join(context.Background(), tc), "routeemitter.publish_routes",
 			trace.WithAttributes(
 				attribute.String("gavel.process_guid", after.GetKey().GetProcessGuid()),
 				attribute.Int("gavel.index", int(after.GetKey().GetIndex())),

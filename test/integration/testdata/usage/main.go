@@ -3,6 +3,8 @@
 //	usage mem MB    allocates and touches MB MiB, writes a 2 MiB file "ballast" in its
 //	                working directory, prints "ready" and sleeps until killed
 //	usage spin      keeps one core busy until killed
+//	usage cat FILE  prints FILE (for exec in a container whose rootfs has no cat)
+//	usage env       prints its environment, one variable a line
 package main
 
 import (
@@ -16,7 +18,7 @@ var keep []byte
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: usage mem MB | spin")
+		fmt.Fprintln(os.Stderr, "usage: usage mem MB | spin | cat FILE | env")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -39,6 +41,19 @@ func main() {
 			time.Sleep(time.Hour)
 			keep[0]++
 		}
+	case "cat":
+		b, err := os.ReadFile(os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(b)
+		os.Exit(0)
+	case "env":
+		for _, kv := range os.Environ() {
+			fmt.Println(kv)
+		}
+		os.Exit(0)
 	case "spin":
 		fmt.Println("spinning")
 		n := 0

@@ -40,9 +40,18 @@ type LRPStartRequest struct {
 	Rootfs string `protobuf:"bytes,5,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint restricts the eligible cells.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,6,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
-	// for this work, so that the spans placing and starting it join that request's trace.
-	TraceContext  map[string]string `protobuf:"bytes,7,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TraceContext is the trace context as a map of W3C headers, as releases before decision 0043
+	// sent it. Deprecated: replaced by trace; never sent, and ignored.
+	//
+	// Deprecated: Marked as deprecated in gavel/auctioneer/v1/auctioneer.proto.
+	TraceContext map[string]string `protobuf:"bytes,7,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Trace is the W3C trace context of the request that asked for this work, so that the spans
+	// placing and starting it join that request's trace; unset when the request carried none.
+	Trace *v1.TraceContext `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	// SpreadPeer, when set, is the desired LRP's spread peer (DesiredLRP.spread_with) resolved by
+	// the BBS to the cells of the peer's instances that outlive this step; placement counts them
+	// per zone as instances of this LRP.
+	SpreadPeer    *SpreadPeer `protobuf:"bytes,8,opt,name=spread_peer,json=spreadPeer,proto3" json:"spread_peer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -119,9 +128,90 @@ func (x *LRPStartRequest) GetPlacementConstraint() *v1.PlacementConstraint {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in gavel/auctioneer/v1/auctioneer.proto.
 func (x *LRPStartRequest) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *LRPStartRequest) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
+}
+
+func (x *LRPStartRequest) GetSpreadPeer() *SpreadPeer {
+	if x != nil {
+		return x.SpreadPeer
+	}
+	return nil
+}
+
+// SpreadPeer is another LRP's surviving instances, counted with an LRP's own when its
+// instances are spread over zones.
+type SpreadPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid names the peer LRP.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// BelowIndex is the survivor bound: the peer's instances with a smaller index are counted
+	// (total_instances minus the LRP's desired instances).
+	BelowIndex int32 `protobuf:"varint,2,opt,name=below_index,json=belowIndex,proto3" json:"below_index,omitempty"`
+	// CellInstances counts, per cell id, the peer's placed instances below below_index.
+	CellInstances map[string]int32 `protobuf:"bytes,3,rep,name=cell_instances,json=cellInstances,proto3" json:"cell_instances,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpreadPeer) Reset() {
+	*x = SpreadPeer{}
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpreadPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpreadPeer) ProtoMessage() {}
+
+func (x *SpreadPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpreadPeer.ProtoReflect.Descriptor instead.
+func (*SpreadPeer) Descriptor() ([]byte, []int) {
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SpreadPeer) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *SpreadPeer) GetBelowIndex() int32 {
+	if x != nil {
+		return x.BelowIndex
+	}
+	return 0
+}
+
+func (x *SpreadPeer) GetCellInstances() map[string]int32 {
+	if x != nil {
+		return x.CellInstances
 	}
 	return nil
 }
@@ -139,16 +229,21 @@ type TaskStartRequest struct {
 	Rootfs string `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint restricts the eligible cells.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,5,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
-	// for this work, so that the spans placing and starting it join that request's trace.
-	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TraceContext is the trace context as a map of W3C headers, as releases before decision 0043
+	// sent it. Deprecated: replaced by trace; never sent, and ignored.
+	//
+	// Deprecated: Marked as deprecated in gavel/auctioneer/v1/auctioneer.proto.
+	TraceContext map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Trace is the W3C trace context of the request that asked for this work, so that the spans
+	// placing and starting it join that request's trace; unset when the request carried none.
+	Trace         *v1.TraceContext `protobuf:"bytes,7,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskStartRequest) Reset() {
 	*x = TaskStartRequest{}
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[1]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +255,7 @@ func (x *TaskStartRequest) String() string {
 func (*TaskStartRequest) ProtoMessage() {}
 
 func (x *TaskStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[1]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +268,7 @@ func (x *TaskStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskStartRequest.ProtoReflect.Descriptor instead.
 func (*TaskStartRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{1}
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TaskStartRequest) GetTaskGuid() string {
@@ -211,9 +306,17 @@ func (x *TaskStartRequest) GetPlacementConstraint() *v1.PlacementConstraint {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in gavel/auctioneer/v1/auctioneer.proto.
 func (x *TaskStartRequest) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *TaskStartRequest) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
 	}
 	return nil
 }
@@ -229,7 +332,7 @@ type RequestLRPAuctionsRequest struct {
 
 func (x *RequestLRPAuctionsRequest) Reset() {
 	*x = RequestLRPAuctionsRequest{}
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[2]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +344,7 @@ func (x *RequestLRPAuctionsRequest) String() string {
 func (*RequestLRPAuctionsRequest) ProtoMessage() {}
 
 func (x *RequestLRPAuctionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[2]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +357,7 @@ func (x *RequestLRPAuctionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestLRPAuctionsRequest.ProtoReflect.Descriptor instead.
 func (*RequestLRPAuctionsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{2}
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RequestLRPAuctionsRequest) GetStarts() []*LRPStartRequest {
@@ -273,7 +376,7 @@ type RequestLRPAuctionsResponse struct {
 
 func (x *RequestLRPAuctionsResponse) Reset() {
 	*x = RequestLRPAuctionsResponse{}
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[3]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +388,7 @@ func (x *RequestLRPAuctionsResponse) String() string {
 func (*RequestLRPAuctionsResponse) ProtoMessage() {}
 
 func (x *RequestLRPAuctionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[3]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +401,7 @@ func (x *RequestLRPAuctionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestLRPAuctionsResponse.ProtoReflect.Descriptor instead.
 func (*RequestLRPAuctionsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{3}
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{4}
 }
 
 // RequestTaskAuctionsRequest is the request of RequestTaskAuctions.
@@ -312,7 +415,7 @@ type RequestTaskAuctionsRequest struct {
 
 func (x *RequestTaskAuctionsRequest) Reset() {
 	*x = RequestTaskAuctionsRequest{}
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[4]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +427,7 @@ func (x *RequestTaskAuctionsRequest) String() string {
 func (*RequestTaskAuctionsRequest) ProtoMessage() {}
 
 func (x *RequestTaskAuctionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[4]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +440,7 @@ func (x *RequestTaskAuctionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTaskAuctionsRequest.ProtoReflect.Descriptor instead.
 func (*RequestTaskAuctionsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{4}
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RequestTaskAuctionsRequest) GetTasks() []*TaskStartRequest {
@@ -356,7 +459,7 @@ type RequestTaskAuctionsResponse struct {
 
 func (x *RequestTaskAuctionsResponse) Reset() {
 	*x = RequestTaskAuctionsResponse{}
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[5]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +471,7 @@ func (x *RequestTaskAuctionsResponse) String() string {
 func (*RequestTaskAuctionsResponse) ProtoMessage() {}
 
 func (x *RequestTaskAuctionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[5]
+	mi := &file_gavel_auctioneer_v1_auctioneer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,32 +484,45 @@ func (x *RequestTaskAuctionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTaskAuctionsResponse.ProtoReflect.Descriptor instead.
 func (*RequestTaskAuctionsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{5}
+	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP(), []int{6}
 }
 
 var File_gavel_auctioneer_v1_auctioneer_proto protoreflect.FileDescriptor
 
 const file_gavel_auctioneer_v1_auctioneer_proto_rawDesc = "" +
 	"\n" +
-	"$gavel/auctioneer/v1/auctioneer.proto\x12\x13gavel.auctioneer.v1\x1a\x1cgavel/models/v1/common.proto\"\xaf\x03\n" +
+	"$gavel/auctioneer/v1/auctioneer.proto\x12\x13gavel.auctioneer.v1\x1a\x1cgavel/models/v1/common.proto\"\xaa\x04\n" +
 	"\x0fLRPStartRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x18\n" +
 	"\aindices\x18\x03 \x03(\x05R\aindices\x128\n" +
 	"\tresources\x18\x04 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x05 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x06 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12[\n" +
-	"\rtrace_context\x18\a \x03(\v26.gavel.auctioneer.v1.LRPStartRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x14placement_constraint\x18\x06 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12_\n" +
+	"\rtrace_context\x18\a \x03(\v26.gavel.auctioneer.v1.LRPStartRequest.TraceContextEntryB\x02\x18\x01R\ftraceContext\x123\n" +
+	"\x05trace\x18\t \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\x12@\n" +
+	"\vspread_peer\x18\b \x01(\v2\x1f.gavel.auctioneer.v1.SpreadPeerR\n" +
+	"spreadPeer\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x01\n" +
+	"\n" +
+	"SpreadPeer\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x1f\n" +
+	"\vbelow_index\x18\x02 \x01(\x05R\n" +
+	"belowIndex\x12Y\n" +
+	"\x0ecell_instances\x18\x03 \x03(\v22.gavel.auctioneer.v1.SpreadPeer.CellInstancesEntryR\rcellInstances\x1a@\n" +
+	"\x12CellInstancesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xca\x03\n" +
 	"\x10TaskStartRequest\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12\\\n" +
-	"\rtrace_context\x18\x06 \x03(\v27.gavel.auctioneer.v1.TaskStartRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12`\n" +
+	"\rtrace_context\x18\x06 \x03(\v27.gavel.auctioneer.v1.TaskStartRequest.TraceContextEntryB\x02\x18\x01R\ftraceContext\x123\n" +
+	"\x05trace\x18\a \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
@@ -433,37 +549,44 @@ func file_gavel_auctioneer_v1_auctioneer_proto_rawDescGZIP() []byte {
 	return file_gavel_auctioneer_v1_auctioneer_proto_rawDescData
 }
 
-var file_gavel_auctioneer_v1_auctioneer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_gavel_auctioneer_v1_auctioneer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_gavel_auctioneer_v1_auctioneer_proto_goTypes = []any{
 	(*LRPStartRequest)(nil),             // 0: gavel.auctioneer.v1.LRPStartRequest
-	(*TaskStartRequest)(nil),            // 1: gavel.auctioneer.v1.TaskStartRequest
-	(*RequestLRPAuctionsRequest)(nil),   // 2: gavel.auctioneer.v1.RequestLRPAuctionsRequest
-	(*RequestLRPAuctionsResponse)(nil),  // 3: gavel.auctioneer.v1.RequestLRPAuctionsResponse
-	(*RequestTaskAuctionsRequest)(nil),  // 4: gavel.auctioneer.v1.RequestTaskAuctionsRequest
-	(*RequestTaskAuctionsResponse)(nil), // 5: gavel.auctioneer.v1.RequestTaskAuctionsResponse
-	nil,                                 // 6: gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
-	nil,                                 // 7: gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
-	(*v1.Resources)(nil),                // 8: gavel.models.v1.Resources
-	(*v1.PlacementConstraint)(nil),      // 9: gavel.models.v1.PlacementConstraint
+	(*SpreadPeer)(nil),                  // 1: gavel.auctioneer.v1.SpreadPeer
+	(*TaskStartRequest)(nil),            // 2: gavel.auctioneer.v1.TaskStartRequest
+	(*RequestLRPAuctionsRequest)(nil),   // 3: gavel.auctioneer.v1.RequestLRPAuctionsRequest
+	(*RequestLRPAuctionsResponse)(nil),  // 4: gavel.auctioneer.v1.RequestLRPAuctionsResponse
+	(*RequestTaskAuctionsRequest)(nil),  // 5: gavel.auctioneer.v1.RequestTaskAuctionsRequest
+	(*RequestTaskAuctionsResponse)(nil), // 6: gavel.auctioneer.v1.RequestTaskAuctionsResponse
+	nil,                                 // 7: gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
+	nil,                                 // 8: gavel.auctioneer.v1.SpreadPeer.CellInstancesEntry
+	nil,                                 // 9: gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
+	(*v1.Resources)(nil),                // 10: gavel.models.v1.Resources
+	(*v1.PlacementConstraint)(nil),      // 11: gavel.models.v1.PlacementConstraint
+	(*v1.TraceContext)(nil),             // 12: gavel.models.v1.TraceContext
 }
 var file_gavel_auctioneer_v1_auctioneer_proto_depIdxs = []int32{
-	8,  // 0: gavel.auctioneer.v1.LRPStartRequest.resources:type_name -> gavel.models.v1.Resources
-	9,  // 1: gavel.auctioneer.v1.LRPStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	6,  // 2: gavel.auctioneer.v1.LRPStartRequest.trace_context:type_name -> gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
-	8,  // 3: gavel.auctioneer.v1.TaskStartRequest.resources:type_name -> gavel.models.v1.Resources
-	9,  // 4: gavel.auctioneer.v1.TaskStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	7,  // 5: gavel.auctioneer.v1.TaskStartRequest.trace_context:type_name -> gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
-	0,  // 6: gavel.auctioneer.v1.RequestLRPAuctionsRequest.starts:type_name -> gavel.auctioneer.v1.LRPStartRequest
-	1,  // 7: gavel.auctioneer.v1.RequestTaskAuctionsRequest.tasks:type_name -> gavel.auctioneer.v1.TaskStartRequest
-	2,  // 8: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:input_type -> gavel.auctioneer.v1.RequestLRPAuctionsRequest
-	4,  // 9: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:input_type -> gavel.auctioneer.v1.RequestTaskAuctionsRequest
-	3,  // 10: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:output_type -> gavel.auctioneer.v1.RequestLRPAuctionsResponse
-	5,  // 11: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:output_type -> gavel.auctioneer.v1.RequestTaskAuctionsResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	10, // 0: gavel.auctioneer.v1.LRPStartRequest.resources:type_name -> gavel.models.v1.Resources
+	11, // 1: gavel.auctioneer.v1.LRPStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	7,  // 2: gavel.auctioneer.v1.LRPStartRequest.trace_context:type_name -> gavel.auctioneer.v1.LRPStartRequest.TraceContextEntry
+	12, // 3: gavel.auctioneer.v1.LRPStartRequest.trace:type_name -> gavel.models.v1.TraceContext
+	1,  // 4: gavel.auctioneer.v1.LRPStartRequest.spread_peer:type_name -> gavel.auctioneer.v1.SpreadPeer
+	8,  // 5: gavel.auctioneer.v1.SpreadPeer.cell_instances:type_name -> gavel.auctioneer.v1.SpreadPeer.CellInstancesEntry
+	10, // 6: gavel.auctioneer.v1.TaskStartRequest.resources:type_name -> gavel.models.v1.Resources
+	11, // 7: gavel.auctioneer.v1.TaskStartRequest.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	9,  // 8: gavel.auctioneer.v1.TaskStartRequest.trace_context:type_name -> gavel.auctioneer.v1.TaskStartRequest.TraceContextEntry
+	12, // 9: gavel.auctioneer.v1.TaskStartRequest.trace:type_name -> gavel.models.v1.TraceContext
+	0,  // 10: gavel.auctioneer.v1.RequestLRPAuctionsRequest.starts:type_name -> gavel.auctioneer.v1.LRPStartRequest
+	2,  // 11: gavel.auctioneer.v1.RequestTaskAuctionsRequest.tasks:type_name -> gavel.auctioneer.v1.TaskStartRequest
+	3,  // 12: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:input_type -> gavel.auctioneer.v1.RequestLRPAuctionsRequest
+	5,  // 13: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:input_type -> gavel.auctioneer.v1.RequestTaskAuctionsRequest
+	4,  // 14: gavel.auctioneer.v1.AuctioneerService.RequestLRPAuctions:output_type -> gavel.auctioneer.v1.RequestLRPAuctionsResponse
+	6,  // 15: gavel.auctioneer.v1.AuctioneerService.RequestTaskAuctions:output_type -> gavel.auctioneer.v1.RequestTaskAuctionsResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gavel_auctioneer_v1_auctioneer_proto_init() }
@@ -477,7 +600,7 @@ func file_gavel_auctioneer_v1_auctioneer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_auctioneer_v1_auctioneer_proto_rawDesc), len(file_gavel_auctioneer_v1_auctioneer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1021,8 +1021,12 @@ type ClaimActualLRPRequest struct {
 	// IncludeDesiredLrp asks for the desired LRP beside the claimed instance, so a rep starting
 	// the container needs no DesiredLRPByProcessGuid round trip.
 	IncludeDesiredLrp bool `protobuf:"varint,4,opt,name=include_desired_lrp,json=includeDesiredLrp,proto3" json:"include_desired_lrp,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Trace is the trace this claim belongs to, in a batch (ClaimActualLRPs), whose call carries
+	// no one instance's trace: the BBS records the claim as a span of it. Unset on a single call,
+	// whose own trace context is the instance's.
+	Trace         *v1.TraceContext `protobuf:"bytes,5,opt,name=trace,proto3" json:"trace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClaimActualLRPRequest) Reset() {
@@ -1081,6 +1085,13 @@ func (x *ClaimActualLRPRequest) GetIncludeDesiredLrp() bool {
 		return x.IncludeDesiredLrp
 	}
 	return false
+}
+
+func (x *ClaimActualLRPRequest) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
 }
 
 // ClaimActualLRPResponse is the answer of ClaimActualLRP.
@@ -1156,7 +1167,10 @@ type StartActualLRPRequest struct {
 	// a cell reports a container the store does not know (after a restore from a backup, say).
 	// The new record is RUNNING in this domain; without a desired LRP it is an extra instance,
 	// which convergence retires only while its domain is fresh. Unset, a missing slot is NotFound.
-	Domain        string `protobuf:"bytes,6,opt,name=domain,proto3" json:"domain,omitempty"`
+	Domain string `protobuf:"bytes,6,opt,name=domain,proto3" json:"domain,omitempty"`
+	// Trace is the trace this report belongs to, in a batch (StartActualLRPs), as in
+	// ClaimActualLRPRequest.trace.
+	Trace         *v1.TraceContext `protobuf:"bytes,7,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1233,6 +1247,363 @@ func (x *StartActualLRPRequest) GetDomain() string {
 	return ""
 }
 
+func (x *StartActualLRPRequest) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
+}
+
+// ClaimActualLRPsRequest is the request of ClaimActualLRPs.
+type ClaimActualLRPsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Claims are the claims, at most 1,000, each for an instance on the caller's cell.
+	Claims        []*ClaimActualLRPRequest `protobuf:"bytes,1,rep,name=claims,proto3" json:"claims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimActualLRPsRequest) Reset() {
+	*x = ClaimActualLRPsRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimActualLRPsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimActualLRPsRequest) ProtoMessage() {}
+
+func (x *ClaimActualLRPsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimActualLRPsRequest.ProtoReflect.Descriptor instead.
+func (*ClaimActualLRPsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ClaimActualLRPsRequest) GetClaims() []*ClaimActualLRPRequest {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+// ClaimActualLRPsResponse is the answer of ClaimActualLRPs.
+type ClaimActualLRPsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Results answer the claims in order. A desired LRP asked for (include_desired_lrp) is sent
+	// once per process guid: on the first successful result of that guid, not on later ones.
+	Results       []*ClaimActualLRPResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimActualLRPsResponse) Reset() {
+	*x = ClaimActualLRPsResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimActualLRPsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimActualLRPsResponse) ProtoMessage() {}
+
+func (x *ClaimActualLRPsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimActualLRPsResponse.ProtoReflect.Descriptor instead.
+func (*ClaimActualLRPsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ClaimActualLRPsResponse) GetResults() []*ClaimActualLRPResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// ClaimActualLRPResult is one claim's answer in a batch: its response, or its error.
+type ClaimActualLRPResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Response is what ClaimActualLRP would have answered; unset when error is set.
+	Response *ClaimActualLRPResponse `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	// Error is the claim's gRPC status when it failed.
+	Error         *BatchItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimActualLRPResult) Reset() {
+	*x = ClaimActualLRPResult{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimActualLRPResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimActualLRPResult) ProtoMessage() {}
+
+func (x *ClaimActualLRPResult) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimActualLRPResult.ProtoReflect.Descriptor instead.
+func (*ClaimActualLRPResult) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ClaimActualLRPResult) GetResponse() *ClaimActualLRPResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *ClaimActualLRPResult) GetError() *BatchItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// StartActualLRPsRequest is the request of StartActualLRPs.
+type StartActualLRPsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Starts are the reports, at most 1,000, each for an instance on the caller's cell.
+	Starts        []*StartActualLRPRequest `protobuf:"bytes,1,rep,name=starts,proto3" json:"starts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartActualLRPsRequest) Reset() {
+	*x = StartActualLRPsRequest{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartActualLRPsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartActualLRPsRequest) ProtoMessage() {}
+
+func (x *StartActualLRPsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartActualLRPsRequest.ProtoReflect.Descriptor instead.
+func (*StartActualLRPsRequest) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *StartActualLRPsRequest) GetStarts() []*StartActualLRPRequest {
+	if x != nil {
+		return x.Starts
+	}
+	return nil
+}
+
+// StartActualLRPsResponse is the answer of StartActualLRPs.
+type StartActualLRPsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Results answer the reports in order.
+	Results       []*StartActualLRPResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartActualLRPsResponse) Reset() {
+	*x = StartActualLRPsResponse{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartActualLRPsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartActualLRPsResponse) ProtoMessage() {}
+
+func (x *StartActualLRPsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartActualLRPsResponse.ProtoReflect.Descriptor instead.
+func (*StartActualLRPsResponse) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StartActualLRPsResponse) GetResults() []*StartActualLRPResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// StartActualLRPResult is one report's answer in a batch: its response, or its error.
+type StartActualLRPResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Response is what StartActualLRP would have answered; unset when error is set.
+	Response *StartActualLRPResponse `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	// Error is the report's gRPC status when it failed.
+	Error         *BatchItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartActualLRPResult) Reset() {
+	*x = StartActualLRPResult{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartActualLRPResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartActualLRPResult) ProtoMessage() {}
+
+func (x *StartActualLRPResult) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartActualLRPResult.ProtoReflect.Descriptor instead.
+func (*StartActualLRPResult) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StartActualLRPResult) GetResponse() *StartActualLRPResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *StartActualLRPResult) GetError() *BatchItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// BatchItemError is the gRPC status of one item of a batch call that failed on its own.
+type BatchItemError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Code is the gRPC status code (google.golang.org/grpc/codes).
+	Code uint32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// Message is the status message.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchItemError) Reset() {
+	*x = BatchItemError{}
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchItemError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchItemError) ProtoMessage() {}
+
+func (x *BatchItemError) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchItemError.ProtoReflect.Descriptor instead.
+func (*BatchItemError) Descriptor() ([]byte, []int) {
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BatchItemError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *BatchItemError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // StartActualLRPResponse is the answer of StartActualLRP.
 type StartActualLRPResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1244,7 +1615,7 @@ type StartActualLRPResponse struct {
 
 func (x *StartActualLRPResponse) Reset() {
 	*x = StartActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[22]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1627,7 @@ func (x *StartActualLRPResponse) String() string {
 func (*StartActualLRPResponse) ProtoMessage() {}
 
 func (x *StartActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[22]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1640,7 @@ func (x *StartActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*StartActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{22}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StartActualLRPResponse) GetActualLrp() *v1.ActualLRP {
@@ -1296,7 +1667,7 @@ type CrashActualLRPRequest struct {
 
 func (x *CrashActualLRPRequest) Reset() {
 	*x = CrashActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[23]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1679,7 @@ func (x *CrashActualLRPRequest) String() string {
 func (*CrashActualLRPRequest) ProtoMessage() {}
 
 func (x *CrashActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[23]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1692,7 @@ func (x *CrashActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CrashActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*CrashActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{23}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CrashActualLRPRequest) GetProcessGuid() string {
@@ -1363,7 +1734,7 @@ type CrashActualLRPResponse struct {
 
 func (x *CrashActualLRPResponse) Reset() {
 	*x = CrashActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[24]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1746,7 @@ func (x *CrashActualLRPResponse) String() string {
 func (*CrashActualLRPResponse) ProtoMessage() {}
 
 func (x *CrashActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[24]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1759,7 @@ func (x *CrashActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CrashActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*CrashActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{24}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CrashActualLRPResponse) GetActualLrp() *v1.ActualLRP {
@@ -1413,7 +1784,7 @@ type FailActualLRPRequest struct {
 
 func (x *FailActualLRPRequest) Reset() {
 	*x = FailActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[25]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1796,7 @@ func (x *FailActualLRPRequest) String() string {
 func (*FailActualLRPRequest) ProtoMessage() {}
 
 func (x *FailActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[25]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1809,7 @@ func (x *FailActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*FailActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{25}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FailActualLRPRequest) GetProcessGuid() string {
@@ -1471,7 +1842,7 @@ type FailActualLRPResponse struct {
 
 func (x *FailActualLRPResponse) Reset() {
 	*x = FailActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[26]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1854,7 @@ func (x *FailActualLRPResponse) String() string {
 func (*FailActualLRPResponse) ProtoMessage() {}
 
 func (x *FailActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[26]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1867,7 @@ func (x *FailActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*FailActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{26}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{33}
 }
 
 // RemoveActualLRPRequest is the request of RemoveActualLRP.
@@ -1514,7 +1885,7 @@ type RemoveActualLRPRequest struct {
 
 func (x *RemoveActualLRPRequest) Reset() {
 	*x = RemoveActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[27]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1897,7 @@ func (x *RemoveActualLRPRequest) String() string {
 func (*RemoveActualLRPRequest) ProtoMessage() {}
 
 func (x *RemoveActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[27]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1910,7 @@ func (x *RemoveActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*RemoveActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{27}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveActualLRPRequest) GetProcessGuid() string {
@@ -1572,7 +1943,7 @@ type RemoveActualLRPResponse struct {
 
 func (x *RemoveActualLRPResponse) Reset() {
 	*x = RemoveActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[28]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1955,7 @@ func (x *RemoveActualLRPResponse) String() string {
 func (*RemoveActualLRPResponse) ProtoMessage() {}
 
 func (x *RemoveActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[28]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1968,7 @@ func (x *RemoveActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*RemoveActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{28}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{35}
 }
 
 // RetireActualLRPRequest is the request of RetireActualLRP.
@@ -1613,7 +1984,7 @@ type RetireActualLRPRequest struct {
 
 func (x *RetireActualLRPRequest) Reset() {
 	*x = RetireActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[29]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1996,7 @@ func (x *RetireActualLRPRequest) String() string {
 func (*RetireActualLRPRequest) ProtoMessage() {}
 
 func (x *RetireActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[29]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +2009,7 @@ func (x *RetireActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*RetireActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{29}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RetireActualLRPRequest) GetProcessGuid() string {
@@ -1664,7 +2035,7 @@ type RetireActualLRPResponse struct {
 
 func (x *RetireActualLRPResponse) Reset() {
 	*x = RetireActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[30]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +2047,7 @@ func (x *RetireActualLRPResponse) String() string {
 func (*RetireActualLRPResponse) ProtoMessage() {}
 
 func (x *RetireActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[30]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +2060,7 @@ func (x *RetireActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*RetireActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{30}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{37}
 }
 
 // EvacuateClaimedActualLRPRequest is the request of EvacuateClaimedActualLRP.
@@ -1707,7 +2078,7 @@ type EvacuateClaimedActualLRPRequest struct {
 
 func (x *EvacuateClaimedActualLRPRequest) Reset() {
 	*x = EvacuateClaimedActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[31]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +2090,7 @@ func (x *EvacuateClaimedActualLRPRequest) String() string {
 func (*EvacuateClaimedActualLRPRequest) ProtoMessage() {}
 
 func (x *EvacuateClaimedActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[31]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +2103,7 @@ func (x *EvacuateClaimedActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateClaimedActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*EvacuateClaimedActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{31}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EvacuateClaimedActualLRPRequest) GetProcessGuid() string {
@@ -1767,7 +2138,7 @@ type EvacuateClaimedActualLRPResponse struct {
 
 func (x *EvacuateClaimedActualLRPResponse) Reset() {
 	*x = EvacuateClaimedActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[32]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +2150,7 @@ func (x *EvacuateClaimedActualLRPResponse) String() string {
 func (*EvacuateClaimedActualLRPResponse) ProtoMessage() {}
 
 func (x *EvacuateClaimedActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[32]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +2163,7 @@ func (x *EvacuateClaimedActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateClaimedActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*EvacuateClaimedActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{32}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EvacuateClaimedActualLRPResponse) GetKeepContainer() bool {
@@ -1819,7 +2190,7 @@ type EvacuateRunningActualLRPRequest struct {
 
 func (x *EvacuateRunningActualLRPRequest) Reset() {
 	*x = EvacuateRunningActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[33]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +2202,7 @@ func (x *EvacuateRunningActualLRPRequest) String() string {
 func (*EvacuateRunningActualLRPRequest) ProtoMessage() {}
 
 func (x *EvacuateRunningActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[33]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +2215,7 @@ func (x *EvacuateRunningActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateRunningActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*EvacuateRunningActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{33}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *EvacuateRunningActualLRPRequest) GetProcessGuid() string {
@@ -1886,7 +2257,7 @@ type EvacuateRunningActualLRPResponse struct {
 
 func (x *EvacuateRunningActualLRPResponse) Reset() {
 	*x = EvacuateRunningActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[34]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +2269,7 @@ func (x *EvacuateRunningActualLRPResponse) String() string {
 func (*EvacuateRunningActualLRPResponse) ProtoMessage() {}
 
 func (x *EvacuateRunningActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[34]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +2282,7 @@ func (x *EvacuateRunningActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateRunningActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*EvacuateRunningActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{34}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *EvacuateRunningActualLRPResponse) GetKeepContainer() bool {
@@ -1936,7 +2307,7 @@ type EvacuateStoppedActualLRPRequest struct {
 
 func (x *EvacuateStoppedActualLRPRequest) Reset() {
 	*x = EvacuateStoppedActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[35]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2319,7 @@ func (x *EvacuateStoppedActualLRPRequest) String() string {
 func (*EvacuateStoppedActualLRPRequest) ProtoMessage() {}
 
 func (x *EvacuateStoppedActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[35]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2332,7 @@ func (x *EvacuateStoppedActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateStoppedActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*EvacuateStoppedActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{35}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *EvacuateStoppedActualLRPRequest) GetProcessGuid() string {
@@ -1996,7 +2367,7 @@ type EvacuateStoppedActualLRPResponse struct {
 
 func (x *EvacuateStoppedActualLRPResponse) Reset() {
 	*x = EvacuateStoppedActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[36]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2379,7 @@ func (x *EvacuateStoppedActualLRPResponse) String() string {
 func (*EvacuateStoppedActualLRPResponse) ProtoMessage() {}
 
 func (x *EvacuateStoppedActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[36]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2392,7 @@ func (x *EvacuateStoppedActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateStoppedActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*EvacuateStoppedActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{36}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *EvacuateStoppedActualLRPResponse) GetKeepContainer() bool {
@@ -2048,7 +2419,7 @@ type EvacuateCrashedActualLRPRequest struct {
 
 func (x *EvacuateCrashedActualLRPRequest) Reset() {
 	*x = EvacuateCrashedActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[37]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2431,7 @@ func (x *EvacuateCrashedActualLRPRequest) String() string {
 func (*EvacuateCrashedActualLRPRequest) ProtoMessage() {}
 
 func (x *EvacuateCrashedActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[37]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2444,7 @@ func (x *EvacuateCrashedActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateCrashedActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*EvacuateCrashedActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{37}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *EvacuateCrashedActualLRPRequest) GetProcessGuid() string {
@@ -2115,7 +2486,7 @@ type EvacuateCrashedActualLRPResponse struct {
 
 func (x *EvacuateCrashedActualLRPResponse) Reset() {
 	*x = EvacuateCrashedActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[38]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2127,7 +2498,7 @@ func (x *EvacuateCrashedActualLRPResponse) String() string {
 func (*EvacuateCrashedActualLRPResponse) ProtoMessage() {}
 
 func (x *EvacuateCrashedActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[38]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2140,7 +2511,7 @@ func (x *EvacuateCrashedActualLRPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvacuateCrashedActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*EvacuateCrashedActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{38}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *EvacuateCrashedActualLRPResponse) GetKeepContainer() bool {
@@ -2165,7 +2536,7 @@ type RemoveEvacuatingActualLRPRequest struct {
 
 func (x *RemoveEvacuatingActualLRPRequest) Reset() {
 	*x = RemoveEvacuatingActualLRPRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[39]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2548,7 @@ func (x *RemoveEvacuatingActualLRPRequest) String() string {
 func (*RemoveEvacuatingActualLRPRequest) ProtoMessage() {}
 
 func (x *RemoveEvacuatingActualLRPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[39]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2561,7 @@ func (x *RemoveEvacuatingActualLRPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveEvacuatingActualLRPRequest.ProtoReflect.Descriptor instead.
 func (*RemoveEvacuatingActualLRPRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{39}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveEvacuatingActualLRPRequest) GetProcessGuid() string {
@@ -2223,7 +2594,7 @@ type RemoveEvacuatingActualLRPResponse struct {
 
 func (x *RemoveEvacuatingActualLRPResponse) Reset() {
 	*x = RemoveEvacuatingActualLRPResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[40]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2606,7 @@ func (x *RemoveEvacuatingActualLRPResponse) String() string {
 func (*RemoveEvacuatingActualLRPResponse) ProtoMessage() {}
 
 func (x *RemoveEvacuatingActualLRPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[40]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2619,7 @@ func (x *RemoveEvacuatingActualLRPResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use RemoveEvacuatingActualLRPResponse.ProtoReflect.Descriptor instead.
 func (*RemoveEvacuatingActualLRPResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{40}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{47}
 }
 
 // DesireTaskRequest is the request of DesireTask.
@@ -2266,7 +2637,7 @@ type DesireTaskRequest struct {
 
 func (x *DesireTaskRequest) Reset() {
 	*x = DesireTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[41]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2649,7 @@ func (x *DesireTaskRequest) String() string {
 func (*DesireTaskRequest) ProtoMessage() {}
 
 func (x *DesireTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[41]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2662,7 @@ func (x *DesireTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireTaskRequest.ProtoReflect.Descriptor instead.
 func (*DesireTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{41}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DesireTaskRequest) GetTaskGuid() string {
@@ -2326,7 +2697,7 @@ type DesireTaskResponse struct {
 
 func (x *DesireTaskResponse) Reset() {
 	*x = DesireTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[42]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2709,7 @@ func (x *DesireTaskResponse) String() string {
 func (*DesireTaskResponse) ProtoMessage() {}
 
 func (x *DesireTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[42]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2722,7 @@ func (x *DesireTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesireTaskResponse.ProtoReflect.Descriptor instead.
 func (*DesireTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{42}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DesireTaskResponse) GetRevision() int64 {
@@ -2372,7 +2743,7 @@ type TasksRequest struct {
 
 func (x *TasksRequest) Reset() {
 	*x = TasksRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[43]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2755,7 @@ func (x *TasksRequest) String() string {
 func (*TasksRequest) ProtoMessage() {}
 
 func (x *TasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[43]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2768,7 @@ func (x *TasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TasksRequest.ProtoReflect.Descriptor instead.
 func (*TasksRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{43}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TasksRequest) GetFilter() *Filter {
@@ -2420,7 +2791,7 @@ type TasksResponse struct {
 
 func (x *TasksResponse) Reset() {
 	*x = TasksResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[44]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2803,7 @@ func (x *TasksResponse) String() string {
 func (*TasksResponse) ProtoMessage() {}
 
 func (x *TasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[44]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2816,7 @@ func (x *TasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TasksResponse.ProtoReflect.Descriptor instead.
 func (*TasksResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{44}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TasksResponse) GetTasks() []*v1.Task {
@@ -2473,7 +2844,7 @@ type TaskByGuidRequest struct {
 
 func (x *TaskByGuidRequest) Reset() {
 	*x = TaskByGuidRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[45]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2856,7 @@ func (x *TaskByGuidRequest) String() string {
 func (*TaskByGuidRequest) ProtoMessage() {}
 
 func (x *TaskByGuidRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[45]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2869,7 @@ func (x *TaskByGuidRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskByGuidRequest.ProtoReflect.Descriptor instead.
 func (*TaskByGuidRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{45}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TaskByGuidRequest) GetTaskGuid() string {
@@ -2521,7 +2892,7 @@ type TaskByGuidResponse struct {
 
 func (x *TaskByGuidResponse) Reset() {
 	*x = TaskByGuidResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[46]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2904,7 @@ func (x *TaskByGuidResponse) String() string {
 func (*TaskByGuidResponse) ProtoMessage() {}
 
 func (x *TaskByGuidResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[46]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2917,7 @@ func (x *TaskByGuidResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskByGuidResponse.ProtoReflect.Descriptor instead.
 func (*TaskByGuidResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{46}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TaskByGuidResponse) GetTask() *v1.Task {
@@ -2576,7 +2947,7 @@ type StartTaskRequest struct {
 
 func (x *StartTaskRequest) Reset() {
 	*x = StartTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[47]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2959,7 @@ func (x *StartTaskRequest) String() string {
 func (*StartTaskRequest) ProtoMessage() {}
 
 func (x *StartTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[47]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2972,7 @@ func (x *StartTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTaskRequest.ProtoReflect.Descriptor instead.
 func (*StartTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{47}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StartTaskRequest) GetTaskGuid() string {
@@ -2629,7 +3000,7 @@ type StartTaskResponse struct {
 
 func (x *StartTaskResponse) Reset() {
 	*x = StartTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[48]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +3012,7 @@ func (x *StartTaskResponse) String() string {
 func (*StartTaskResponse) ProtoMessage() {}
 
 func (x *StartTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[48]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +3025,7 @@ func (x *StartTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTaskResponse.ProtoReflect.Descriptor instead.
 func (*StartTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{48}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StartTaskResponse) GetShouldStart() bool {
@@ -2675,7 +3046,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[49]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +3058,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[49]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +3071,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{49}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CancelTaskRequest) GetTaskGuid() string {
@@ -2719,7 +3090,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[50]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2731,7 +3102,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[50]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2744,7 +3115,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{50}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{57}
 }
 
 // RejectTaskRequest is the request of RejectTask.
@@ -2762,7 +3133,7 @@ type RejectTaskRequest struct {
 
 func (x *RejectTaskRequest) Reset() {
 	*x = RejectTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[51]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +3145,7 @@ func (x *RejectTaskRequest) String() string {
 func (*RejectTaskRequest) ProtoMessage() {}
 
 func (x *RejectTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[51]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +3158,7 @@ func (x *RejectTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectTaskRequest.ProtoReflect.Descriptor instead.
 func (*RejectTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{51}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RejectTaskRequest) GetTaskGuid() string {
@@ -2820,7 +3191,7 @@ type RejectTaskResponse struct {
 
 func (x *RejectTaskResponse) Reset() {
 	*x = RejectTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[52]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +3203,7 @@ func (x *RejectTaskResponse) String() string {
 func (*RejectTaskResponse) ProtoMessage() {}
 
 func (x *RejectTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[52]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +3216,7 @@ func (x *RejectTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectTaskResponse.ProtoReflect.Descriptor instead.
 func (*RejectTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{52}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{59}
 }
 
 // CompleteTaskRequest is the request of CompleteTask.
@@ -2867,7 +3238,7 @@ type CompleteTaskRequest struct {
 
 func (x *CompleteTaskRequest) Reset() {
 	*x = CompleteTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[53]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +3250,7 @@ func (x *CompleteTaskRequest) String() string {
 func (*CompleteTaskRequest) ProtoMessage() {}
 
 func (x *CompleteTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[53]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +3263,7 @@ func (x *CompleteTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteTaskRequest.ProtoReflect.Descriptor instead.
 func (*CompleteTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{53}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CompleteTaskRequest) GetTaskGuid() string {
@@ -2939,7 +3310,7 @@ type CompleteTaskResponse struct {
 
 func (x *CompleteTaskResponse) Reset() {
 	*x = CompleteTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[54]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3322,7 @@ func (x *CompleteTaskResponse) String() string {
 func (*CompleteTaskResponse) ProtoMessage() {}
 
 func (x *CompleteTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[54]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3335,7 @@ func (x *CompleteTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteTaskResponse.ProtoReflect.Descriptor instead.
 func (*CompleteTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{54}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{61}
 }
 
 // ResolvingTaskRequest is the request of ResolvingTask.
@@ -2978,7 +3349,7 @@ type ResolvingTaskRequest struct {
 
 func (x *ResolvingTaskRequest) Reset() {
 	*x = ResolvingTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[55]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3361,7 @@ func (x *ResolvingTaskRequest) String() string {
 func (*ResolvingTaskRequest) ProtoMessage() {}
 
 func (x *ResolvingTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[55]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3374,7 @@ func (x *ResolvingTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvingTaskRequest.ProtoReflect.Descriptor instead.
 func (*ResolvingTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{55}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResolvingTaskRequest) GetTaskGuid() string {
@@ -3022,7 +3393,7 @@ type ResolvingTaskResponse struct {
 
 func (x *ResolvingTaskResponse) Reset() {
 	*x = ResolvingTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[56]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3405,7 @@ func (x *ResolvingTaskResponse) String() string {
 func (*ResolvingTaskResponse) ProtoMessage() {}
 
 func (x *ResolvingTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[56]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3418,7 @@ func (x *ResolvingTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvingTaskResponse.ProtoReflect.Descriptor instead.
 func (*ResolvingTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{56}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{63}
 }
 
 // DeleteTaskRequest is the request of DeleteTask.
@@ -3061,7 +3432,7 @@ type DeleteTaskRequest struct {
 
 func (x *DeleteTaskRequest) Reset() {
 	*x = DeleteTaskRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[57]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3444,7 @@ func (x *DeleteTaskRequest) String() string {
 func (*DeleteTaskRequest) ProtoMessage() {}
 
 func (x *DeleteTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[57]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3457,7 @@ func (x *DeleteTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTaskRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTaskRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{57}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DeleteTaskRequest) GetTaskGuid() string {
@@ -3105,7 +3476,7 @@ type DeleteTaskResponse struct {
 
 func (x *DeleteTaskResponse) Reset() {
 	*x = DeleteTaskResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[58]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3488,7 @@ func (x *DeleteTaskResponse) String() string {
 func (*DeleteTaskResponse) ProtoMessage() {}
 
 func (x *DeleteTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[58]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3501,7 @@ func (x *DeleteTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTaskResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTaskResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{58}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{65}
 }
 
 // CellsRequest is the request of Cells.
@@ -3142,7 +3513,7 @@ type CellsRequest struct {
 
 func (x *CellsRequest) Reset() {
 	*x = CellsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[59]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3525,7 @@ func (x *CellsRequest) String() string {
 func (*CellsRequest) ProtoMessage() {}
 
 func (x *CellsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[59]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3538,7 @@ func (x *CellsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CellsRequest.ProtoReflect.Descriptor instead.
 func (*CellsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{59}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{66}
 }
 
 // CellsResponse is the answer of Cells.
@@ -3183,7 +3554,7 @@ type CellsResponse struct {
 
 func (x *CellsResponse) Reset() {
 	*x = CellsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[60]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3566,7 @@ func (x *CellsResponse) String() string {
 func (*CellsResponse) ProtoMessage() {}
 
 func (x *CellsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[60]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3579,7 @@ func (x *CellsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CellsResponse.ProtoReflect.Descriptor instead.
 func (*CellsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{60}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CellsResponse) GetCells() []*v1.CellPresence {
@@ -3234,7 +3605,7 @@ type TagsRequest struct {
 
 func (x *TagsRequest) Reset() {
 	*x = TagsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[61]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3246,7 +3617,7 @@ func (x *TagsRequest) String() string {
 func (*TagsRequest) ProtoMessage() {}
 
 func (x *TagsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[61]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3259,7 +3630,7 @@ func (x *TagsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagsRequest.ProtoReflect.Descriptor instead.
 func (*TagsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{61}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{68}
 }
 
 // TagsResponse is the answer of Tags.
@@ -3273,7 +3644,7 @@ type TagsResponse struct {
 
 func (x *TagsResponse) Reset() {
 	*x = TagsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[62]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3656,7 @@ func (x *TagsResponse) String() string {
 func (*TagsResponse) ProtoMessage() {}
 
 func (x *TagsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[62]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3669,7 @@ func (x *TagsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagsResponse.ProtoReflect.Descriptor instead.
 func (*TagsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{62}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *TagsResponse) GetTags() []string {
@@ -3323,7 +3694,7 @@ type ReportRoutesPublishedRequest struct {
 
 func (x *ReportRoutesPublishedRequest) Reset() {
 	*x = ReportRoutesPublishedRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3335,7 +3706,7 @@ func (x *ReportRoutesPublishedRequest) String() string {
 func (*ReportRoutesPublishedRequest) ProtoMessage() {}
 
 func (x *ReportRoutesPublishedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[63]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3348,7 +3719,7 @@ func (x *ReportRoutesPublishedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRoutesPublishedRequest.ProtoReflect.Descriptor instead.
 func (*ReportRoutesPublishedRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{63}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReportRoutesPublishedRequest) GetEmitterId() string {
@@ -3374,7 +3745,7 @@ type ReportRoutesPublishedResponse struct {
 
 func (x *ReportRoutesPublishedResponse) Reset() {
 	*x = ReportRoutesPublishedResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3386,7 +3757,7 @@ func (x *ReportRoutesPublishedResponse) String() string {
 func (*ReportRoutesPublishedResponse) ProtoMessage() {}
 
 func (x *ReportRoutesPublishedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[64]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3399,7 +3770,7 @@ func (x *ReportRoutesPublishedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRoutesPublishedResponse.ProtoReflect.Descriptor instead.
 func (*ReportRoutesPublishedResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{64}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{71}
 }
 
 // ResolveLinksRequest is the request of ResolveLinks.
@@ -3416,7 +3787,7 @@ type ResolveLinksRequest struct {
 
 func (x *ResolveLinksRequest) Reset() {
 	*x = ResolveLinksRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +3799,7 @@ func (x *ResolveLinksRequest) String() string {
 func (*ResolveLinksRequest) ProtoMessage() {}
 
 func (x *ResolveLinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[65]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +3812,7 @@ func (x *ResolveLinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLinksRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLinksRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{65}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ResolveLinksRequest) GetProcessGuid() string {
@@ -3474,7 +3845,7 @@ type ResolveLinksResponse struct {
 
 func (x *ResolveLinksResponse) Reset() {
 	*x = ResolveLinksResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +3857,7 @@ func (x *ResolveLinksResponse) String() string {
 func (*ResolveLinksResponse) ProtoMessage() {}
 
 func (x *ResolveLinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[66]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +3870,7 @@ func (x *ResolveLinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLinksResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLinksResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{66}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ResolveLinksResponse) GetLinks() map[string]*v1.ResolvedLink {
@@ -3532,14 +3903,18 @@ type SubscribeToEventsRequest struct {
 	// matches a desired LRP's labels for its own events and for its instances' and links' events
 	// (the labels as of each event's revision), and a task's definition labels; a change matches
 	// when its before or after side does, and cell presence events never match a selector.
-	Filter        *Filter `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
+	Filter *Filter `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Kinds keeps only events of these kinds, named as Event's kind fields ("links_changed",
+	// "desired_lrp_changed", …); empty keeps every kind. A subscriber that follows a few kinds
+	// (a rep follows links and log drains) is then not sent the rest.
+	Kinds         []string `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SubscribeToEventsRequest) Reset() {
 	*x = SubscribeToEventsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3926,7 @@ func (x *SubscribeToEventsRequest) String() string {
 func (*SubscribeToEventsRequest) ProtoMessage() {}
 
 func (x *SubscribeToEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[67]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3939,7 @@ func (x *SubscribeToEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeToEventsRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeToEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{67}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *SubscribeToEventsRequest) GetSinceRevision() int64 {
@@ -3577,6 +3952,13 @@ func (x *SubscribeToEventsRequest) GetSinceRevision() int64 {
 func (x *SubscribeToEventsRequest) GetFilter() *Filter {
 	if x != nil {
 		return x.Filter
+	}
+	return nil
+}
+
+func (x *SubscribeToEventsRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
 	}
 	return nil
 }
@@ -3596,7 +3978,7 @@ type SubscribeToEventsResponse struct {
 
 func (x *SubscribeToEventsResponse) Reset() {
 	*x = SubscribeToEventsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3990,7 @@ func (x *SubscribeToEventsResponse) String() string {
 func (*SubscribeToEventsResponse) ProtoMessage() {}
 
 func (x *SubscribeToEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[68]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +4003,7 @@ func (x *SubscribeToEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeToEventsResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeToEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{68}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SubscribeToEventsResponse) GetRevision() int64 {
@@ -3654,8 +4036,9 @@ type StreamLogsRequest struct {
 	Index *int32 `protobuf:"varint,2,opt,name=index,proto3,oneof" json:"index,omitempty"`
 	// TaskGuid selects a task.
 	TaskGuid string `protobuf:"bytes,3,opt,name=task_guid,json=taskGuid,proto3" json:"task_guid,omitempty"`
-	// Tail sends only the last tail lines each cell keeps (0: none, only new lines with follow);
-	// unset sends every line kept.
+	// Tail sends only the last tail lines of the selection, over every cell holding its
+	// containers, in time order (0: none, only new lines with follow); unset sends every line
+	// kept.
 	Tail *int32 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
 	// Since sends only lines captured at or after it; it must not be in the future.
 	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
@@ -3667,7 +4050,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3679,7 +4062,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[69]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3692,7 +4075,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{69}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StreamLogsRequest) GetProcessGuid() string {
@@ -3750,7 +4133,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4145,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[70]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4158,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{70}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StreamLogsResponse) GetLines() []*v11.LogLine {
@@ -3808,7 +4191,7 @@ type InstanceMetricsRequest struct {
 
 func (x *InstanceMetricsRequest) Reset() {
 	*x = InstanceMetricsRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3820,7 +4203,7 @@ func (x *InstanceMetricsRequest) String() string {
 func (*InstanceMetricsRequest) ProtoMessage() {}
 
 func (x *InstanceMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[71]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3833,7 +4216,7 @@ func (x *InstanceMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceMetricsRequest.ProtoReflect.Descriptor instead.
 func (*InstanceMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{71}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *InstanceMetricsRequest) GetProcessGuid() string {
@@ -3871,7 +4254,7 @@ type InstanceMetricsResponse struct {
 
 func (x *InstanceMetricsResponse) Reset() {
 	*x = InstanceMetricsResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +4266,7 @@ func (x *InstanceMetricsResponse) String() string {
 func (*InstanceMetricsResponse) ProtoMessage() {}
 
 func (x *InstanceMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[72]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +4279,7 @@ func (x *InstanceMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceMetricsResponse.ProtoReflect.Descriptor instead.
 func (*InstanceMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{72}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *InstanceMetricsResponse) GetContainers() []*v11.ContainerMetrics {
@@ -3931,7 +4314,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4326,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[73]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4339,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{73}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ExecRequest) GetStart() *v11.ExecStart {
@@ -4007,7 +4390,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4402,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[74]
+	mi := &file_gavel_bbs_v1_bbs_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4415,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{74}
+	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -4130,24 +4513,43 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x12ActualLRPsResponse\x12;\n" +
 	"\vactual_lrps\x18\x01 \x03(\v2\x1a.gavel.models.v1.ActualLRPR\n" +
 	"actualLrps\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"\xca\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xff\x01\n" +
 	"\x15ClaimActualLRPRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12H\n" +
 	"\finstance_key\x18\x03 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x12.\n" +
-	"\x13include_desired_lrp\x18\x04 \x01(\bR\x11includeDesiredLrp\"\x91\x01\n" +
+	"\x13include_desired_lrp\x18\x04 \x01(\bR\x11includeDesiredLrp\x123\n" +
+	"\x05trace\x18\x05 \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\"\x91\x01\n" +
 	"\x16ClaimActualLRPResponse\x129\n" +
 	"\n" +
 	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\x12<\n" +
 	"\vdesired_lrp\x18\x02 \x01(\v2\x1b.gavel.models.v1.DesiredLRPR\n" +
-	"desiredLrp\"\x8c\x02\n" +
+	"desiredLrp\"\xc1\x02\n" +
 	"\x15StartActualLRPRequest\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12H\n" +
 	"\finstance_key\x18\x03 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x12<\n" +
 	"\bnet_info\x18\x04 \x01(\v2!.gavel.models.v1.ActualLRPNetInfoR\anetInfo\x12\x1a\n" +
 	"\broutable\x18\x05 \x01(\bR\broutable\x12\x16\n" +
-	"\x06domain\x18\x06 \x01(\tR\x06domain\"S\n" +
+	"\x06domain\x18\x06 \x01(\tR\x06domain\x123\n" +
+	"\x05trace\x18\a \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\"U\n" +
+	"\x16ClaimActualLRPsRequest\x12;\n" +
+	"\x06claims\x18\x01 \x03(\v2#.gavel.bbs.v1.ClaimActualLRPRequestR\x06claims\"W\n" +
+	"\x17ClaimActualLRPsResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".gavel.bbs.v1.ClaimActualLRPResultR\aresults\"\x8c\x01\n" +
+	"\x14ClaimActualLRPResult\x12@\n" +
+	"\bresponse\x18\x01 \x01(\v2$.gavel.bbs.v1.ClaimActualLRPResponseR\bresponse\x122\n" +
+	"\x05error\x18\x02 \x01(\v2\x1c.gavel.bbs.v1.BatchItemErrorR\x05error\"U\n" +
+	"\x16StartActualLRPsRequest\x12;\n" +
+	"\x06starts\x18\x01 \x03(\v2#.gavel.bbs.v1.StartActualLRPRequestR\x06starts\"W\n" +
+	"\x17StartActualLRPsResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".gavel.bbs.v1.StartActualLRPResultR\aresults\"\x8c\x01\n" +
+	"\x14StartActualLRPResult\x12@\n" +
+	"\bresponse\x18\x01 \x01(\v2$.gavel.bbs.v1.StartActualLRPResponseR\bresponse\x122\n" +
+	"\x05error\x18\x02 \x01(\v2\x1c.gavel.bbs.v1.BatchItemErrorR\x05error\">\n" +
+	"\x0eBatchItemError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"S\n" +
 	"\x16StartActualLRPResponse\x129\n" +
 	"\n" +
 	"actual_lrp\x18\x01 \x01(\v2\x1a.gavel.models.v1.ActualLRPR\tactualLrp\"\xbf\x01\n" +
@@ -4270,10 +4672,11 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\n" +
 	"LinksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
-	"\x05value\x18\x02 \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\v2\x1d.gavel.models.v1.ResolvedLinkR\x05value:\x028\x01\"\x85\x01\n" +
 	"\x18SubscribeToEventsRequest\x12%\n" +
 	"\x0esince_revision\x18\x01 \x01(\x03R\rsinceRevision\x12,\n" +
-	"\x06filter\x18\x02 \x01(\v2\x14.gavel.bbs.v1.FilterR\x06filter\"\x80\x01\n" +
+	"\x06filter\x18\x02 \x01(\v2\x14.gavel.bbs.v1.FilterR\x06filter\x12\x14\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\"\x80\x01\n" +
 	"\x19SubscribeToEventsResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.gavel.bbs.v1.EventR\x06events\x12\x1a\n" +
@@ -4313,7 +4716,7 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\rinstance_guid\x18\x04 \x01(\tR\finstanceGuid\x12\x17\n" +
 	"\acell_id\x18\x05 \x01(\tR\x06cellIdB\f\n" +
 	"\n" +
-	"_exit_code2\xf3\x1a\n" +
+	"_exit_code2\xb3\x1c\n" +
 	"\n" +
 	"BBSService\x12U\n" +
 	"\fUpsertDomain\x12!.gavel.bbs.v1.UpsertDomainRequest\x1a\".gavel.bbs.v1.UpsertDomainResponse\x12F\n" +
@@ -4327,7 +4730,9 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\n" +
 	"ActualLRPs\x12\x1f.gavel.bbs.v1.ActualLRPsRequest\x1a .gavel.bbs.v1.ActualLRPsResponse\x12[\n" +
 	"\x0eClaimActualLRP\x12#.gavel.bbs.v1.ClaimActualLRPRequest\x1a$.gavel.bbs.v1.ClaimActualLRPResponse\x12[\n" +
-	"\x0eStartActualLRP\x12#.gavel.bbs.v1.StartActualLRPRequest\x1a$.gavel.bbs.v1.StartActualLRPResponse\x12[\n" +
+	"\x0eStartActualLRP\x12#.gavel.bbs.v1.StartActualLRPRequest\x1a$.gavel.bbs.v1.StartActualLRPResponse\x12^\n" +
+	"\x0fClaimActualLRPs\x12$.gavel.bbs.v1.ClaimActualLRPsRequest\x1a%.gavel.bbs.v1.ClaimActualLRPsResponse\x12^\n" +
+	"\x0fStartActualLRPs\x12$.gavel.bbs.v1.StartActualLRPsRequest\x1a%.gavel.bbs.v1.StartActualLRPsResponse\x12[\n" +
 	"\x0eCrashActualLRP\x12#.gavel.bbs.v1.CrashActualLRPRequest\x1a$.gavel.bbs.v1.CrashActualLRPResponse\x12X\n" +
 	"\rFailActualLRP\x12\".gavel.bbs.v1.FailActualLRPRequest\x1a#.gavel.bbs.v1.FailActualLRPResponse\x12^\n" +
 	"\x0fRemoveActualLRP\x12$.gavel.bbs.v1.RemoveActualLRPRequest\x1a%.gavel.bbs.v1.RemoveActualLRPResponse\x12^\n" +
@@ -4374,7 +4779,7 @@ func file_gavel_bbs_v1_bbs_proto_rawDescGZIP() []byte {
 	return file_gavel_bbs_v1_bbs_proto_rawDescData
 }
 
-var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_gavel_bbs_v1_bbs_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*Filter)(nil),                            // 0: gavel.bbs.v1.Filter
 	(*UpsertDomainRequest)(nil),               // 1: gavel.bbs.v1.UpsertDomainRequest
@@ -4398,205 +4803,227 @@ var file_gavel_bbs_v1_bbs_proto_goTypes = []any{
 	(*ClaimActualLRPRequest)(nil),             // 19: gavel.bbs.v1.ClaimActualLRPRequest
 	(*ClaimActualLRPResponse)(nil),            // 20: gavel.bbs.v1.ClaimActualLRPResponse
 	(*StartActualLRPRequest)(nil),             // 21: gavel.bbs.v1.StartActualLRPRequest
-	(*StartActualLRPResponse)(nil),            // 22: gavel.bbs.v1.StartActualLRPResponse
-	(*CrashActualLRPRequest)(nil),             // 23: gavel.bbs.v1.CrashActualLRPRequest
-	(*CrashActualLRPResponse)(nil),            // 24: gavel.bbs.v1.CrashActualLRPResponse
-	(*FailActualLRPRequest)(nil),              // 25: gavel.bbs.v1.FailActualLRPRequest
-	(*FailActualLRPResponse)(nil),             // 26: gavel.bbs.v1.FailActualLRPResponse
-	(*RemoveActualLRPRequest)(nil),            // 27: gavel.bbs.v1.RemoveActualLRPRequest
-	(*RemoveActualLRPResponse)(nil),           // 28: gavel.bbs.v1.RemoveActualLRPResponse
-	(*RetireActualLRPRequest)(nil),            // 29: gavel.bbs.v1.RetireActualLRPRequest
-	(*RetireActualLRPResponse)(nil),           // 30: gavel.bbs.v1.RetireActualLRPResponse
-	(*EvacuateClaimedActualLRPRequest)(nil),   // 31: gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	(*EvacuateClaimedActualLRPResponse)(nil),  // 32: gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	(*EvacuateRunningActualLRPRequest)(nil),   // 33: gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	(*EvacuateRunningActualLRPResponse)(nil),  // 34: gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	(*EvacuateStoppedActualLRPRequest)(nil),   // 35: gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	(*EvacuateStoppedActualLRPResponse)(nil),  // 36: gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	(*EvacuateCrashedActualLRPRequest)(nil),   // 37: gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	(*EvacuateCrashedActualLRPResponse)(nil),  // 38: gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	(*RemoveEvacuatingActualLRPRequest)(nil),  // 39: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	(*RemoveEvacuatingActualLRPResponse)(nil), // 40: gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	(*DesireTaskRequest)(nil),                 // 41: gavel.bbs.v1.DesireTaskRequest
-	(*DesireTaskResponse)(nil),                // 42: gavel.bbs.v1.DesireTaskResponse
-	(*TasksRequest)(nil),                      // 43: gavel.bbs.v1.TasksRequest
-	(*TasksResponse)(nil),                     // 44: gavel.bbs.v1.TasksResponse
-	(*TaskByGuidRequest)(nil),                 // 45: gavel.bbs.v1.TaskByGuidRequest
-	(*TaskByGuidResponse)(nil),                // 46: gavel.bbs.v1.TaskByGuidResponse
-	(*StartTaskRequest)(nil),                  // 47: gavel.bbs.v1.StartTaskRequest
-	(*StartTaskResponse)(nil),                 // 48: gavel.bbs.v1.StartTaskResponse
-	(*CancelTaskRequest)(nil),                 // 49: gavel.bbs.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),                // 50: gavel.bbs.v1.CancelTaskResponse
-	(*RejectTaskRequest)(nil),                 // 51: gavel.bbs.v1.RejectTaskRequest
-	(*RejectTaskResponse)(nil),                // 52: gavel.bbs.v1.RejectTaskResponse
-	(*CompleteTaskRequest)(nil),               // 53: gavel.bbs.v1.CompleteTaskRequest
-	(*CompleteTaskResponse)(nil),              // 54: gavel.bbs.v1.CompleteTaskResponse
-	(*ResolvingTaskRequest)(nil),              // 55: gavel.bbs.v1.ResolvingTaskRequest
-	(*ResolvingTaskResponse)(nil),             // 56: gavel.bbs.v1.ResolvingTaskResponse
-	(*DeleteTaskRequest)(nil),                 // 57: gavel.bbs.v1.DeleteTaskRequest
-	(*DeleteTaskResponse)(nil),                // 58: gavel.bbs.v1.DeleteTaskResponse
-	(*CellsRequest)(nil),                      // 59: gavel.bbs.v1.CellsRequest
-	(*CellsResponse)(nil),                     // 60: gavel.bbs.v1.CellsResponse
-	(*TagsRequest)(nil),                       // 61: gavel.bbs.v1.TagsRequest
-	(*TagsResponse)(nil),                      // 62: gavel.bbs.v1.TagsResponse
-	(*ReportRoutesPublishedRequest)(nil),      // 63: gavel.bbs.v1.ReportRoutesPublishedRequest
-	(*ReportRoutesPublishedResponse)(nil),     // 64: gavel.bbs.v1.ReportRoutesPublishedResponse
-	(*ResolveLinksRequest)(nil),               // 65: gavel.bbs.v1.ResolveLinksRequest
-	(*ResolveLinksResponse)(nil),              // 66: gavel.bbs.v1.ResolveLinksResponse
-	(*SubscribeToEventsRequest)(nil),          // 67: gavel.bbs.v1.SubscribeToEventsRequest
-	(*SubscribeToEventsResponse)(nil),         // 68: gavel.bbs.v1.SubscribeToEventsResponse
-	(*StreamLogsRequest)(nil),                 // 69: gavel.bbs.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil),                // 70: gavel.bbs.v1.StreamLogsResponse
-	(*InstanceMetricsRequest)(nil),            // 71: gavel.bbs.v1.InstanceMetricsRequest
-	(*InstanceMetricsResponse)(nil),           // 72: gavel.bbs.v1.InstanceMetricsResponse
-	(*ExecRequest)(nil),                       // 73: gavel.bbs.v1.ExecRequest
-	(*ExecResponse)(nil),                      // 74: gavel.bbs.v1.ExecResponse
-	nil,                                       // 75: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	(*v1.Domain)(nil),                         // 76: gavel.models.v1.Domain
-	(*v1.DesiredLRP)(nil),                     // 77: gavel.models.v1.DesiredLRP
-	(*v1.DesiredLRPUpdate)(nil),               // 78: gavel.models.v1.DesiredLRPUpdate
-	(*v1.ModificationTag)(nil),                // 79: gavel.models.v1.ModificationTag
-	(*v1.DesiredLRPSchedulingInfo)(nil),       // 80: gavel.models.v1.DesiredLRPSchedulingInfo
-	(*v1.ActualLRP)(nil),                      // 81: gavel.models.v1.ActualLRP
-	(*v1.ActualLRPInstanceKey)(nil),           // 82: gavel.models.v1.ActualLRPInstanceKey
-	(*v1.ActualLRPNetInfo)(nil),               // 83: gavel.models.v1.ActualLRPNetInfo
-	(*v1.PlacementError)(nil),                 // 84: gavel.models.v1.PlacementError
-	(*v1.TaskDefinition)(nil),                 // 85: gavel.models.v1.TaskDefinition
-	(*v1.Task)(nil),                           // 86: gavel.models.v1.Task
-	(*v1.CellPresence)(nil),                   // 87: gavel.models.v1.CellPresence
-	(*v1.InstanceLinks)(nil),                  // 88: gavel.models.v1.InstanceLinks
-	(*Event)(nil),                             // 89: gavel.bbs.v1.Event
-	(*timestamppb.Timestamp)(nil),             // 90: google.protobuf.Timestamp
-	(*v11.LogLine)(nil),                       // 91: gavel.rep.v1.LogLine
-	(*v11.ContainerMetrics)(nil),              // 92: gavel.rep.v1.ContainerMetrics
-	(*v11.ExecStart)(nil),                     // 93: gavel.rep.v1.ExecStart
-	(*v11.TerminalSize)(nil),                  // 94: gavel.rep.v1.TerminalSize
-	(*v1.ResolvedLink)(nil),                   // 95: gavel.models.v1.ResolvedLink
+	(*ClaimActualLRPsRequest)(nil),            // 22: gavel.bbs.v1.ClaimActualLRPsRequest
+	(*ClaimActualLRPsResponse)(nil),           // 23: gavel.bbs.v1.ClaimActualLRPsResponse
+	(*ClaimActualLRPResult)(nil),              // 24: gavel.bbs.v1.ClaimActualLRPResult
+	(*StartActualLRPsRequest)(nil),            // 25: gavel.bbs.v1.StartActualLRPsRequest
+	(*StartActualLRPsResponse)(nil),           // 26: gavel.bbs.v1.StartActualLRPsResponse
+	(*StartActualLRPResult)(nil),              // 27: gavel.bbs.v1.StartActualLRPResult
+	(*BatchItemError)(nil),                    // 28: gavel.bbs.v1.BatchItemError
+	(*StartActualLRPResponse)(nil),            // 29: gavel.bbs.v1.StartActualLRPResponse
+	(*CrashActualLRPRequest)(nil),             // 30: gavel.bbs.v1.CrashActualLRPRequest
+	(*CrashActualLRPResponse)(nil),            // 31: gavel.bbs.v1.CrashActualLRPResponse
+	(*FailActualLRPRequest)(nil),              // 32: gavel.bbs.v1.FailActualLRPRequest
+	(*FailActualLRPResponse)(nil),             // 33: gavel.bbs.v1.FailActualLRPResponse
+	(*RemoveActualLRPRequest)(nil),            // 34: gavel.bbs.v1.RemoveActualLRPRequest
+	(*RemoveActualLRPResponse)(nil),           // 35: gavel.bbs.v1.RemoveActualLRPResponse
+	(*RetireActualLRPRequest)(nil),            // 36: gavel.bbs.v1.RetireActualLRPRequest
+	(*RetireActualLRPResponse)(nil),           // 37: gavel.bbs.v1.RetireActualLRPResponse
+	(*EvacuateClaimedActualLRPRequest)(nil),   // 38: gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	(*EvacuateClaimedActualLRPResponse)(nil),  // 39: gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	(*EvacuateRunningActualLRPRequest)(nil),   // 40: gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	(*EvacuateRunningActualLRPResponse)(nil),  // 41: gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	(*EvacuateStoppedActualLRPRequest)(nil),   // 42: gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	(*EvacuateStoppedActualLRPResponse)(nil),  // 43: gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	(*EvacuateCrashedActualLRPRequest)(nil),   // 44: gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	(*EvacuateCrashedActualLRPResponse)(nil),  // 45: gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	(*RemoveEvacuatingActualLRPRequest)(nil),  // 46: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	(*RemoveEvacuatingActualLRPResponse)(nil), // 47: gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	(*DesireTaskRequest)(nil),                 // 48: gavel.bbs.v1.DesireTaskRequest
+	(*DesireTaskResponse)(nil),                // 49: gavel.bbs.v1.DesireTaskResponse
+	(*TasksRequest)(nil),                      // 50: gavel.bbs.v1.TasksRequest
+	(*TasksResponse)(nil),                     // 51: gavel.bbs.v1.TasksResponse
+	(*TaskByGuidRequest)(nil),                 // 52: gavel.bbs.v1.TaskByGuidRequest
+	(*TaskByGuidResponse)(nil),                // 53: gavel.bbs.v1.TaskByGuidResponse
+	(*StartTaskRequest)(nil),                  // 54: gavel.bbs.v1.StartTaskRequest
+	(*StartTaskResponse)(nil),                 // 55: gavel.bbs.v1.StartTaskResponse
+	(*CancelTaskRequest)(nil),                 // 56: gavel.bbs.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),                // 57: gavel.bbs.v1.CancelTaskResponse
+	(*RejectTaskRequest)(nil),                 // 58: gavel.bbs.v1.RejectTaskRequest
+	(*RejectTaskResponse)(nil),                // 59: gavel.bbs.v1.RejectTaskResponse
+	(*CompleteTaskRequest)(nil),               // 60: gavel.bbs.v1.CompleteTaskRequest
+	(*CompleteTaskResponse)(nil),              // 61: gavel.bbs.v1.CompleteTaskResponse
+	(*ResolvingTaskRequest)(nil),              // 62: gavel.bbs.v1.ResolvingTaskRequest
+	(*ResolvingTaskResponse)(nil),             // 63: gavel.bbs.v1.ResolvingTaskResponse
+	(*DeleteTaskRequest)(nil),                 // 64: gavel.bbs.v1.DeleteTaskRequest
+	(*DeleteTaskResponse)(nil),                // 65: gavel.bbs.v1.DeleteTaskResponse
+	(*CellsRequest)(nil),                      // 66: gavel.bbs.v1.CellsRequest
+	(*CellsResponse)(nil),                     // 67: gavel.bbs.v1.CellsResponse
+	(*TagsRequest)(nil),                       // 68: gavel.bbs.v1.TagsRequest
+	(*TagsResponse)(nil),                      // 69: gavel.bbs.v1.TagsResponse
+	(*ReportRoutesPublishedRequest)(nil),      // 70: gavel.bbs.v1.ReportRoutesPublishedRequest
+	(*ReportRoutesPublishedResponse)(nil),     // 71: gavel.bbs.v1.ReportRoutesPublishedResponse
+	(*ResolveLinksRequest)(nil),               // 72: gavel.bbs.v1.ResolveLinksRequest
+	(*ResolveLinksResponse)(nil),              // 73: gavel.bbs.v1.ResolveLinksResponse
+	(*SubscribeToEventsRequest)(nil),          // 74: gavel.bbs.v1.SubscribeToEventsRequest
+	(*SubscribeToEventsResponse)(nil),         // 75: gavel.bbs.v1.SubscribeToEventsResponse
+	(*StreamLogsRequest)(nil),                 // 76: gavel.bbs.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),                // 77: gavel.bbs.v1.StreamLogsResponse
+	(*InstanceMetricsRequest)(nil),            // 78: gavel.bbs.v1.InstanceMetricsRequest
+	(*InstanceMetricsResponse)(nil),           // 79: gavel.bbs.v1.InstanceMetricsResponse
+	(*ExecRequest)(nil),                       // 80: gavel.bbs.v1.ExecRequest
+	(*ExecResponse)(nil),                      // 81: gavel.bbs.v1.ExecResponse
+	nil,                                       // 82: gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	(*v1.Domain)(nil),                         // 83: gavel.models.v1.Domain
+	(*v1.DesiredLRP)(nil),                     // 84: gavel.models.v1.DesiredLRP
+	(*v1.DesiredLRPUpdate)(nil),               // 85: gavel.models.v1.DesiredLRPUpdate
+	(*v1.ModificationTag)(nil),                // 86: gavel.models.v1.ModificationTag
+	(*v1.DesiredLRPSchedulingInfo)(nil),       // 87: gavel.models.v1.DesiredLRPSchedulingInfo
+	(*v1.ActualLRP)(nil),                      // 88: gavel.models.v1.ActualLRP
+	(*v1.ActualLRPInstanceKey)(nil),           // 89: gavel.models.v1.ActualLRPInstanceKey
+	(*v1.TraceContext)(nil),                   // 90: gavel.models.v1.TraceContext
+	(*v1.ActualLRPNetInfo)(nil),               // 91: gavel.models.v1.ActualLRPNetInfo
+	(*v1.PlacementError)(nil),                 // 92: gavel.models.v1.PlacementError
+	(*v1.TaskDefinition)(nil),                 // 93: gavel.models.v1.TaskDefinition
+	(*v1.Task)(nil),                           // 94: gavel.models.v1.Task
+	(*v1.CellPresence)(nil),                   // 95: gavel.models.v1.CellPresence
+	(*v1.InstanceLinks)(nil),                  // 96: gavel.models.v1.InstanceLinks
+	(*Event)(nil),                             // 97: gavel.bbs.v1.Event
+	(*timestamppb.Timestamp)(nil),             // 98: google.protobuf.Timestamp
+	(*v11.LogLine)(nil),                       // 99: gavel.rep.v1.LogLine
+	(*v11.ContainerMetrics)(nil),              // 100: gavel.rep.v1.ContainerMetrics
+	(*v11.ExecStart)(nil),                     // 101: gavel.rep.v1.ExecStart
+	(*v11.TerminalSize)(nil),                  // 102: gavel.rep.v1.TerminalSize
+	(*v1.ResolvedLink)(nil),                   // 103: gavel.models.v1.ResolvedLink
 }
 var file_gavel_bbs_v1_bbs_proto_depIdxs = []int32{
-	76, // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
-	77, // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	78, // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
-	79, // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
-	77, // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	0,  // 5: gavel.bbs.v1.DesiredLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	77, // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
-	77, // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	0,  // 8: gavel.bbs.v1.DesiredLRPSchedulingInfosRequest.filter:type_name -> gavel.bbs.v1.Filter
-	80, // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
-	0,  // 10: gavel.bbs.v1.ActualLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	81, // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
-	82, // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	81, // 13: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	77, // 14: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
-	82, // 15: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	83, // 16: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	81, // 17: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	82, // 18: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	81, // 19: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
-	84, // 20: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	82, // 21: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	82, // 22: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	82, // 23: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	83, // 24: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
-	82, // 25: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	82, // 26: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	82, // 27: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	85, // 28: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
-	0,  // 29: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
-	86, // 30: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
-	86, // 31: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
-	84, // 32: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
-	87, // 33: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
-	75, // 34: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
-	88, // 35: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
-	0,  // 36: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
-	89, // 37: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
-	90, // 38: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	91, // 39: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
-	92, // 40: gavel.bbs.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
-	93, // 41: gavel.bbs.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
-	94, // 42: gavel.bbs.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
-	95, // 43: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
-	1,  // 44: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
-	3,  // 45: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
-	5,  // 46: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
-	7,  // 47: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
-	9,  // 48: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
-	11, // 49: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
-	13, // 50: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
-	15, // 51: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
-	17, // 52: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
-	19, // 53: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
-	21, // 54: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
-	23, // 55: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
-	25, // 56: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
-	27, // 57: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
-	29, // 58: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
-	31, // 59: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
-	33, // 60: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
-	35, // 61: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
-	37, // 62: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
-	39, // 63: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
-	41, // 64: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
-	43, // 65: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
-	45, // 66: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
-	47, // 67: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
-	49, // 68: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
-	51, // 69: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
-	53, // 70: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
-	55, // 71: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
-	57, // 72: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
-	59, // 73: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
-	61, // 74: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
-	65, // 75: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
-	63, // 76: gavel.bbs.v1.BBSService.ReportRoutesPublished:input_type -> gavel.bbs.v1.ReportRoutesPublishedRequest
-	67, // 77: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
-	69, // 78: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
-	71, // 79: gavel.bbs.v1.BBSService.InstanceMetrics:input_type -> gavel.bbs.v1.InstanceMetricsRequest
-	73, // 80: gavel.bbs.v1.BBSService.Exec:input_type -> gavel.bbs.v1.ExecRequest
-	2,  // 81: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
-	4,  // 82: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
-	6,  // 83: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
-	8,  // 84: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
-	10, // 85: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
-	12, // 86: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
-	14, // 87: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
-	16, // 88: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
-	18, // 89: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
-	20, // 90: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
-	22, // 91: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
-	24, // 92: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
-	26, // 93: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
-	28, // 94: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
-	30, // 95: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
-	32, // 96: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
-	34, // 97: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
-	36, // 98: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
-	38, // 99: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
-	40, // 100: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
-	42, // 101: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
-	44, // 102: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
-	46, // 103: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
-	48, // 104: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
-	50, // 105: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
-	52, // 106: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
-	54, // 107: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
-	56, // 108: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
-	58, // 109: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
-	60, // 110: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
-	62, // 111: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
-	66, // 112: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
-	64, // 113: gavel.bbs.v1.BBSService.ReportRoutesPublished:output_type -> gavel.bbs.v1.ReportRoutesPublishedResponse
-	68, // 114: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
-	70, // 115: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
-	72, // 116: gavel.bbs.v1.BBSService.InstanceMetrics:output_type -> gavel.bbs.v1.InstanceMetricsResponse
-	74, // 117: gavel.bbs.v1.BBSService.Exec:output_type -> gavel.bbs.v1.ExecResponse
-	81, // [81:118] is the sub-list for method output_type
-	44, // [44:81] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	83,  // 0: gavel.bbs.v1.DomainsResponse.domains:type_name -> gavel.models.v1.Domain
+	84,  // 1: gavel.bbs.v1.DesireLRPRequest.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	85,  // 2: gavel.bbs.v1.UpdateDesiredLRPRequest.update:type_name -> gavel.models.v1.DesiredLRPUpdate
+	86,  // 3: gavel.bbs.v1.UpdateDesiredLRPRequest.expected_modification_tag:type_name -> gavel.models.v1.ModificationTag
+	84,  // 4: gavel.bbs.v1.UpdateDesiredLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	0,   // 5: gavel.bbs.v1.DesiredLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
+	84,  // 6: gavel.bbs.v1.DesiredLRPsResponse.desired_lrps:type_name -> gavel.models.v1.DesiredLRP
+	84,  // 7: gavel.bbs.v1.DesiredLRPByProcessGuidResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	0,   // 8: gavel.bbs.v1.DesiredLRPSchedulingInfosRequest.filter:type_name -> gavel.bbs.v1.Filter
+	87,  // 9: gavel.bbs.v1.DesiredLRPSchedulingInfosResponse.scheduling_infos:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo
+	0,   // 10: gavel.bbs.v1.ActualLRPsRequest.filter:type_name -> gavel.bbs.v1.Filter
+	88,  // 11: gavel.bbs.v1.ActualLRPsResponse.actual_lrps:type_name -> gavel.models.v1.ActualLRP
+	89,  // 12: gavel.bbs.v1.ClaimActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	90,  // 13: gavel.bbs.v1.ClaimActualLRPRequest.trace:type_name -> gavel.models.v1.TraceContext
+	88,  // 14: gavel.bbs.v1.ClaimActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	84,  // 15: gavel.bbs.v1.ClaimActualLRPResponse.desired_lrp:type_name -> gavel.models.v1.DesiredLRP
+	89,  // 16: gavel.bbs.v1.StartActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	91,  // 17: gavel.bbs.v1.StartActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	90,  // 18: gavel.bbs.v1.StartActualLRPRequest.trace:type_name -> gavel.models.v1.TraceContext
+	19,  // 19: gavel.bbs.v1.ClaimActualLRPsRequest.claims:type_name -> gavel.bbs.v1.ClaimActualLRPRequest
+	24,  // 20: gavel.bbs.v1.ClaimActualLRPsResponse.results:type_name -> gavel.bbs.v1.ClaimActualLRPResult
+	20,  // 21: gavel.bbs.v1.ClaimActualLRPResult.response:type_name -> gavel.bbs.v1.ClaimActualLRPResponse
+	28,  // 22: gavel.bbs.v1.ClaimActualLRPResult.error:type_name -> gavel.bbs.v1.BatchItemError
+	21,  // 23: gavel.bbs.v1.StartActualLRPsRequest.starts:type_name -> gavel.bbs.v1.StartActualLRPRequest
+	27,  // 24: gavel.bbs.v1.StartActualLRPsResponse.results:type_name -> gavel.bbs.v1.StartActualLRPResult
+	29,  // 25: gavel.bbs.v1.StartActualLRPResult.response:type_name -> gavel.bbs.v1.StartActualLRPResponse
+	28,  // 26: gavel.bbs.v1.StartActualLRPResult.error:type_name -> gavel.bbs.v1.BatchItemError
+	88,  // 27: gavel.bbs.v1.StartActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	89,  // 28: gavel.bbs.v1.CrashActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	88,  // 29: gavel.bbs.v1.CrashActualLRPResponse.actual_lrp:type_name -> gavel.models.v1.ActualLRP
+	92,  // 30: gavel.bbs.v1.FailActualLRPRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	89,  // 31: gavel.bbs.v1.RemoveActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	89,  // 32: gavel.bbs.v1.EvacuateClaimedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	89,  // 33: gavel.bbs.v1.EvacuateRunningActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	91,  // 34: gavel.bbs.v1.EvacuateRunningActualLRPRequest.net_info:type_name -> gavel.models.v1.ActualLRPNetInfo
+	89,  // 35: gavel.bbs.v1.EvacuateStoppedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	89,  // 36: gavel.bbs.v1.EvacuateCrashedActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	89,  // 37: gavel.bbs.v1.RemoveEvacuatingActualLRPRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	93,  // 38: gavel.bbs.v1.DesireTaskRequest.definition:type_name -> gavel.models.v1.TaskDefinition
+	0,   // 39: gavel.bbs.v1.TasksRequest.filter:type_name -> gavel.bbs.v1.Filter
+	94,  // 40: gavel.bbs.v1.TasksResponse.tasks:type_name -> gavel.models.v1.Task
+	94,  // 41: gavel.bbs.v1.TaskByGuidResponse.task:type_name -> gavel.models.v1.Task
+	92,  // 42: gavel.bbs.v1.RejectTaskRequest.placement_error:type_name -> gavel.models.v1.PlacementError
+	95,  // 43: gavel.bbs.v1.CellsResponse.cells:type_name -> gavel.models.v1.CellPresence
+	82,  // 44: gavel.bbs.v1.ResolveLinksResponse.links:type_name -> gavel.bbs.v1.ResolveLinksResponse.LinksEntry
+	96,  // 45: gavel.bbs.v1.ResolveLinksResponse.instances:type_name -> gavel.models.v1.InstanceLinks
+	0,   // 46: gavel.bbs.v1.SubscribeToEventsRequest.filter:type_name -> gavel.bbs.v1.Filter
+	97,  // 47: gavel.bbs.v1.SubscribeToEventsResponse.events:type_name -> gavel.bbs.v1.Event
+	98,  // 48: gavel.bbs.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	99,  // 49: gavel.bbs.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	100, // 50: gavel.bbs.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
+	101, // 51: gavel.bbs.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
+	102, // 52: gavel.bbs.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
+	103, // 53: gavel.bbs.v1.ResolveLinksResponse.LinksEntry.value:type_name -> gavel.models.v1.ResolvedLink
+	1,   // 54: gavel.bbs.v1.BBSService.UpsertDomain:input_type -> gavel.bbs.v1.UpsertDomainRequest
+	3,   // 55: gavel.bbs.v1.BBSService.Domains:input_type -> gavel.bbs.v1.DomainsRequest
+	5,   // 56: gavel.bbs.v1.BBSService.DesireLRP:input_type -> gavel.bbs.v1.DesireLRPRequest
+	7,   // 57: gavel.bbs.v1.BBSService.UpdateDesiredLRP:input_type -> gavel.bbs.v1.UpdateDesiredLRPRequest
+	9,   // 58: gavel.bbs.v1.BBSService.RemoveDesiredLRP:input_type -> gavel.bbs.v1.RemoveDesiredLRPRequest
+	11,  // 59: gavel.bbs.v1.BBSService.DesiredLRPs:input_type -> gavel.bbs.v1.DesiredLRPsRequest
+	13,  // 60: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:input_type -> gavel.bbs.v1.DesiredLRPByProcessGuidRequest
+	15,  // 61: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:input_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosRequest
+	17,  // 62: gavel.bbs.v1.BBSService.ActualLRPs:input_type -> gavel.bbs.v1.ActualLRPsRequest
+	19,  // 63: gavel.bbs.v1.BBSService.ClaimActualLRP:input_type -> gavel.bbs.v1.ClaimActualLRPRequest
+	21,  // 64: gavel.bbs.v1.BBSService.StartActualLRP:input_type -> gavel.bbs.v1.StartActualLRPRequest
+	22,  // 65: gavel.bbs.v1.BBSService.ClaimActualLRPs:input_type -> gavel.bbs.v1.ClaimActualLRPsRequest
+	25,  // 66: gavel.bbs.v1.BBSService.StartActualLRPs:input_type -> gavel.bbs.v1.StartActualLRPsRequest
+	30,  // 67: gavel.bbs.v1.BBSService.CrashActualLRP:input_type -> gavel.bbs.v1.CrashActualLRPRequest
+	32,  // 68: gavel.bbs.v1.BBSService.FailActualLRP:input_type -> gavel.bbs.v1.FailActualLRPRequest
+	34,  // 69: gavel.bbs.v1.BBSService.RemoveActualLRP:input_type -> gavel.bbs.v1.RemoveActualLRPRequest
+	36,  // 70: gavel.bbs.v1.BBSService.RetireActualLRP:input_type -> gavel.bbs.v1.RetireActualLRPRequest
+	38,  // 71: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:input_type -> gavel.bbs.v1.EvacuateClaimedActualLRPRequest
+	40,  // 72: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:input_type -> gavel.bbs.v1.EvacuateRunningActualLRPRequest
+	42,  // 73: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:input_type -> gavel.bbs.v1.EvacuateStoppedActualLRPRequest
+	44,  // 74: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:input_type -> gavel.bbs.v1.EvacuateCrashedActualLRPRequest
+	46,  // 75: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:input_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPRequest
+	48,  // 76: gavel.bbs.v1.BBSService.DesireTask:input_type -> gavel.bbs.v1.DesireTaskRequest
+	50,  // 77: gavel.bbs.v1.BBSService.Tasks:input_type -> gavel.bbs.v1.TasksRequest
+	52,  // 78: gavel.bbs.v1.BBSService.TaskByGuid:input_type -> gavel.bbs.v1.TaskByGuidRequest
+	54,  // 79: gavel.bbs.v1.BBSService.StartTask:input_type -> gavel.bbs.v1.StartTaskRequest
+	56,  // 80: gavel.bbs.v1.BBSService.CancelTask:input_type -> gavel.bbs.v1.CancelTaskRequest
+	58,  // 81: gavel.bbs.v1.BBSService.RejectTask:input_type -> gavel.bbs.v1.RejectTaskRequest
+	60,  // 82: gavel.bbs.v1.BBSService.CompleteTask:input_type -> gavel.bbs.v1.CompleteTaskRequest
+	62,  // 83: gavel.bbs.v1.BBSService.ResolvingTask:input_type -> gavel.bbs.v1.ResolvingTaskRequest
+	64,  // 84: gavel.bbs.v1.BBSService.DeleteTask:input_type -> gavel.bbs.v1.DeleteTaskRequest
+	66,  // 85: gavel.bbs.v1.BBSService.Cells:input_type -> gavel.bbs.v1.CellsRequest
+	68,  // 86: gavel.bbs.v1.BBSService.Tags:input_type -> gavel.bbs.v1.TagsRequest
+	72,  // 87: gavel.bbs.v1.BBSService.ResolveLinks:input_type -> gavel.bbs.v1.ResolveLinksRequest
+	70,  // 88: gavel.bbs.v1.BBSService.ReportRoutesPublished:input_type -> gavel.bbs.v1.ReportRoutesPublishedRequest
+	74,  // 89: gavel.bbs.v1.BBSService.SubscribeToEvents:input_type -> gavel.bbs.v1.SubscribeToEventsRequest
+	76,  // 90: gavel.bbs.v1.BBSService.StreamLogs:input_type -> gavel.bbs.v1.StreamLogsRequest
+	78,  // 91: gavel.bbs.v1.BBSService.InstanceMetrics:input_type -> gavel.bbs.v1.InstanceMetricsRequest
+	80,  // 92: gavel.bbs.v1.BBSService.Exec:input_type -> gavel.bbs.v1.ExecRequest
+	2,   // 93: gavel.bbs.v1.BBSService.UpsertDomain:output_type -> gavel.bbs.v1.UpsertDomainResponse
+	4,   // 94: gavel.bbs.v1.BBSService.Domains:output_type -> gavel.bbs.v1.DomainsResponse
+	6,   // 95: gavel.bbs.v1.BBSService.DesireLRP:output_type -> gavel.bbs.v1.DesireLRPResponse
+	8,   // 96: gavel.bbs.v1.BBSService.UpdateDesiredLRP:output_type -> gavel.bbs.v1.UpdateDesiredLRPResponse
+	10,  // 97: gavel.bbs.v1.BBSService.RemoveDesiredLRP:output_type -> gavel.bbs.v1.RemoveDesiredLRPResponse
+	12,  // 98: gavel.bbs.v1.BBSService.DesiredLRPs:output_type -> gavel.bbs.v1.DesiredLRPsResponse
+	14,  // 99: gavel.bbs.v1.BBSService.DesiredLRPByProcessGuid:output_type -> gavel.bbs.v1.DesiredLRPByProcessGuidResponse
+	16,  // 100: gavel.bbs.v1.BBSService.DesiredLRPSchedulingInfos:output_type -> gavel.bbs.v1.DesiredLRPSchedulingInfosResponse
+	18,  // 101: gavel.bbs.v1.BBSService.ActualLRPs:output_type -> gavel.bbs.v1.ActualLRPsResponse
+	20,  // 102: gavel.bbs.v1.BBSService.ClaimActualLRP:output_type -> gavel.bbs.v1.ClaimActualLRPResponse
+	29,  // 103: gavel.bbs.v1.BBSService.StartActualLRP:output_type -> gavel.bbs.v1.StartActualLRPResponse
+	23,  // 104: gavel.bbs.v1.BBSService.ClaimActualLRPs:output_type -> gavel.bbs.v1.ClaimActualLRPsResponse
+	26,  // 105: gavel.bbs.v1.BBSService.StartActualLRPs:output_type -> gavel.bbs.v1.StartActualLRPsResponse
+	31,  // 106: gavel.bbs.v1.BBSService.CrashActualLRP:output_type -> gavel.bbs.v1.CrashActualLRPResponse
+	33,  // 107: gavel.bbs.v1.BBSService.FailActualLRP:output_type -> gavel.bbs.v1.FailActualLRPResponse
+	35,  // 108: gavel.bbs.v1.BBSService.RemoveActualLRP:output_type -> gavel.bbs.v1.RemoveActualLRPResponse
+	37,  // 109: gavel.bbs.v1.BBSService.RetireActualLRP:output_type -> gavel.bbs.v1.RetireActualLRPResponse
+	39,  // 110: gavel.bbs.v1.BBSService.EvacuateClaimedActualLRP:output_type -> gavel.bbs.v1.EvacuateClaimedActualLRPResponse
+	41,  // 111: gavel.bbs.v1.BBSService.EvacuateRunningActualLRP:output_type -> gavel.bbs.v1.EvacuateRunningActualLRPResponse
+	43,  // 112: gavel.bbs.v1.BBSService.EvacuateStoppedActualLRP:output_type -> gavel.bbs.v1.EvacuateStoppedActualLRPResponse
+	45,  // 113: gavel.bbs.v1.BBSService.EvacuateCrashedActualLRP:output_type -> gavel.bbs.v1.EvacuateCrashedActualLRPResponse
+	47,  // 114: gavel.bbs.v1.BBSService.RemoveEvacuatingActualLRP:output_type -> gavel.bbs.v1.RemoveEvacuatingActualLRPResponse
+	49,  // 115: gavel.bbs.v1.BBSService.DesireTask:output_type -> gavel.bbs.v1.DesireTaskResponse
+	51,  // 116: gavel.bbs.v1.BBSService.Tasks:output_type -> gavel.bbs.v1.TasksResponse
+	53,  // 117: gavel.bbs.v1.BBSService.TaskByGuid:output_type -> gavel.bbs.v1.TaskByGuidResponse
+	55,  // 118: gavel.bbs.v1.BBSService.StartTask:output_type -> gavel.bbs.v1.StartTaskResponse
+	57,  // 119: gavel.bbs.v1.BBSService.CancelTask:output_type -> gavel.bbs.v1.CancelTaskResponse
+	59,  // 120: gavel.bbs.v1.BBSService.RejectTask:output_type -> gavel.bbs.v1.RejectTaskResponse
+	61,  // 121: gavel.bbs.v1.BBSService.CompleteTask:output_type -> gavel.bbs.v1.CompleteTaskResponse
+	63,  // 122: gavel.bbs.v1.BBSService.ResolvingTask:output_type -> gavel.bbs.v1.ResolvingTaskResponse
+	65,  // 123: gavel.bbs.v1.BBSService.DeleteTask:output_type -> gavel.bbs.v1.DeleteTaskResponse
+	67,  // 124: gavel.bbs.v1.BBSService.Cells:output_type -> gavel.bbs.v1.CellsResponse
+	69,  // 125: gavel.bbs.v1.BBSService.Tags:output_type -> gavel.bbs.v1.TagsResponse
+	73,  // 126: gavel.bbs.v1.BBSService.ResolveLinks:output_type -> gavel.bbs.v1.ResolveLinksResponse
+	71,  // 127: gavel.bbs.v1.BBSService.ReportRoutesPublished:output_type -> gavel.bbs.v1.ReportRoutesPublishedResponse
+	75,  // 128: gavel.bbs.v1.BBSService.SubscribeToEvents:output_type -> gavel.bbs.v1.SubscribeToEventsResponse
+	77,  // 129: gavel.bbs.v1.BBSService.StreamLogs:output_type -> gavel.bbs.v1.StreamLogsResponse
+	79,  // 130: gavel.bbs.v1.BBSService.InstanceMetrics:output_type -> gavel.bbs.v1.InstanceMetricsResponse
+	81,  // 131: gavel.bbs.v1.BBSService.Exec:output_type -> gavel.bbs.v1.ExecResponse
+	93,  // [93:132] is the sub-list for method output_type
+	54,  // [54:93] is the sub-list for method input_type
+	54,  // [54:54] is the sub-list for extension type_name
+	54,  // [54:54] is the sub-list for extension extendee
+	0,   // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_gavel_bbs_v1_bbs_proto_init() }
@@ -4606,16 +5033,16 @@ func file_gavel_bbs_v1_bbs_proto_init() {
 	}
 	file_gavel_bbs_v1_events_proto_init()
 	file_gavel_bbs_v1_bbs_proto_msgTypes[17].OneofWrappers = []any{}
-	file_gavel_bbs_v1_bbs_proto_msgTypes[69].OneofWrappers = []any{}
-	file_gavel_bbs_v1_bbs_proto_msgTypes[71].OneofWrappers = []any{}
-	file_gavel_bbs_v1_bbs_proto_msgTypes[74].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[76].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[78].OneofWrappers = []any{}
+	file_gavel_bbs_v1_bbs_proto_msgTypes[81].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_bbs_v1_bbs_proto_rawDesc), len(file_gavel_bbs_v1_bbs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   76,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

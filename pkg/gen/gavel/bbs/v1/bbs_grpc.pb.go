@@ -33,6 +33,8 @@ const (
 	BBSService_ActualLRPs_FullMethodName                = "/gavel.bbs.v1.BBSService/ActualLRPs"
 	BBSService_ClaimActualLRP_FullMethodName            = "/gavel.bbs.v1.BBSService/ClaimActualLRP"
 	BBSService_StartActualLRP_FullMethodName            = "/gavel.bbs.v1.BBSService/StartActualLRP"
+	BBSService_ClaimActualLRPs_FullMethodName           = "/gavel.bbs.v1.BBSService/ClaimActualLRPs"
+	BBSService_StartActualLRPs_FullMethodName           = "/gavel.bbs.v1.BBSService/StartActualLRPs"
 	BBSService_CrashActualLRP_FullMethodName            = "/gavel.bbs.v1.BBSService/CrashActualLRP"
 	BBSService_FailActualLRP_FullMethodName             = "/gavel.bbs.v1.BBSService/FailActualLRP"
 	BBSService_RemoveActualLRP_FullMethodName           = "/gavel.bbs.v1.BBSService/RemoveActualLRP"
@@ -93,6 +95,12 @@ type BBSServiceClient interface {
 	ClaimActualLRP(ctx context.Context, in *ClaimActualLRPRequest, opts ...grpc.CallOption) (*ClaimActualLRPResponse, error)
 	// StartActualLRP marks an instance RUNNING with its network information.
 	StartActualLRP(ctx context.Context, in *StartActualLRPRequest, opts ...grpc.CallOption) (*StartActualLRPResponse, error)
+	// ClaimActualLRPs makes several claims in one call, as a rep does under load: each claim is
+	// ClaimActualLRP's, made and answered on its own (results[i] answers claims[i]), so one that
+	// fails leaves the others alone.
+	ClaimActualLRPs(ctx context.Context, in *ClaimActualLRPsRequest, opts ...grpc.CallOption) (*ClaimActualLRPsResponse, error)
+	// StartActualLRPs makes several StartActualLRP reports in one call, each on its own.
+	StartActualLRPs(ctx context.Context, in *StartActualLRPsRequest, opts ...grpc.CallOption) (*StartActualLRPsResponse, error)
 	// CrashActualLRP records a crash; the instance restarts at once or waits per the crash policy.
 	CrashActualLRP(ctx context.Context, in *CrashActualLRPRequest, opts ...grpc.CallOption) (*CrashActualLRPResponse, error)
 	// FailActualLRP records a placement error on an UNCLAIMED instance.
@@ -269,6 +277,26 @@ func (c *bBSServiceClient) StartActualLRP(ctx context.Context, in *StartActualLR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StartActualLRPResponse)
 	err := c.cc.Invoke(ctx, BBSService_StartActualLRP_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *bBSServiceClient) ClaimActualLRPs(ctx context.Context, in *ClaimActualLRPsRequest, opts ...grpc.CallOption) (*ClaimActualLRPsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimActualLRPsResponse)
+	err := c.cc.Invoke(ctx, BBSService_ClaimActualLRPs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *bBSServiceClient) StartActualLRPs(ctx context.Context, in *StartActualLRPsRequest, opts ...grpc.CallOption) (*StartActualLRPsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartActualLRPsResponse)
+	err := c.cc.Invoke(ctx, BBSService_StartActualLRPs_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -588,6 +616,12 @@ type BBSServiceServer interface {
 	ClaimActualLRP(context.Context, *ClaimActualLRPRequest) (*ClaimActualLRPResponse, error)
 	// StartActualLRP marks an instance RUNNING with its network information.
 	StartActualLRP(context.Context, *StartActualLRPRequest) (*StartActualLRPResponse, error)
+	// ClaimActualLRPs makes several claims in one call, as a rep does under load: each claim is
+	// ClaimActualLRP's, made and answered on its own (results[i] answers claims[i]), so one that
+	// fails leaves the others alone.
+	ClaimActualLRPs(context.Context, *ClaimActualLRPsRequest) (*ClaimActualLRPsResponse, error)
+	// StartActualLRPs makes several StartActualLRP reports in one call, each on its own.
+	StartActualLRPs(context.Context, *StartActualLRPsRequest) (*StartActualLRPsResponse, error)
 	// CrashActualLRP records a crash; the instance restarts at once or waits per the crash policy.
 	CrashActualLRP(context.Context, *CrashActualLRPRequest) (*CrashActualLRPResponse, error)
 	// FailActualLRP records a placement error on an UNCLAIMED instance.
@@ -692,6 +726,12 @@ func (UnimplementedBBSServiceServer) ClaimActualLRP(context.Context, *ClaimActua
 }
 func (UnimplementedBBSServiceServer) StartActualLRP(context.Context, *StartActualLRPRequest) (*StartActualLRPResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartActualLRP not implemented")
+}
+func (UnimplementedBBSServiceServer) ClaimActualLRPs(context.Context, *ClaimActualLRPsRequest) (*ClaimActualLRPsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimActualLRPs not implemented")
+}
+func (UnimplementedBBSServiceServer) StartActualLRPs(context.Context, *StartActualLRPsRequest) (*StartActualLRPsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartActualLRPs not implemented")
 }
 func (UnimplementedBBSServiceServer) CrashActualLRP(context.Context, *CrashActualLRPRequest) (*CrashActualLRPResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CrashActualLRP not implemented")
@@ -986,6 +1026,42 @@ func _BBSService_StartActualLRP_Handler(srv interface{}, ctx context.Context, de
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(BBSServiceServer).StartActualLRP(ctx, req.(*StartActualLRPRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BBSService_ClaimActualLRPs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimActualLRPsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BBSServiceServer).ClaimActualLRPs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BBSService_ClaimActualLRPs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BBSServiceServer).ClaimActualLRPs(ctx, req.(*ClaimActualLRPsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BBSService_StartActualLRPs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartActualLRPsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BBSServiceServer).StartActualLRPs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BBSService_StartActualLRPs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BBSServiceServer).StartActualLRPs(ctx, req.(*StartActualLRPsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1483,6 +1559,14 @@ var BBSService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StartActualLRP",
 			Handler:    _BBSService_StartActualLRP_Handler,
+		},
+		{
+			MethodName: "ClaimActualLRPs",
+			Handler:    _BBSService_ClaimActualLRPs_Handler,
+		},
+		{
+			MethodName: "StartActualLRPs",
+			Handler:    _BBSService_StartActualLRPs_Handler,
 		},
 		{
 			MethodName: "CrashActualLRP",

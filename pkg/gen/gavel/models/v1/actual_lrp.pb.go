@@ -411,11 +411,15 @@ type ActualLRP struct {
 	// removal or the BBS's drain_timeout has passed since this time. A draining instance is not
 	// counted as serving.
 	DrainingSince *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=draining_since,json=drainingSince,proto3" json:"draining_since,omitempty"`
-	// TraceContext is the W3C trace context (traceparent, tracestate) of the traced call that
-	// made the instance RUNNING, so that what follows from it (the route-emitter's publication of
-	// its routes) joins the desire's trace; empty when that call was not traced, and cleared by
-	// every other change.
-	TraceContext  map[string]string `protobuf:"bytes,20,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TraceContext is the trace context as a map of W3C headers, as releases before decision 0043
+	// wrote it. Deprecated: replaced by trace; never written, and cleared by every change.
+	//
+	// Deprecated: Marked as deprecated in gavel/models/v1/actual_lrp.proto.
+	TraceContext map[string]string `protobuf:"bytes,20,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Trace is the W3C trace context of the traced call that made the instance RUNNING, so that
+	// what follows from it (the route-emitter's publication of its routes) joins the desire's
+	// trace; unset when that call was not sampled, and cleared by every other change.
+	Trace         *TraceContext `protobuf:"bytes,21,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,9 +545,17 @@ func (x *ActualLRP) GetDrainingSince() *timestamppb.Timestamp {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in gavel/models/v1/actual_lrp.proto.
 func (x *ActualLRP) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *ActualLRP) GetTrace() *TraceContext {
+	if x != nil {
+		return x.Trace
 	}
 	return nil
 }
@@ -566,7 +578,7 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	"\x10ActualLRPNetInfo\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12)\n" +
 	"\x10instance_address\x18\x02 \x01(\tR\x0finstanceAddress\x122\n" +
-	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\xab\b\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1c.gavel.models.v1.PortMappingR\x05ports\"\xe4\b\n" +
 	"\tActualLRP\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x12H\n" +
 	"\finstance_key\x18\x02 \x01(\v2%.gavel.models.v1.ActualLRPInstanceKeyR\vinstanceKey\x126\n" +
@@ -582,8 +594,9 @@ const file_gavel_models_v1_actual_lrp_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
 	"\broutable\x18\v \x01(\bR\broutable\x12K\n" +
 	"\x10modification_tag\x18\f \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\x12A\n" +
-	"\x0edraining_since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingSince\x12Q\n" +
-	"\rtrace_context\x18\x14 \x03(\v2,.gavel.models.v1.ActualLRP.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x0edraining_since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingSince\x12U\n" +
+	"\rtrace_context\x18\x14 \x03(\v2,.gavel.models.v1.ActualLRP.TraceContextEntryB\x02\x18\x01R\ftraceContext\x123\n" +
+	"\x05trace\x18\x15 \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"l\n" +
@@ -626,6 +639,7 @@ var file_gavel_models_v1_actual_lrp_proto_goTypes = []any{
 	(*PlacementError)(nil),        // 8: gavel.models.v1.PlacementError
 	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 	(*ModificationTag)(nil),       // 10: gavel.models.v1.ModificationTag
+	(*TraceContext)(nil),          // 11: gavel.models.v1.TraceContext
 }
 var file_gavel_models_v1_actual_lrp_proto_depIdxs = []int32{
 	4,  // 0: gavel.models.v1.ActualLRPNetInfo.ports:type_name -> gavel.models.v1.PortMapping
@@ -639,11 +653,12 @@ var file_gavel_models_v1_actual_lrp_proto_depIdxs = []int32{
 	10, // 8: gavel.models.v1.ActualLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
 	9,  // 9: gavel.models.v1.ActualLRP.draining_since:type_name -> google.protobuf.Timestamp
 	7,  // 10: gavel.models.v1.ActualLRP.trace_context:type_name -> gavel.models.v1.ActualLRP.TraceContextEntry
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 11: gavel.models.v1.ActualLRP.trace:type_name -> gavel.models.v1.TraceContext
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gavel_models_v1_actual_lrp_proto_init() }

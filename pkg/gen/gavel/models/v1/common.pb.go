@@ -385,6 +385,64 @@ func (x *Resources) GetMaxPids() int32 {
 	return 0
 }
 
+// TraceContext is a W3C trace context (https://www.w3.org/TR/trace-context/) carried in a piece
+// of work or a record, where no gRPC call's metadata takes it: the span that the work's own
+// spans join as their parent. Two strings rather than a map of headers, because it travels
+// with every instance placed (docs/decisions/0043-compact-trace-context.md).
+type TraceContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Traceparent is the traceparent header's value ("00-<trace id>-<span id>-<flags>").
+	Traceparent string `protobuf:"bytes,1,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// Tracestate is the tracestate header's value; empty when the trace has none.
+	Tracestate    string `protobuf:"bytes,2,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceContext) Reset() {
+	*x = TraceContext{}
+	mi := &file_gavel_models_v1_common_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceContext) ProtoMessage() {}
+
+func (x *TraceContext) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_models_v1_common_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
+func (*TraceContext) Descriptor() ([]byte, []int) {
+	return file_gavel_models_v1_common_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TraceContext) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *TraceContext) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
 var File_gavel_models_v1_common_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_common_proto_rawDesc = "" +
@@ -412,7 +470,12 @@ const file_gavel_models_v1_common_proto_rawDesc = "" +
 	"\tResources\x12\x1b\n" +
 	"\tmemory_mb\x18\x01 \x01(\x05R\bmemoryMb\x12\x17\n" +
 	"\adisk_mb\x18\x02 \x01(\x05R\x06diskMb\x12\x19\n" +
-	"\bmax_pids\x18\x03 \x01(\x05R\amaxPidsB\xbf\x01\n" +
+	"\bmax_pids\x18\x03 \x01(\x05R\amaxPids\"P\n" +
+	"\fTraceContext\x12 \n" +
+	"\vtraceparent\x18\x01 \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x02 \x01(\tR\n" +
+	"tracestateB\xbf\x01\n" +
 	"\x13com.gavel.models.v1B\vCommonProtoP\x01Z=github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1;modelsv1\xa2\x02\x03GMX\xaa\x02\x0fGavel.Models.V1\xca\x02\x0fGavel\\Models\\V1\xe2\x02\x1bGavel\\Models\\V1\\GPBMetadata\xea\x02\x11Gavel::Models::V1b\x06proto3"
 
 var (
@@ -428,7 +491,7 @@ func file_gavel_models_v1_common_proto_rawDescGZIP() []byte {
 }
 
 var file_gavel_models_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gavel_models_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_gavel_models_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_gavel_models_v1_common_proto_goTypes = []any{
 	(PlacementError_Code)(0),    // 0: gavel.models.v1.PlacementError.Code
 	(*ModificationTag)(nil),     // 1: gavel.models.v1.ModificationTag
@@ -436,6 +499,7 @@ var file_gavel_models_v1_common_proto_goTypes = []any{
 	(*PlacementError)(nil),      // 3: gavel.models.v1.PlacementError
 	(*EnvironmentVariable)(nil), // 4: gavel.models.v1.EnvironmentVariable
 	(*Resources)(nil),           // 5: gavel.models.v1.Resources
+	(*TraceContext)(nil),        // 6: gavel.models.v1.TraceContext
 }
 var file_gavel_models_v1_common_proto_depIdxs = []int32{
 	0, // 0: gavel.models.v1.PlacementError.code:type_name -> gavel.models.v1.PlacementError.Code
@@ -457,7 +521,7 @@ func file_gavel_models_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_models_v1_common_proto_rawDesc), len(file_gavel_models_v1_common_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

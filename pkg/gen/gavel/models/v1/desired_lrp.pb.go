@@ -76,7 +76,17 @@ type DesiredLRP struct {
 	// messages with octet-counting framing: "syslog://host:port" (TCP) or
 	// "syslog-tls://host:port" (TLS, verified against the cell's system roots). At most 8. A slow
 	// or unreachable drain loses lines (counted on the rep) and never blocks the instance.
-	LogDrains     []string `protobuf:"bytes,25,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	LogDrains []string `protobuf:"bytes,25,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	// SpreadWith, when set, makes the auctioneer count the instances of another desired LRP (the
+	// other version of the same app during a deployment) with this LRP's when it spreads this
+	// LRP's instances over zones. Set by nsync on a deployment's new LRP; see SpreadWith.
+	SpreadWith *SpreadWith `protobuf:"bytes,26,opt,name=spread_with,json=spreadWith,proto3" json:"spread_with,omitempty"`
+	// ImageUsername is the user name the cell pulls a docker:// rootfs with (basic or token
+	// authentication at the registry); only with a docker:// rootfs, and with image_password.
+	ImageUsername string `protobuf:"bytes,27,opt,name=image_username,json=imageUsername,proto3" json:"image_username,omitempty"`
+	// ImagePassword is the password (or token) that goes with image_username. It is a secret:
+	// sealed at rest with the run info and redacted as a secret env value is (decision 0021).
+	ImagePassword string `protobuf:"bytes,28,opt,name=image_password,json=imagePassword,proto3" json:"image_password,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,6 +296,87 @@ func (x *DesiredLRP) GetLogDrains() []string {
 	return nil
 }
 
+func (x *DesiredLRP) GetSpreadWith() *SpreadWith {
+	if x != nil {
+		return x.SpreadWith
+	}
+	return nil
+}
+
+func (x *DesiredLRP) GetImageUsername() string {
+	if x != nil {
+		return x.ImageUsername
+	}
+	return ""
+}
+
+func (x *DesiredLRP) GetImagePassword() string {
+	if x != nil {
+		return x.ImagePassword
+	}
+	return ""
+}
+
+// SpreadWith names the peer LRP whose surviving instances count with an LRP's own for its zone
+// spread. During a deployment the peer (the old version) is scaled down in a static order: when
+// this LRP has n desired instances, the peer keeps its indices below total_instances - n. So
+// when this LRP's instances are placed, the peer's instances with a smaller index are counted
+// per zone as if they were this LRP's, and the new instance goes where the app's instances
+// that outlive the step are fewest. A peer that does not exist counts nothing.
+type SpreadWith struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ProcessGuid names the peer desired LRP; it must differ from the LRP's own.
+	ProcessGuid string `protobuf:"bytes,1,opt,name=process_guid,json=processGuid,proto3" json:"process_guid,omitempty"`
+	// TotalInstances is the app's target instance count across both LRPs (nsync's N).
+	TotalInstances int32 `protobuf:"varint,2,opt,name=total_instances,json=totalInstances,proto3" json:"total_instances,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SpreadWith) Reset() {
+	*x = SpreadWith{}
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpreadWith) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpreadWith) ProtoMessage() {}
+
+func (x *SpreadWith) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpreadWith.ProtoReflect.Descriptor instead.
+func (*SpreadWith) Descriptor() ([]byte, []int) {
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SpreadWith) GetProcessGuid() string {
+	if x != nil {
+		return x.ProcessGuid
+	}
+	return ""
+}
+
+func (x *SpreadWith) GetTotalInstances() int32 {
+	if x != nil {
+		return x.TotalInstances
+	}
+	return 0
+}
+
 // DesiredLRPSchedulingInfo is the part of a DesiredLRP that placement and routing read often.
 type DesiredLRPSchedulingInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -311,13 +402,15 @@ type DesiredLRPSchedulingInfo struct {
 	Routes map[string][]byte `protobuf:"bytes,10,rep,name=routes,proto3" json:"routes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// ModificationTag versions the LRP.
 	ModificationTag *ModificationTag `protobuf:"bytes,11,opt,name=modification_tag,json=modificationTag,proto3" json:"modification_tag,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// SpreadWith is the peer whose instances count with this LRP's for its zone spread.
+	SpreadWith    *SpreadWith `protobuf:"bytes,12,opt,name=spread_with,json=spreadWith,proto3" json:"spread_with,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredLRPSchedulingInfo) Reset() {
 	*x = DesiredLRPSchedulingInfo{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[1]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +422,7 @@ func (x *DesiredLRPSchedulingInfo) String() string {
 func (*DesiredLRPSchedulingInfo) ProtoMessage() {}
 
 func (x *DesiredLRPSchedulingInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[1]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +435,7 @@ func (x *DesiredLRPSchedulingInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredLRPSchedulingInfo.ProtoReflect.Descriptor instead.
 func (*DesiredLRPSchedulingInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{1}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DesiredLRPSchedulingInfo) GetProcessGuid() string {
@@ -422,6 +515,13 @@ func (x *DesiredLRPSchedulingInfo) GetModificationTag() *ModificationTag {
 	return nil
 }
 
+func (x *DesiredLRPSchedulingInfo) GetSpreadWith() *SpreadWith {
+	if x != nil {
+		return x.SpreadWith
+	}
+	return nil
+}
+
 // DesiredLRPRunInfo is the part of a DesiredLRP that only the cell running it needs.
 type DesiredLRPRunInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -452,14 +552,18 @@ type DesiredLRPRunInfo struct {
 	// CpuWeight is the relative CPU share of each instance.
 	CpuWeight uint32 `protobuf:"varint,13,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	// LogDrains are the syslog drains of the LRP's log lines.
-	LogDrains     []string `protobuf:"bytes,14,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	LogDrains []string `protobuf:"bytes,14,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	// ImageUsername is the user name the docker:// rootfs is pulled with.
+	ImageUsername string `protobuf:"bytes,15,opt,name=image_username,json=imageUsername,proto3" json:"image_username,omitempty"`
+	// ImagePassword is the password of image_username (a secret, see DesiredLRP).
+	ImagePassword string `protobuf:"bytes,16,opt,name=image_password,json=imagePassword,proto3" json:"image_password,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredLRPRunInfo) Reset() {
 	*x = DesiredLRPRunInfo{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[2]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +575,7 @@ func (x *DesiredLRPRunInfo) String() string {
 func (*DesiredLRPRunInfo) ProtoMessage() {}
 
 func (x *DesiredLRPRunInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[2]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +588,7 @@ func (x *DesiredLRPRunInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredLRPRunInfo.ProtoReflect.Descriptor instead.
 func (*DesiredLRPRunInfo) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{2}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DesiredLRPRunInfo) GetProcessGuid() string {
@@ -585,8 +689,23 @@ func (x *DesiredLRPRunInfo) GetLogDrains() []string {
 	return nil
 }
 
-// DesiredLRPUpdate changes a DesiredLRP. Only instances, routes, annotation and labels may
-// change; rootfs, ports and placement_constraint may be repeated only with their stored values.
+func (x *DesiredLRPRunInfo) GetImageUsername() string {
+	if x != nil {
+		return x.ImageUsername
+	}
+	return ""
+}
+
+func (x *DesiredLRPRunInfo) GetImagePassword() string {
+	if x != nil {
+		return x.ImagePassword
+	}
+	return ""
+}
+
+// DesiredLRPUpdate changes a DesiredLRP. Only instances, routes, annotation, labels,
+// spread_with and log drains may change; rootfs, ports and placement_constraint may be repeated
+// only with their stored values.
 type DesiredLRPUpdate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Instances, when set, is the new instance count.
@@ -603,13 +722,18 @@ type DesiredLRPUpdate struct {
 	Ports *PortsUpdate `protobuf:"bytes,6,opt,name=ports,proto3" json:"ports,omitempty"`
 	// PlacementConstraint is immutable: when set it must equal the stored value.
 	PlacementConstraint *PlacementConstraint `protobuf:"bytes,7,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// SpreadWith, when set, replaces the spread peer; a SpreadWithUpdate without one clears it.
+	SpreadWith *SpreadWithUpdate `protobuf:"bytes,8,opt,name=spread_with,json=spreadWith,proto3" json:"spread_with,omitempty"`
+	// LogDrains, when set, replaces the LRP's syslog drains (empty: none). The cells running its
+	// instances switch them over; instances started later get the new ones.
+	LogDrains     *LogDrainsUpdate `protobuf:"bytes,9,opt,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredLRPUpdate) Reset() {
 	*x = DesiredLRPUpdate{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[3]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +745,7 @@ func (x *DesiredLRPUpdate) String() string {
 func (*DesiredLRPUpdate) ProtoMessage() {}
 
 func (x *DesiredLRPUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[3]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +758,7 @@ func (x *DesiredLRPUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredLRPUpdate.ProtoReflect.Descriptor instead.
 func (*DesiredLRPUpdate) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{3}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DesiredLRPUpdate) GetInstances() int32 {
@@ -686,6 +810,112 @@ func (x *DesiredLRPUpdate) GetPlacementConstraint() *PlacementConstraint {
 	return nil
 }
 
+func (x *DesiredLRPUpdate) GetSpreadWith() *SpreadWithUpdate {
+	if x != nil {
+		return x.SpreadWith
+	}
+	return nil
+}
+
+func (x *DesiredLRPUpdate) GetLogDrains() *LogDrainsUpdate {
+	if x != nil {
+		return x.LogDrains
+	}
+	return nil
+}
+
+// SpreadWithUpdate carries a replacement spread peer (none clears it).
+type SpreadWithUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SpreadWith is the new peer; unset clears it.
+	SpreadWith    *SpreadWith `protobuf:"bytes,1,opt,name=spread_with,json=spreadWith,proto3" json:"spread_with,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpreadWithUpdate) Reset() {
+	*x = SpreadWithUpdate{}
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpreadWithUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpreadWithUpdate) ProtoMessage() {}
+
+func (x *SpreadWithUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpreadWithUpdate.ProtoReflect.Descriptor instead.
+func (*SpreadWithUpdate) Descriptor() ([]byte, []int) {
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SpreadWithUpdate) GetSpreadWith() *SpreadWith {
+	if x != nil {
+		return x.SpreadWith
+	}
+	return nil
+}
+
+// LogDrainsUpdate carries a replacement list of syslog drains (possibly empty).
+type LogDrainsUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// LogDrains are syslog://host:port or syslog-tls://host:port URLs, at most 8.
+	LogDrains     []string `protobuf:"bytes,1,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogDrainsUpdate) Reset() {
+	*x = LogDrainsUpdate{}
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogDrainsUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogDrainsUpdate) ProtoMessage() {}
+
+func (x *LogDrainsUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogDrainsUpdate.ProtoReflect.Descriptor instead.
+func (*LogDrainsUpdate) Descriptor() ([]byte, []int) {
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LogDrainsUpdate) GetLogDrains() []string {
+	if x != nil {
+		return x.LogDrains
+	}
+	return nil
+}
+
 // RoutesUpdate carries a replacement routes map (possibly empty).
 type RoutesUpdate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -697,7 +927,7 @@ type RoutesUpdate struct {
 
 func (x *RoutesUpdate) Reset() {
 	*x = RoutesUpdate{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[4]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +939,7 @@ func (x *RoutesUpdate) String() string {
 func (*RoutesUpdate) ProtoMessage() {}
 
 func (x *RoutesUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[4]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +952,7 @@ func (x *RoutesUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutesUpdate.ProtoReflect.Descriptor instead.
 func (*RoutesUpdate) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{4}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RoutesUpdate) GetRoutes() map[string][]byte {
@@ -743,7 +973,7 @@ type LabelsUpdate struct {
 
 func (x *LabelsUpdate) Reset() {
 	*x = LabelsUpdate{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[5]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +985,7 @@ func (x *LabelsUpdate) String() string {
 func (*LabelsUpdate) ProtoMessage() {}
 
 func (x *LabelsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[5]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +998,7 @@ func (x *LabelsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelsUpdate.ProtoReflect.Descriptor instead.
 func (*LabelsUpdate) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{5}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LabelsUpdate) GetLabels() map[string]string {
@@ -789,7 +1019,7 @@ type PortsUpdate struct {
 
 func (x *PortsUpdate) Reset() {
 	*x = PortsUpdate{}
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[6]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1031,7 @@ func (x *PortsUpdate) String() string {
 func (*PortsUpdate) ProtoMessage() {}
 
 func (x *PortsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[6]
+	mi := &file_gavel_models_v1_desired_lrp_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1044,7 @@ func (x *PortsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortsUpdate.ProtoReflect.Descriptor instead.
 func (*PortsUpdate) Descriptor() ([]byte, []int) {
-	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{6}
+	return file_gavel_models_v1_desired_lrp_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PortsUpdate) GetPorts() []uint32 {
@@ -828,8 +1058,7 @@ var File_gavel_models_v1_desired_lrp_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\n" +
-	"!gavel/models/v1/desired_lrp.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1bgavel/models/v1/links.proto\"\x97\n" +
-	"\n" +
+	"!gavel/models/v1/desired_lrp.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1bgavel/models/v1/links.proto\"\xa8\v\n" +
 	"\n" +
 	"DesiredLRP\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
@@ -865,7 +1094,11 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\n" +
 	"cpu_weight\x18\x18 \x01(\rR\tcpuWeight\x12\x1d\n" +
 	"\n" +
-	"log_drains\x18\x19 \x03(\tR\tlogDrains\x1a=\n" +
+	"log_drains\x18\x19 \x03(\tR\tlogDrains\x12<\n" +
+	"\vspread_with\x18\x1a \x01(\v2\x1b.gavel.models.v1.SpreadWithR\n" +
+	"spreadWith\x12%\n" +
+	"\x0eimage_username\x18\x1b \x01(\tR\rimageUsername\x12*\n" +
+	"\x0eimage_password\x18\x1c \x01(\tB\x03\x80\x01\x01R\rimagePassword\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -874,7 +1107,11 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vRoutesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xba\x05\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"X\n" +
+	"\n" +
+	"SpreadWith\x12!\n" +
+	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12'\n" +
+	"\x0ftotal_instances\x18\x02 \x01(\x05R\x0etotalInstances\"\xf8\x05\n" +
 	"\x18DesiredLRPSchedulingInfo\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x19\n" +
@@ -889,13 +1126,15 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"annotation\x12M\n" +
 	"\x06routes\x18\n" +
 	" \x03(\v25.gavel.models.v1.DesiredLRPSchedulingInfo.RoutesEntryR\x06routes\x12K\n" +
-	"\x10modification_tag\x18\v \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\x1a9\n" +
+	"\x10modification_tag\x18\v \x01(\v2 .gavel.models.v1.ModificationTagR\x0fmodificationTag\x12<\n" +
+	"\vspread_with\x18\f \x01(\v2\x1b.gavel.models.v1.SpreadWithR\n" +
+	"spreadWith\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vRoutesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xc5\x05\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x98\x06\n" +
 	"\x11DesiredLRPRunInfo\x12!\n" +
 	"\fprocess_guid\x18\x01 \x01(\tR\vprocessGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12R\n" +
@@ -917,10 +1156,12 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\n" +
 	"cpu_weight\x18\r \x01(\rR\tcpuWeight\x12\x1d\n" +
 	"\n" +
-	"log_drains\x18\x0e \x03(\tR\tlogDrains\x1a=\n" +
+	"log_drains\x18\x0e \x03(\tR\tlogDrains\x12%\n" +
+	"\x0eimage_username\x18\x0f \x01(\tR\rimageUsername\x12*\n" +
+	"\x0eimage_password\x18\x10 \x01(\tB\x03\x80\x01\x01R\rimagePassword\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x04\n" +
 	"\x10DesiredLRPUpdate\x12!\n" +
 	"\tinstances\x18\x01 \x01(\x05H\x00R\tinstances\x88\x01\x01\x125\n" +
 	"\x06routes\x18\x02 \x01(\v2\x1d.gavel.models.v1.RoutesUpdateR\x06routes\x12#\n" +
@@ -930,11 +1171,21 @@ const file_gavel_models_v1_desired_lrp_proto_rawDesc = "" +
 	"\x06labels\x18\x04 \x01(\v2\x1d.gavel.models.v1.LabelsUpdateR\x06labels\x12\x1b\n" +
 	"\x06rootfs\x18\x05 \x01(\tH\x02R\x06rootfs\x88\x01\x01\x122\n" +
 	"\x05ports\x18\x06 \x01(\v2\x1c.gavel.models.v1.PortsUpdateR\x05ports\x12W\n" +
-	"\x14placement_constraint\x18\a \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraintB\f\n" +
+	"\x14placement_constraint\x18\a \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12B\n" +
+	"\vspread_with\x18\b \x01(\v2!.gavel.models.v1.SpreadWithUpdateR\n" +
+	"spreadWith\x12?\n" +
+	"\n" +
+	"log_drains\x18\t \x01(\v2 .gavel.models.v1.LogDrainsUpdateR\tlogDrainsB\f\n" +
 	"\n" +
 	"_instancesB\r\n" +
 	"\v_annotationB\t\n" +
-	"\a_rootfs\"\x8c\x01\n" +
+	"\a_rootfs\"P\n" +
+	"\x10SpreadWithUpdate\x12<\n" +
+	"\vspread_with\x18\x01 \x01(\v2\x1b.gavel.models.v1.SpreadWithR\n" +
+	"spreadWith\"0\n" +
+	"\x0fLogDrainsUpdate\x12\x1d\n" +
+	"\n" +
+	"log_drains\x18\x01 \x03(\tR\tlogDrains\"\x8c\x01\n" +
 	"\fRoutesUpdate\x12A\n" +
 	"\x06routes\x18\x01 \x03(\v2).gavel.models.v1.RoutesUpdate.RoutesEntryR\x06routes\x1a9\n" +
 	"\vRoutesEntry\x12\x10\n" +
@@ -961,66 +1212,74 @@ func file_gavel_models_v1_desired_lrp_proto_rawDescGZIP() []byte {
 	return file_gavel_models_v1_desired_lrp_proto_rawDescData
 }
 
-var file_gavel_models_v1_desired_lrp_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gavel_models_v1_desired_lrp_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gavel_models_v1_desired_lrp_proto_goTypes = []any{
 	(*DesiredLRP)(nil),               // 0: gavel.models.v1.DesiredLRP
-	(*DesiredLRPSchedulingInfo)(nil), // 1: gavel.models.v1.DesiredLRPSchedulingInfo
-	(*DesiredLRPRunInfo)(nil),        // 2: gavel.models.v1.DesiredLRPRunInfo
-	(*DesiredLRPUpdate)(nil),         // 3: gavel.models.v1.DesiredLRPUpdate
-	(*RoutesUpdate)(nil),             // 4: gavel.models.v1.RoutesUpdate
-	(*LabelsUpdate)(nil),             // 5: gavel.models.v1.LabelsUpdate
-	(*PortsUpdate)(nil),              // 6: gavel.models.v1.PortsUpdate
-	nil,                              // 7: gavel.models.v1.DesiredLRP.PropertiesEntry
-	nil,                              // 8: gavel.models.v1.DesiredLRP.LabelsEntry
-	nil,                              // 9: gavel.models.v1.DesiredLRP.RoutesEntry
-	nil,                              // 10: gavel.models.v1.DesiredLRPSchedulingInfo.LabelsEntry
-	nil,                              // 11: gavel.models.v1.DesiredLRPSchedulingInfo.RoutesEntry
-	nil,                              // 12: gavel.models.v1.DesiredLRPRunInfo.PropertiesEntry
-	nil,                              // 13: gavel.models.v1.RoutesUpdate.RoutesEntry
-	nil,                              // 14: gavel.models.v1.LabelsUpdate.LabelsEntry
-	(*PlacementConstraint)(nil),      // 15: gavel.models.v1.PlacementConstraint
-	(*EnvironmentVariable)(nil),      // 16: gavel.models.v1.EnvironmentVariable
-	(*Action)(nil),                   // 17: gavel.models.v1.Action
-	(*CheckDefinition)(nil),          // 18: gavel.models.v1.CheckDefinition
-	(*Links)(nil),                    // 19: gavel.models.v1.Links
-	(*ModificationTag)(nil),          // 20: gavel.models.v1.ModificationTag
-	(*Resources)(nil),                // 21: gavel.models.v1.Resources
+	(*SpreadWith)(nil),               // 1: gavel.models.v1.SpreadWith
+	(*DesiredLRPSchedulingInfo)(nil), // 2: gavel.models.v1.DesiredLRPSchedulingInfo
+	(*DesiredLRPRunInfo)(nil),        // 3: gavel.models.v1.DesiredLRPRunInfo
+	(*DesiredLRPUpdate)(nil),         // 4: gavel.models.v1.DesiredLRPUpdate
+	(*SpreadWithUpdate)(nil),         // 5: gavel.models.v1.SpreadWithUpdate
+	(*LogDrainsUpdate)(nil),          // 6: gavel.models.v1.LogDrainsUpdate
+	(*RoutesUpdate)(nil),             // 7: gavel.models.v1.RoutesUpdate
+	(*LabelsUpdate)(nil),             // 8: gavel.models.v1.LabelsUpdate
+	(*PortsUpdate)(nil),              // 9: gavel.models.v1.PortsUpdate
+	nil,                              // 10: gavel.models.v1.DesiredLRP.PropertiesEntry
+	nil,                              // 11: gavel.models.v1.DesiredLRP.LabelsEntry
+	nil,                              // 12: gavel.models.v1.DesiredLRP.RoutesEntry
+	nil,                              // 13: gavel.models.v1.DesiredLRPSchedulingInfo.LabelsEntry
+	nil,                              // 14: gavel.models.v1.DesiredLRPSchedulingInfo.RoutesEntry
+	nil,                              // 15: gavel.models.v1.DesiredLRPRunInfo.PropertiesEntry
+	nil,                              // 16: gavel.models.v1.RoutesUpdate.RoutesEntry
+	nil,                              // 17: gavel.models.v1.LabelsUpdate.LabelsEntry
+	(*PlacementConstraint)(nil),      // 18: gavel.models.v1.PlacementConstraint
+	(*EnvironmentVariable)(nil),      // 19: gavel.models.v1.EnvironmentVariable
+	(*Action)(nil),                   // 20: gavel.models.v1.Action
+	(*CheckDefinition)(nil),          // 21: gavel.models.v1.CheckDefinition
+	(*Links)(nil),                    // 22: gavel.models.v1.Links
+	(*ModificationTag)(nil),          // 23: gavel.models.v1.ModificationTag
+	(*Resources)(nil),                // 24: gavel.models.v1.Resources
 }
 var file_gavel_models_v1_desired_lrp_proto_depIdxs = []int32{
-	15, // 0: gavel.models.v1.DesiredLRP.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	7,  // 1: gavel.models.v1.DesiredLRP.properties:type_name -> gavel.models.v1.DesiredLRP.PropertiesEntry
-	8,  // 2: gavel.models.v1.DesiredLRP.labels:type_name -> gavel.models.v1.DesiredLRP.LabelsEntry
-	9,  // 3: gavel.models.v1.DesiredLRP.routes:type_name -> gavel.models.v1.DesiredLRP.RoutesEntry
-	16, // 4: gavel.models.v1.DesiredLRP.env:type_name -> gavel.models.v1.EnvironmentVariable
-	17, // 5: gavel.models.v1.DesiredLRP.setup:type_name -> gavel.models.v1.Action
-	17, // 6: gavel.models.v1.DesiredLRP.action:type_name -> gavel.models.v1.Action
-	17, // 7: gavel.models.v1.DesiredLRP.monitor:type_name -> gavel.models.v1.Action
-	18, // 8: gavel.models.v1.DesiredLRP.check_definition:type_name -> gavel.models.v1.CheckDefinition
-	19, // 9: gavel.models.v1.DesiredLRP.links:type_name -> gavel.models.v1.Links
-	20, // 10: gavel.models.v1.DesiredLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
-	21, // 11: gavel.models.v1.DesiredLRPSchedulingInfo.resources:type_name -> gavel.models.v1.Resources
-	15, // 12: gavel.models.v1.DesiredLRPSchedulingInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	10, // 13: gavel.models.v1.DesiredLRPSchedulingInfo.labels:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo.LabelsEntry
-	11, // 14: gavel.models.v1.DesiredLRPSchedulingInfo.routes:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo.RoutesEntry
-	20, // 15: gavel.models.v1.DesiredLRPSchedulingInfo.modification_tag:type_name -> gavel.models.v1.ModificationTag
-	12, // 16: gavel.models.v1.DesiredLRPRunInfo.properties:type_name -> gavel.models.v1.DesiredLRPRunInfo.PropertiesEntry
-	16, // 17: gavel.models.v1.DesiredLRPRunInfo.env:type_name -> gavel.models.v1.EnvironmentVariable
-	17, // 18: gavel.models.v1.DesiredLRPRunInfo.setup:type_name -> gavel.models.v1.Action
-	17, // 19: gavel.models.v1.DesiredLRPRunInfo.action:type_name -> gavel.models.v1.Action
-	17, // 20: gavel.models.v1.DesiredLRPRunInfo.monitor:type_name -> gavel.models.v1.Action
-	18, // 21: gavel.models.v1.DesiredLRPRunInfo.check_definition:type_name -> gavel.models.v1.CheckDefinition
-	19, // 22: gavel.models.v1.DesiredLRPRunInfo.links:type_name -> gavel.models.v1.Links
-	4,  // 23: gavel.models.v1.DesiredLRPUpdate.routes:type_name -> gavel.models.v1.RoutesUpdate
-	5,  // 24: gavel.models.v1.DesiredLRPUpdate.labels:type_name -> gavel.models.v1.LabelsUpdate
-	6,  // 25: gavel.models.v1.DesiredLRPUpdate.ports:type_name -> gavel.models.v1.PortsUpdate
-	15, // 26: gavel.models.v1.DesiredLRPUpdate.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	13, // 27: gavel.models.v1.RoutesUpdate.routes:type_name -> gavel.models.v1.RoutesUpdate.RoutesEntry
-	14, // 28: gavel.models.v1.LabelsUpdate.labels:type_name -> gavel.models.v1.LabelsUpdate.LabelsEntry
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	18, // 0: gavel.models.v1.DesiredLRP.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	10, // 1: gavel.models.v1.DesiredLRP.properties:type_name -> gavel.models.v1.DesiredLRP.PropertiesEntry
+	11, // 2: gavel.models.v1.DesiredLRP.labels:type_name -> gavel.models.v1.DesiredLRP.LabelsEntry
+	12, // 3: gavel.models.v1.DesiredLRP.routes:type_name -> gavel.models.v1.DesiredLRP.RoutesEntry
+	19, // 4: gavel.models.v1.DesiredLRP.env:type_name -> gavel.models.v1.EnvironmentVariable
+	20, // 5: gavel.models.v1.DesiredLRP.setup:type_name -> gavel.models.v1.Action
+	20, // 6: gavel.models.v1.DesiredLRP.action:type_name -> gavel.models.v1.Action
+	20, // 7: gavel.models.v1.DesiredLRP.monitor:type_name -> gavel.models.v1.Action
+	21, // 8: gavel.models.v1.DesiredLRP.check_definition:type_name -> gavel.models.v1.CheckDefinition
+	22, // 9: gavel.models.v1.DesiredLRP.links:type_name -> gavel.models.v1.Links
+	23, // 10: gavel.models.v1.DesiredLRP.modification_tag:type_name -> gavel.models.v1.ModificationTag
+	1,  // 11: gavel.models.v1.DesiredLRP.spread_with:type_name -> gavel.models.v1.SpreadWith
+	24, // 12: gavel.models.v1.DesiredLRPSchedulingInfo.resources:type_name -> gavel.models.v1.Resources
+	18, // 13: gavel.models.v1.DesiredLRPSchedulingInfo.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	13, // 14: gavel.models.v1.DesiredLRPSchedulingInfo.labels:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo.LabelsEntry
+	14, // 15: gavel.models.v1.DesiredLRPSchedulingInfo.routes:type_name -> gavel.models.v1.DesiredLRPSchedulingInfo.RoutesEntry
+	23, // 16: gavel.models.v1.DesiredLRPSchedulingInfo.modification_tag:type_name -> gavel.models.v1.ModificationTag
+	1,  // 17: gavel.models.v1.DesiredLRPSchedulingInfo.spread_with:type_name -> gavel.models.v1.SpreadWith
+	15, // 18: gavel.models.v1.DesiredLRPRunInfo.properties:type_name -> gavel.models.v1.DesiredLRPRunInfo.PropertiesEntry
+	19, // 19: gavel.models.v1.DesiredLRPRunInfo.env:type_name -> gavel.models.v1.EnvironmentVariable
+	20, // 20: gavel.models.v1.DesiredLRPRunInfo.setup:type_name -> gavel.models.v1.Action
+	20, // 21: gavel.models.v1.DesiredLRPRunInfo.action:type_name -> gavel.models.v1.Action
+	20, // 22: gavel.models.v1.DesiredLRPRunInfo.monitor:type_name -> gavel.models.v1.Action
+	21, // 23: gavel.models.v1.DesiredLRPRunInfo.check_definition:type_name -> gavel.models.v1.CheckDefinition
+	22, // 24: gavel.models.v1.DesiredLRPRunInfo.links:type_name -> gavel.models.v1.Links
+	7,  // 25: gavel.models.v1.DesiredLRPUpdate.routes:type_name -> gavel.models.v1.RoutesUpdate
+	8,  // 26: gavel.models.v1.DesiredLRPUpdate.labels:type_name -> gavel.models.v1.LabelsUpdate
+	9,  // 27: gavel.models.v1.DesiredLRPUpdate.ports:type_name -> gavel.models.v1.PortsUpdate
+	18, // 28: gavel.models.v1.DesiredLRPUpdate.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	5,  // 29: gavel.models.v1.DesiredLRPUpdate.spread_with:type_name -> gavel.models.v1.SpreadWithUpdate
+	6,  // 30: gavel.models.v1.DesiredLRPUpdate.log_drains:type_name -> gavel.models.v1.LogDrainsUpdate
+	1,  // 31: gavel.models.v1.SpreadWithUpdate.spread_with:type_name -> gavel.models.v1.SpreadWith
+	16, // 32: gavel.models.v1.RoutesUpdate.routes:type_name -> gavel.models.v1.RoutesUpdate.RoutesEntry
+	17, // 33: gavel.models.v1.LabelsUpdate.labels:type_name -> gavel.models.v1.LabelsUpdate.LabelsEntry
+	34, // [34:34] is the sub-list for method output_type
+	34, // [34:34] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_gavel_models_v1_desired_lrp_proto_init() }
@@ -1031,14 +1290,14 @@ func file_gavel_models_v1_desired_lrp_proto_init() {
 	file_gavel_models_v1_action_proto_init()
 	file_gavel_models_v1_common_proto_init()
 	file_gavel_models_v1_links_proto_init()
-	file_gavel_models_v1_desired_lrp_proto_msgTypes[3].OneofWrappers = []any{}
+	file_gavel_models_v1_desired_lrp_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gavel_models_v1_desired_lrp_proto_rawDesc), len(file_gavel_models_v1_desired_lrp_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -118,6 +118,15 @@ type TaskDefinition struct {
 	LogGuid string `protobuf:"bytes,15,opt,name=log_guid,json=logGuid,proto3" json:"log_guid,omitempty"`
 	// MaxRejections fails the task after this many rejections; zero means the BBS default.
 	MaxRejections int32 `protobuf:"varint,16,opt,name=max_rejections,json=maxRejections,proto3" json:"max_rejections,omitempty"`
+	// LogDrains are syslog drains (syslog://host:port or syslog-tls://host:port, at most 8) the
+	// cell running the task forwards its log lines to, as an LRP's log_drains.
+	LogDrains []string `protobuf:"bytes,17,rep,name=log_drains,json=logDrains,proto3" json:"log_drains,omitempty"`
+	// ImageUsername is the user name the cell pulls a docker:// rootfs with (basic or token
+	// authentication at the registry); only with a docker:// rootfs, and with image_password.
+	ImageUsername string `protobuf:"bytes,18,opt,name=image_username,json=imageUsername,proto3" json:"image_username,omitempty"`
+	// ImagePassword is the password (or token) that goes with image_username. It is a secret:
+	// sealed at rest with the task and redacted as a secret env value is (decision 0021).
+	ImagePassword string `protobuf:"bytes,19,opt,name=image_password,json=imagePassword,proto3" json:"image_password,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -262,6 +271,27 @@ func (x *TaskDefinition) GetMaxRejections() int32 {
 		return x.MaxRejections
 	}
 	return 0
+}
+
+func (x *TaskDefinition) GetLogDrains() []string {
+	if x != nil {
+		return x.LogDrains
+	}
+	return nil
+}
+
+func (x *TaskDefinition) GetImageUsername() string {
+	if x != nil {
+		return x.ImageUsername
+	}
+	return ""
+}
+
+func (x *TaskDefinition) GetImagePassword() string {
+	if x != nil {
+		return x.ImagePassword
+	}
+	return ""
 }
 
 // Task is a one-off piece of work run to completion on a cell.
@@ -431,7 +461,7 @@ var File_gavel_models_v1_task_proto protoreflect.FileDescriptor
 
 const file_gavel_models_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x1agavel/models/v1/task.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x06\n" +
+	"\x1agavel/models/v1/task.proto\x12\x0fgavel.models.v1\x1a\x1cgavel/models/v1/action.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\a\n" +
 	"\x0eTaskDefinition\x12\x16\n" +
 	"\x06rootfs\x18\x01 \x01(\tR\x06rootfs\x12/\n" +
 	"\x06action\x18\x02 \x01(\v2\x17.gavel.models.v1.ActionR\x06action\x12\x1b\n" +
@@ -457,7 +487,11 @@ const file_gavel_models_v1_task_proto_rawDesc = "" +
 	"privileged\x18\x0e \x01(\bR\n" +
 	"privileged\x12\x19\n" +
 	"\blog_guid\x18\x0f \x01(\tR\alogGuid\x12%\n" +
-	"\x0emax_rejections\x18\x10 \x01(\x05R\rmaxRejections\x1a=\n" +
+	"\x0emax_rejections\x18\x10 \x01(\x05R\rmaxRejections\x12\x1d\n" +
+	"\n" +
+	"log_drains\x18\x11 \x03(\tR\tlogDrains\x12%\n" +
+	"\x0eimage_username\x18\x12 \x01(\tR\rimageUsername\x12*\n" +
+	"\x0eimage_password\x18\x13 \x01(\tB\x03\x80\x01\x01R\rimagePassword\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -92,9 +92,14 @@ type LRPInstance struct {
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,4,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
 	// InstanceGuid names the container, once the cell holds one.
 	InstanceGuid string `protobuf:"bytes,5,opt,name=instance_guid,json=instanceGuid,proto3" json:"instance_guid,omitempty"`
-	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
-	// for this work, so that the spans placing and starting it join that request's trace.
-	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TraceContext is the trace context as a map of W3C headers, as releases before decision 0043
+	// sent it. Deprecated: replaced by trace; never sent, and ignored.
+	//
+	// Deprecated: Marked as deprecated in gavel/rep/v1/rep.proto.
+	TraceContext map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Trace is the W3C trace context of the request that asked for this work, so that the spans
+	// placing and starting it join that request's trace; unset when the request carried none.
+	Trace         *v1.TraceContext `protobuf:"bytes,7,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -164,9 +169,17 @@ func (x *LRPInstance) GetInstanceGuid() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in gavel/rep/v1/rep.proto.
 func (x *LRPInstance) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *LRPInstance) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
 	}
 	return nil
 }
@@ -184,9 +197,14 @@ type TaskWork struct {
 	Rootfs string `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// PlacementConstraint is the task's constraint.
 	PlacementConstraint *v1.PlacementConstraint `protobuf:"bytes,5,opt,name=placement_constraint,json=placementConstraint,proto3" json:"placement_constraint,omitempty"`
-	// TraceContext is the W3C trace context (traceparent, tracestate) of the request that asked
-	// for this work, so that the spans placing and starting it join that request's trace.
-	TraceContext  map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TraceContext is the trace context as a map of W3C headers, as releases before decision 0043
+	// sent it. Deprecated: replaced by trace; never sent, and ignored.
+	//
+	// Deprecated: Marked as deprecated in gavel/rep/v1/rep.proto.
+	TraceContext map[string]string `protobuf:"bytes,6,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Trace is the W3C trace context of the request that asked for this work, so that the spans
+	// placing and starting it join that request's trace; unset when the request carried none.
+	Trace         *v1.TraceContext `protobuf:"bytes,7,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,9 +274,17 @@ func (x *TaskWork) GetPlacementConstraint() *v1.PlacementConstraint {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in gavel/rep/v1/rep.proto.
 func (x *TaskWork) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *TaskWork) GetTrace() *v1.TraceContext {
+	if x != nil {
+		return x.Trace
 	}
 	return nil
 }
@@ -1669,24 +1695,26 @@ var File_gavel_rep_v1_rep_proto protoreflect.FileDescriptor
 
 const file_gavel_rep_v1_rep_proto_rawDesc = "" +
 	"\n" +
-	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x03\n" +
+	"\x16gavel/rep/v1/rep.proto\x12\fgavel.rep.v1\x1a gavel/models/v1/actual_lrp.proto\x1a\x1agavel/models/v1/cell.proto\x1a\x1cgavel/models/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x03\n" +
 	"\vLRPInstance\x12/\n" +
 	"\x03key\x18\x01 \x01(\v2\x1d.gavel.models.v1.ActualLRPKeyR\x03key\x128\n" +
 	"\tresources\x18\x02 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12W\n" +
 	"\x14placement_constraint\x18\x04 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12#\n" +
-	"\rinstance_guid\x18\x05 \x01(\tR\finstanceGuid\x12P\n" +
-	"\rtrace_context\x18\x06 \x03(\v2+.gavel.rep.v1.LRPInstance.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\rinstance_guid\x18\x05 \x01(\tR\finstanceGuid\x12T\n" +
+	"\rtrace_context\x18\x06 \x03(\v2+.gavel.rep.v1.LRPInstance.TraceContextEntryB\x02\x18\x01R\ftraceContext\x123\n" +
+	"\x05trace\x18\a \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb3\x03\n" +
 	"\bTaskWork\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.gavel.models.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12W\n" +
-	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12M\n" +
-	"\rtrace_context\x18\x06 \x03(\v2(.gavel.rep.v1.TaskWork.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x14placement_constraint\x18\x05 \x01(\v2$.gavel.models.v1.PlacementConstraintR\x13placementConstraint\x12Q\n" +
+	"\rtrace_context\x18\x06 \x03(\v2(.gavel.rep.v1.TaskWork.TraceContextEntryB\x02\x18\x01R\ftraceContext\x123\n" +
+	"\x05trace\x18\a \x01(\v2\x1d.gavel.models.v1.TraceContextR\x05trace\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"(\n" +
@@ -1863,60 +1891,63 @@ var file_gavel_rep_v1_rep_proto_goTypes = []any{
 	(*v1.ActualLRPKey)(nil),         // 26: gavel.models.v1.ActualLRPKey
 	(*v1.Resources)(nil),            // 27: gavel.models.v1.Resources
 	(*v1.PlacementConstraint)(nil),  // 28: gavel.models.v1.PlacementConstraint
-	(*v1.CellCapacity)(nil),         // 29: gavel.models.v1.CellCapacity
-	(*v1.ActualLRPInstanceKey)(nil), // 30: gavel.models.v1.ActualLRPInstanceKey
-	(*timestamppb.Timestamp)(nil),   // 31: google.protobuf.Timestamp
+	(*v1.TraceContext)(nil),         // 29: gavel.models.v1.TraceContext
+	(*v1.CellCapacity)(nil),         // 30: gavel.models.v1.CellCapacity
+	(*v1.ActualLRPInstanceKey)(nil), // 31: gavel.models.v1.ActualLRPInstanceKey
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
 }
 var file_gavel_rep_v1_rep_proto_depIdxs = []int32{
 	26, // 0: gavel.rep.v1.LRPInstance.key:type_name -> gavel.models.v1.ActualLRPKey
 	27, // 1: gavel.rep.v1.LRPInstance.resources:type_name -> gavel.models.v1.Resources
 	28, // 2: gavel.rep.v1.LRPInstance.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
 	23, // 3: gavel.rep.v1.LRPInstance.trace_context:type_name -> gavel.rep.v1.LRPInstance.TraceContextEntry
-	27, // 4: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
-	28, // 5: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
-	24, // 6: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
-	29, // 7: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
-	29, // 8: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
-	1,  // 9: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
-	2,  // 10: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
-	25, // 11: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
-	1,  // 12: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
-	2,  // 13: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
-	1,  // 14: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
-	2,  // 15: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
-	4,  // 16: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
-	26, // 17: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
-	30, // 18: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
-	15, // 19: gavel.rep.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
-	31, // 20: gavel.rep.v1.ContainerMetrics.sampled_at:type_name -> google.protobuf.Timestamp
-	17, // 21: gavel.rep.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
-	18, // 22: gavel.rep.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
-	18, // 23: gavel.rep.v1.ExecStart.size:type_name -> gavel.rep.v1.TerminalSize
-	31, // 24: gavel.rep.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	22, // 25: gavel.rep.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
-	31, // 26: gavel.rep.v1.LogLine.timestamp:type_name -> google.protobuf.Timestamp
-	0,  // 27: gavel.rep.v1.LogLine.stream:type_name -> gavel.rep.v1.LogStream
-	3,  // 28: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
-	5,  // 29: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
-	7,  // 30: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
-	9,  // 31: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
-	11, // 32: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
-	20, // 33: gavel.rep.v1.RepService.StreamLogs:input_type -> gavel.rep.v1.StreamLogsRequest
-	13, // 34: gavel.rep.v1.RepService.InstanceMetrics:input_type -> gavel.rep.v1.InstanceMetricsRequest
-	16, // 35: gavel.rep.v1.RepService.Exec:input_type -> gavel.rep.v1.ExecRequest
-	4,  // 36: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
-	6,  // 37: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
-	8,  // 38: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
-	10, // 39: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
-	12, // 40: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
-	21, // 41: gavel.rep.v1.RepService.StreamLogs:output_type -> gavel.rep.v1.StreamLogsResponse
-	14, // 42: gavel.rep.v1.RepService.InstanceMetrics:output_type -> gavel.rep.v1.InstanceMetricsResponse
-	19, // 43: gavel.rep.v1.RepService.Exec:output_type -> gavel.rep.v1.ExecResponse
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	29, // 4: gavel.rep.v1.LRPInstance.trace:type_name -> gavel.models.v1.TraceContext
+	27, // 5: gavel.rep.v1.TaskWork.resources:type_name -> gavel.models.v1.Resources
+	28, // 6: gavel.rep.v1.TaskWork.placement_constraint:type_name -> gavel.models.v1.PlacementConstraint
+	24, // 7: gavel.rep.v1.TaskWork.trace_context:type_name -> gavel.rep.v1.TaskWork.TraceContextEntry
+	29, // 8: gavel.rep.v1.TaskWork.trace:type_name -> gavel.models.v1.TraceContext
+	30, // 9: gavel.rep.v1.StateResponse.total_resources:type_name -> gavel.models.v1.CellCapacity
+	30, // 10: gavel.rep.v1.StateResponse.available_resources:type_name -> gavel.models.v1.CellCapacity
+	1,  // 11: gavel.rep.v1.StateResponse.lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 12: gavel.rep.v1.StateResponse.tasks:type_name -> gavel.rep.v1.TaskWork
+	25, // 13: gavel.rep.v1.StateResponse.lrp_instances:type_name -> gavel.rep.v1.StateResponse.LrpInstancesEntry
+	1,  // 14: gavel.rep.v1.PerformRequest.lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 15: gavel.rep.v1.PerformRequest.tasks:type_name -> gavel.rep.v1.TaskWork
+	1,  // 16: gavel.rep.v1.PerformResponse.failed_lrps:type_name -> gavel.rep.v1.LRPInstance
+	2,  // 17: gavel.rep.v1.PerformResponse.failed_tasks:type_name -> gavel.rep.v1.TaskWork
+	4,  // 18: gavel.rep.v1.PerformResponse.state:type_name -> gavel.rep.v1.StateResponse
+	26, // 19: gavel.rep.v1.StopLRPInstanceRequest.key:type_name -> gavel.models.v1.ActualLRPKey
+	31, // 20: gavel.rep.v1.StopLRPInstanceRequest.instance_key:type_name -> gavel.models.v1.ActualLRPInstanceKey
+	15, // 21: gavel.rep.v1.InstanceMetricsResponse.containers:type_name -> gavel.rep.v1.ContainerMetrics
+	32, // 22: gavel.rep.v1.ContainerMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	17, // 23: gavel.rep.v1.ExecRequest.start:type_name -> gavel.rep.v1.ExecStart
+	18, // 24: gavel.rep.v1.ExecRequest.resize:type_name -> gavel.rep.v1.TerminalSize
+	18, // 25: gavel.rep.v1.ExecStart.size:type_name -> gavel.rep.v1.TerminalSize
+	32, // 26: gavel.rep.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	22, // 27: gavel.rep.v1.StreamLogsResponse.lines:type_name -> gavel.rep.v1.LogLine
+	32, // 28: gavel.rep.v1.LogLine.timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 29: gavel.rep.v1.LogLine.stream:type_name -> gavel.rep.v1.LogStream
+	3,  // 30: gavel.rep.v1.RepService.State:input_type -> gavel.rep.v1.StateRequest
+	5,  // 31: gavel.rep.v1.RepService.Perform:input_type -> gavel.rep.v1.PerformRequest
+	7,  // 32: gavel.rep.v1.RepService.StopLRPInstance:input_type -> gavel.rep.v1.StopLRPInstanceRequest
+	9,  // 33: gavel.rep.v1.RepService.CancelTask:input_type -> gavel.rep.v1.CancelTaskRequest
+	11, // 34: gavel.rep.v1.RepService.Evacuate:input_type -> gavel.rep.v1.EvacuateRequest
+	20, // 35: gavel.rep.v1.RepService.StreamLogs:input_type -> gavel.rep.v1.StreamLogsRequest
+	13, // 36: gavel.rep.v1.RepService.InstanceMetrics:input_type -> gavel.rep.v1.InstanceMetricsRequest
+	16, // 37: gavel.rep.v1.RepService.Exec:input_type -> gavel.rep.v1.ExecRequest
+	4,  // 38: gavel.rep.v1.RepService.State:output_type -> gavel.rep.v1.StateResponse
+	6,  // 39: gavel.rep.v1.RepService.Perform:output_type -> gavel.rep.v1.PerformResponse
+	8,  // 40: gavel.rep.v1.RepService.StopLRPInstance:output_type -> gavel.rep.v1.StopLRPInstanceResponse
+	10, // 41: gavel.rep.v1.RepService.CancelTask:output_type -> gavel.rep.v1.CancelTaskResponse
+	12, // 42: gavel.rep.v1.RepService.Evacuate:output_type -> gavel.rep.v1.EvacuateResponse
+	21, // 43: gavel.rep.v1.RepService.StreamLogs:output_type -> gavel.rep.v1.StreamLogsResponse
+	14, // 44: gavel.rep.v1.RepService.InstanceMetrics:output_type -> gavel.rep.v1.InstanceMetricsResponse
+	19, // 45: gavel.rep.v1.RepService.Exec:output_type -> gavel.rep.v1.ExecResponse
+	38, // [38:46] is the sub-list for method output_type
+	30, // [30:38] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_gavel_rep_v1_rep_proto_init() }

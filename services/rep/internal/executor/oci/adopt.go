@@ -94,11 +94,17 @@ func (b *Backend) adoptOne(ctx context.Context, ctr containerd.Container, logFor
 	if rec.Spec.Guid != guid {
 		return nil, fmt.Errorf("record names container %q", rec.Spec.Guid)
 	}
+	if rec.Tree {
+		return nil, errors.New("its action tree was run by the rep that stopped, and cannot be taken over")
+	}
 	if _, err := MainProcess(rec.Spec); err != nil {
 		return nil, fmt.Errorf("record: %w", err)
 	}
 	c := b.newContainer(rec.Spec, dir)
-	c.ctr, c.cgroup, c.filesHost = ctr, rec.Cgroup, rec.FilesHost
+	c.ctr, c.cgroup, c.filesHost, c.snapshot = ctr, rec.Cgroup, rec.FilesHost, rec.Snapshot
+	if rec.Upper != "" {
+		c.ov.upper = rec.Upper
+	}
 	if logFor != nil {
 		c.spec.Log = logFor(rec.Spec)
 	}
@@ -141,6 +147,12 @@ func (b *Backend) adoptOne(ctx context.Context, ctr containerd.Container, logFor
 					c.netInfo.Ports = append(c.netInfo.Ports, &modelsv1.PortMapping{ContainerPort: cp, HostPort: hp})
 				}
 			}
+		}
+	}
+	if rec.Snapshot {
+		if ref, _, err := imageRef(rec.Spec.Rootfs, b.cfg.InsecureRegistries); err == nil {
+			c.image = ref
+			b.useImage(ref)
 		}
 	}
 	return c, nil

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,10 +25,10 @@ import (
 	"github.com/moby/sys/user"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gavel-sched/gavel/pkg/atomicfile"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/download"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/oci/cni"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
 )
@@ -37,11 +38,14 @@ const (
 	// ReasonStopped is the reason of a container ended by Stop.
 	ReasonStopped = "stopped"
 	// ReasonExitedCleanly is the reason of an LRP whose process exited with status 0.
-	ReasonExitedCleanly = "exited with status 0"
+	ReasonExitedCleanly = executor.ReasonExitedCleanly
 	// ReasonOutOfMemory is the reason of a container whose processes the kernel killed for
 	// going over memory_mb.
 	ReasonOutOfMemory = "out of memory"
 )
+
+// initFile is the name of a tree container's init program in its directory.
+const initFile = "init"
 
 // Timings of the clean-up.
 const (
@@ -59,6 +63,8 @@ type container struct {
 	spec      executor.Spec
 	dir       string // the container directory on the host
 	ov        overlay
+	snapshot  bool   // the rootfs is the image snapshot keyed by the guid (imageRootfs)
+	image     string // the image reference the container counts as a user of (useImage)
 	cgroup    string // the cgroup path of the OCI spec
 	ctr       containerd.Container
 	task      containerd.Task
@@ -70,6 +76,15 @@ type container struct {
 	filesHost string
 	tail      *procout.TailBuffer
 	log       hclog.Logger
+
+	// An action tree (IsTree): its processes are exec'd in the container, as procCfg says.
+	tree     bool
+	procCfg  SpecConfig
+	treeCtx  context.Context         // the tree's context, ended by a stop (errStopped)
+	cancel   context.CancelCauseFunc // ends treeCtx
+	inMain   atomic.Bool             // the main action (not setup) is running
+	started  chan struct{}           // closed when a process of the main action started
+	startOne sync.Once
 
 	healthy    chan struct{}
 	healthyOne sync.Once
@@ -96,28 +111,60 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		}
 	}()
 	// The container outlives the request that starts it.
-	cctx, cancel := context.WithTimeout(b.ctx(context.WithoutCancel(ctx)), cleanupTimeout)
-	defer cancel()
-
 	dir := b.containerDir(spec.Guid)
 	ov := newOverlay(dir, spec.RootfsPath)
-	if err := b.removeStale(cctx, spec.Guid, ov); err != nil {
+	sctx, scancel := context.WithTimeout(b.ctx(context.WithoutCancel(ctx)), cleanupTimeout)
+	err = b.removeStale(sctx, spec.Guid, ov)
+	scancel()
+	if err != nil {
 		return nil, err
 	}
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create container directory: %w", err)
 	}
 	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
-	if err := ov.mount(); err != nil {
+	image := isImage(spec)
+	var imageName string
+	if image {
+		ref, _, err := imageRef(spec.Rootfs, b.cfg.InsecureRegistries)
+		if err != nil {
+			return nil, fmt.Errorf("pull image: %w", err)
+		}
+		// Counted before the pull, so the image garbage collection leaves it alone from now.
+		b.useImage(ref)
+		imageName = ref
+		cleanups = append(cleanups, func() { b.releaseImage(ref) })
+		// The pull and unpack share the downloads' time: both fetch what the start needs.
+		pctx, pcancel := context.WithTimeout(b.ctx(context.WithoutCancel(ctx)), DownloadTimeout)
+		img, err := b.pull(pctx, spec.Rootfs, spec.ImageUsername, spec.ImagePassword)
+		if err == nil {
+			err = b.imageRootfs(pctx, spec.Guid, img, &ov)
+		}
+		pcancel()
+		if err != nil {
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { _ = b.removeSnapshot(b.ctx(context.Background()), spec.Guid) })
+	} else if err := ov.mount(); err != nil {
 		return nil, err
 	}
 	cleanups = append(cleanups, func() { _ = ov.unmount() })
 
-	users, err := rootfsUsers(spec.RootfsPath)
+	users, err := rootfsUsers(ov.root)
 	if err != nil {
 		return nil, err
 	}
+	tree := IsTree(spec)
+	if !tree {
+		if err := b.downloads(ctx, spec, ov.root, dir, users); err != nil {
+			return nil, err
+		}
+	}
+	// The rest of the start has its own time, whatever the downloads took.
+	cctx, cancel := context.WithTimeout(b.ctx(context.WithoutCancel(ctx)), cleanupTimeout)
+	defer cancel()
 	c := b.newContainer(spec, dir)
+	c.ov, c.snapshot, c.tree, c.image = ov, image, tree, imageName
 	env := cellEnv(spec, b.cfg.CellAddress, c.ports)
 	ports := c.ports
 	c.netInfo = &modelsv1.ActualLRPNetInfo{Address: b.cfg.CellAddress, InstanceAddress: b.cfg.CellAddress}
@@ -155,7 +202,7 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		}
 	}
 	env = append(env, "CF_INSTANCE_INTERNAL_IP="+internalIP)
-	ociSpec, err := BuildSpec(spec, SpecConfig{
+	c.procCfg = SpecConfig{
 		NetnsPath:    c.netnsPath,
 		RootPath:     ov.root,
 		CgroupParent: b.cfg.CgroupParent,
@@ -164,9 +211,25 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 		LimitSwap:    b.limitSwap,
 		Env:          env,
 		Hooks:        b.cfg.Hooks,
-	})
+	}
+	if tree {
+		// The init program goes with the container's directory.
+		c.procCfg.InitPath = filepath.Join(dir, initFile)
+		if err := os.WriteFile(c.procCfg.InitPath, pauseProgram, 0o755); err != nil {
+			return nil, fmt.Errorf("write the init program: %w", err)
+		}
+	}
+	ociSpec, err := BuildSpec(spec, c.procCfg)
 	if err != nil {
 		return nil, err
+	}
+	if tree {
+		// Every run action's process is checked now (its user, its path), not when it runs.
+		for _, ra := range runActions(spec) {
+			if _, err := ProcessSpec(spec, ra, c.procCfg); err != nil {
+				return nil, err
+			}
+		}
 	}
 	c.cgroup = ociSpec.Linux.CgroupsPath
 	// The record comes before the containerd container: a container of the namespace without
@@ -204,7 +267,7 @@ func (b *Backend) create(ctx context.Context, spec executor.Spec) (_ *container,
 
 // newContainer is the backend's container of spec in dir, not created yet.
 func (b *Backend) newContainer(spec executor.Spec, dir string) *container {
-	return &container{
+	c := &container{
 		b:        b,
 		spec:     spec,
 		dir:      dir,
@@ -215,7 +278,10 @@ func (b *Backend) newContainer(spec executor.Spec, dir string) *container {
 		healthy:  make(chan struct{}),
 		routable: make(chan bool, 1),
 		done:     make(chan struct{}),
+		started:  make(chan struct{}),
 	}
+	c.treeCtx, c.cancel = context.WithCancelCause(context.Background())
+	return c
 }
 
 // streams are the writers of the run action's stdout and stderr: the spec's log sink (with
@@ -263,6 +329,11 @@ func (b *Backend) removeStale(ctx context.Context, guid string, ov overlay) erro
 	if err := ov.unmount(); err != nil {
 		return fmt.Errorf("remove stale container: %w", err)
 	}
+	// The snapshot of an image's container (a start that died before its record was written
+	// leaves one too). Without the snapshotter loaded there is none.
+	if err := b.removeSnapshot(ctx, guid); err != nil && !errdefs.IsInvalidArgument(err) {
+		return fmt.Errorf("remove stale container: %w", err)
+	}
 	if err := os.RemoveAll(filepath.Dir(ov.root)); err != nil {
 		return fmt.Errorf("remove stale container directory: %w", err)
 	}
@@ -271,7 +342,13 @@ func (b *Backend) removeStale(ctx context.Context, guid string, ov overlay) erro
 
 // rootfsUsers reads the users of the rootfs's /etc/passwd (none when it has no such file).
 func rootfsUsers(root string) (map[string]IDs, error) {
-	f, err := os.Open(filepath.Join(root, "etc", "passwd"))
+	// Through an os.Root: an image's /etc/passwd may be a link out of it.
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, fmt.Errorf("read the rootfs's users: %w", err)
+	}
+	defer r.Close()
+	f, err := r.Open("etc/passwd")
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -332,19 +409,28 @@ func cellEnv(spec executor.Spec, cellAddress string, ports []uint32) []string {
 // returns its path as the processes see it.
 func (c *container) makeFiles() (string, error) {
 	rel := filepath.Clean("/" + c.spec.FilesDir)
-	host := filepath.Join(c.ov.root, rel)
-	if err := os.MkdirAll(host, 0o755); err != nil {
+	// Through an os.Root: the rootfs (an image's) may hold links out of it on the way.
+	root, err := os.OpenRoot(c.ov.root)
+	if err != nil {
+		return "", fmt.Errorf("create files directory: %w", err)
+	}
+	defer root.Close()
+	in := strings.TrimPrefix(rel, "/")
+	if in == "" {
+		in = "."
+	}
+	if err := root.MkdirAll(in, 0o755); err != nil {
 		return "", fmt.Errorf("create files directory: %w", err)
 	}
 	for name, data := range c.spec.Files {
 		if name != filepath.Base(name) || name == "." || name == ".." {
 			return "", fmt.Errorf("file name %q is not a plain name", name)
 		}
-		if err := atomicfile.Write(filepath.Join(host, name), data, 0o644); err != nil {
-			return "", err
+		if err := root.WriteFile(filepath.Join(in, name), data, 0o644); err != nil {
+			return "", fmt.Errorf("write file %s: %w", name, err)
 		}
 	}
-	c.filesHost = host
+	c.filesHost = filepath.Join(c.ov.root, rel)
 	return rel, nil
 }
 
@@ -366,7 +452,12 @@ func (c *container) Routable() <-chan bool { return c.routable }
 func (c *container) Done() <-chan struct{} { return c.done }
 
 // FilesPath is the host path of Spec.FilesDir, inside the container's root.
-func (c *container) FilesPath() string { return c.filesHost }
+func (c *container) FilesPath() (root, dir string) {
+	if c.filesHost == "" {
+		return "", ""
+	}
+	return c.ov.root, download.InRoot(c.spec.FilesDir)
+}
 
 // Result is how the container ended (valid once Done is closed).
 func (c *container) Result() executor.Result {
@@ -427,6 +518,7 @@ func (c *container) beginStop(reason string, grace time.Duration) {
 	c.mu.Unlock()
 	if first {
 		c.log.Debug("stopping", "reason", reason, "grace", grace)
+		c.cancel(errStopped) // no process of a tree starts any more
 		c.kill(syscall.SIGTERM)
 	}
 	go func() {
@@ -440,12 +532,13 @@ func (c *container) beginStop(reason string, grace time.Duration) {
 	}()
 }
 
-// kill signals the init process (SIGTERM) or every process (SIGKILL).
+// kill signals the init process (SIGTERM) or every process (SIGKILL). A tree's SIGTERM goes
+// to every process: its init program ignores it, its run actions' processes get it.
 func (c *container) kill(sig syscall.Signal) {
 	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
 	defer cancel()
 	var opts []containerd.KillOpts
-	if sig == syscall.SIGKILL {
+	if sig == syscall.SIGKILL || c.tree {
 		opts = append(opts, containerd.WithKillAll)
 	}
 	err := c.whileUnavailable(ctx, func(ctx context.Context) error { return c.task.Kill(ctx, sig, opts...) })
@@ -454,8 +547,13 @@ func (c *container) kill(sig syscall.Signal) {
 	}
 }
 
-// run waits for the init process with the health monitor beside it, then cleans up.
+// run waits for the init process with the health monitor beside it, then cleans up. A tree
+// runs its actions instead (runTree).
 func (c *container) run() {
+	if c.tree {
+		c.runTree()
+		return
+	}
 	monitorCtx, stopMonitor := context.WithCancel(context.Background())
 	monitorDone := make(chan struct{})
 	diskDone := make(chan struct{})
@@ -528,6 +626,9 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 	}
 	def := c.spec.Checks
 	health := checks.ForChecks(def.GetChecks(), addr, dial)
+	if len(health) == 0 && c.spec.Monitor != nil { // only a tree has one
+		health = append(health, c.interpreter().Probe(c.spec.Monitor))
+	}
 	readiness := checks.ForChecks(def.GetReadinessChecks(), addr, dial)
 	checks.Monitor{
 		Health:       health,
@@ -551,16 +652,13 @@ func (c *container) setRoutable(v bool) {
 	c.routable <- v
 }
 
-// finish decides the result from the exit status, then removes everything: task, container,
-// network attachment, overlay mount and directory.
+// finish decides the result from the init process's exit status, then cleans up.
 func (c *container) finish(st containerd.ExitStatus) {
 	c.mu.Lock()
 	c.stopping = true
 	stopReason := c.stopReason
 	c.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
-	defer cancel()
 	code, _, waitErr := st.Result()
 	oom := c.oomKilled()
 	c.drainOutput()
@@ -579,17 +677,17 @@ func (c *container) finish(st containerd.ExitStatus) {
 			reason += ": " + tail
 		}
 		res = executor.Result{Failed: true, Reason: reason}
-	case c.spec.Kind == executor.KindLRP:
-		res = executor.Result{Failed: true, Reason: ReasonExitedCleanly}
-	case c.spec.ResultFile != "":
-		out, err := c.readResultFile()
-		if err != nil {
-			res = executor.Result{Failed: true, Reason: err.Error()}
-		} else {
-			res = executor.Result{Output: out}
-		}
+	default:
+		res = executor.Completed(c.spec, c.readResultFile)
 	}
+	c.cleanup(res)
+}
 
+// cleanup removes everything of the container (task, container, network attachment, overlay
+// mount and directory), then ends it with res.
+func (c *container) cleanup(res executor.Result) {
+	ctx, cancel := context.WithTimeout(c.b.ctx(context.Background()), cleanupTimeout)
+	defer cancel()
 	if _, err := c.task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 		c.log.Warn("delete task", "error", err)
 	}
@@ -604,9 +702,16 @@ func (c *container) finish(st containerd.ExitStatus) {
 	}
 	if err := c.ov.unmount(); err != nil {
 		c.log.Warn("unmount rootfs", "error", err)
+	} else if c.snapshot {
+		if err := c.b.removeSnapshot(ctx, c.spec.Guid); err != nil {
+			c.log.Warn("remove rootfs snapshot", "error", err)
+		}
 	}
 	if err := os.RemoveAll(c.dir); err != nil {
 		c.log.Warn("remove container directory", "error", err)
+	}
+	if c.image != "" {
+		c.b.releaseImage(c.image)
 	}
 	c.b.forget(c.spec.Guid)
 	c.log.Debug("container done", "failed", res.Failed, "reason", res.Reason)
@@ -632,9 +737,11 @@ func (c *container) detach() {
 	c.attached = false
 }
 
-// drainOutput waits a moment for the output still in the pipes, then closes them.
-func (c *container) drainOutput() {
-	pio := c.task.IO()
+// drainOutput waits a moment for the init's output still in the pipes, then closes them.
+func (c *container) drainOutput() { drainIO(c.task.IO()) }
+
+// drainIO waits a moment for a process's output still in the pipes, then closes them.
+func drainIO(pio cio.IO) {
 	if pio == nil {
 		return
 	}
@@ -685,7 +792,14 @@ func exitReason(code uint32) string {
 // readResultFile reads the task's result file from the container's root (at most
 // MaxResultFileSize bytes).
 func (c *container) readResultFile() (string, error) {
-	f, err := os.Open(filepath.Join(c.ov.root, filepath.Clean("/"+c.spec.ResultFile)))
+	// Through an os.Root: the container's process may have made the file a link to a host
+	// file, which the rep, as root, must not read into the result.
+	root, err := os.OpenRoot(c.ov.root)
+	if err != nil {
+		return "", fmt.Errorf("read result file: %w", err)
+	}
+	defer root.Close()
+	f, err := root.Open(strings.TrimPrefix(filepath.Clean("/"+c.spec.ResultFile), "/"))
 	if err != nil {
 		return "", fmt.Errorf("read result file: %w", err)
 	}

@@ -7,10 +7,14 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -28,18 +32,30 @@ func (c *container) Exec(ctx context.Context, spec executor.ExecSpec) (int, erro
 		return 0, errors.New("exec: empty command")
 	}
 	cctx := c.b.ctx(ctx)
-	ociSpec, err := c.ctr.Spec(cctx)
-	if err != nil {
-		return 0, fmt.Errorf("exec: container spec: %w", err)
+	var proc specs.Process
+	if c.tree {
+		// A tree's init is its init program: the command runs as a run action without a user.
+		p, err := ProcessSpec(c.spec, &modelsv1.RunAction{Path: spec.Command[0]}, c.procCfg)
+		if err != nil {
+			return 0, fmt.Errorf("exec: %w", err)
+		}
+		proc = *p
+	} else {
+		ociSpec, err := c.ctr.Spec(cctx)
+		if err != nil {
+			return 0, fmt.Errorf("exec: container spec: %w", err)
+		}
+		proc = *ociSpec.Process
 	}
-	proc := *ociSpec.Process
 	proc.Args = spec.Command
 	proc.Terminal = spec.TTY
 	proc.ConsoleSize = nil
-	var stdin io.Reader = spec.Stdin
-	if stdin == nil {
-		stdin = strings.NewReader("")
+	var in io.Reader = spec.Stdin
+	if in == nil {
+		in = strings.NewReader("")
 	}
+	stdin := &stdinCloser{r: in, started: make(chan struct{})}
+	defer stdin.start(nil) // releases a reader at its end when the process did not start
 	opts := []cio.Opt{cio.WithStreams(stdin, spec.Stdout, spec.Stderr), cio.WithFIFODir(filepath.Join(c.dir, "fifo"))}
 	if spec.TTY {
 		opts = append(opts, cio.WithTerminal)
@@ -57,26 +73,15 @@ func (c *container) Exec(ctx context.Context, spec executor.ExecSpec) (int, erro
 	if err := p.Start(cctx); err != nil {
 		return 0, fmt.Errorf("exec %s: %w", spec.Command[0], err)
 	}
+	if !spec.TTY { // with a terminal the end of input is the terminal's EOF character
+		stdin.start(func() { _ = p.CloseIO(c.b.ctx(context.Background()), client.WithStdinCloser) })
+	}
 	if spec.TTY && spec.Size.Rows > 0 && spec.Size.Cols > 0 {
 		_ = p.Resize(cctx, uint32(spec.Size.Cols), uint32(spec.Size.Rows))
 	}
 	done := make(chan struct{})
 	defer close(done)
-	if spec.TTY && spec.Resize != nil {
-		go func() {
-			for {
-				select {
-				case sz, ok := <-spec.Resize:
-					if !ok {
-						return
-					}
-					_ = p.Resize(cctx, uint32(sz.Cols), uint32(sz.Rows))
-				case <-done:
-					return
-				}
-			}
-		}()
-	}
+	spec.FollowResize(done, func(sz executor.TerminalSize) { _ = p.Resize(cctx, uint32(sz.Cols), uint32(sz.Rows)) })
 	select {
 	case st := <-exited:
 		p.IO().Wait() // the output copied
@@ -91,4 +96,39 @@ func (c *container) Exec(ctx context.Context, spec executor.ExecSpec) (int, erro
 		code, _, _ := st.Result()
 		return int(code), nil
 	}
+}
+
+// stdinCloser is an exec's input as the shim's FIFO copier reads it. The shim holds the
+// process's stdin open after the FIFO's writer is gone, so the process sees the end of its
+// input only once the shim is told (CloseIO): stdinCloser does that when its reader ends,
+// once the process has started (the shim refuses CloseIO before).
+type stdinCloser struct {
+	r       io.Reader
+	once    sync.Once
+	started chan struct{} // closed by start
+	closeIO func()        // set by start; nil when the process did not start
+	ended   sync.Once
+}
+
+// start records how to close the started process's stdin (nil: it did not start) and
+// releases a Read waiting for it; only the first call counts.
+func (s *stdinCloser) start(closeIO func()) {
+	s.once.Do(func() {
+		s.closeIO = closeIO
+		close(s.started)
+	})
+}
+
+// Read implements io.Reader; at the end of the input it closes the process's stdin.
+func (s *stdinCloser) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		s.ended.Do(func() {
+			<-s.started
+			if s.closeIO != nil {
+				s.closeIO()
+			}
+		})
+	}
+	return n, err
 }

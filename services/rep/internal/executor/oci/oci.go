@@ -53,6 +53,8 @@ func init() {
 			User:        opts.User,
 			Hooks:       Hooks{OnCreate: opts.OCI.OnCreateHooks, OnDestroy: opts.OCI.OnDestroyHooks, Timeout: opts.OCI.HookTimeout},
 		}
+		cfg.Snapshotter, cfg.InsecureRegistries = opts.OCI.Snapshotter, opts.OCI.InsecureRegistries
+		cfg.ImageUnusedFor = opts.OCI.ImageUnusedFor
 		if opts.OCI.CNIConfDir != "" {
 			n, err := NewCNINetwork(opts.OCI.CNIConfDir, opts.OCI.CNIBinDir,
 				hostports.New(opts.PortRangeStart, opts.PortRangeEnd, hostports.Free))
@@ -167,6 +169,19 @@ type Config struct {
 	// DiskInterval is how often a container's writable layer is measured against its disk_mb
 	// (DefaultDiskInterval when zero).
 	DiskInterval time.Duration
+	// Snapshotter unpacks docker:// images and holds containers' writable layers on them
+	// (DefaultSnapshotter when empty).
+	Snapshotter string
+	// InsecureRegistries lets image pulls talk plain HTTP to any registry (loopback and
+	// private addresses get plain HTTP anyway, as in the docker rootfs provider).
+	InsecureRegistries bool
+	// ImageUnusedFor is how long a pulled docker:// image that no container of the cell uses
+	// is kept before it is removed from containerd's store (DefaultImageUnusedFor when zero;
+	// negative: kept for ever).
+	ImageUnusedFor time.Duration
+	// ImageGCInterval is the time between two sweeps for unused images (zero: a fifth of
+	// ImageUnusedFor, between 1s and 1m).
+	ImageGCInterval time.Duration
 	// Logger is hclog.L() when nil.
 	Logger hclog.Logger
 }
@@ -185,6 +200,11 @@ type Backend struct {
 
 	mu         sync.Mutex
 	containers map[string]*container
+	pulls      map[string]*pullLock // image reference → its pull (lockPull)
+	// imageUsers counts the containers of each image reference (useImage); imageUnused is
+	// since when an image without one has been unused (imagegc.go).
+	imageUsers  map[string]int
+	imageUnused map[string]time.Time
 }
 
 var _ executor.Backend = (*Backend)(nil)
@@ -228,6 +248,12 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.KillGrace <= 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
+	if cfg.Snapshotter == "" {
+		cfg.Snapshotter = DefaultSnapshotter
+	}
+	if cfg.ImageUnusedFor == 0 {
+		cfg.ImageUnusedFor = DefaultImageUnusedFor
+	}
 	if cfg.DiskInterval <= 0 {
 		cfg.DiskInterval = DefaultDiskInterval
 	}
@@ -254,17 +280,20 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("oci backend: containerd at %s does not answer: %w", cfg.Socket, err)
 	}
 	b := &Backend{
-		cfg:        cfg,
-		client:     client,
-		log:        cfg.Logger.Named("executor.oci"),
-		containers: map[string]*container{},
-		closed:     make(chan struct{}),
+		cfg:         cfg,
+		client:      client,
+		log:         cfg.Logger.Named("executor.oci"),
+		containers:  map[string]*container{},
+		closed:      make(chan struct{}),
+		imageUsers:  map[string]int{},
+		imageUnused: map[string]time.Time{},
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		b.cgroupV2 = true
 	} else if _, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"); err == nil {
 		b.limitSwap = true
 	}
+	go b.collectImages()
 	if cfg.Network == nil {
 		b.notes = append(b.notes, "no container network: instances have loopback only and are not reachable from outside")
 	}
@@ -322,11 +351,15 @@ func (b *Backend) Start(ctx context.Context, spec executor.Spec) (executor.Conta
 	if !validGuid(spec.Guid) {
 		return nil, fmt.Errorf("start container %q: invalid guid", spec.Guid)
 	}
-	if _, err := MainProcess(spec); err != nil {
+	if IsTree(spec) {
+		if err := checkTree(spec); err != nil {
+			return nil, fmt.Errorf("start container %s: %w", spec.Guid, err)
+		}
+	} else if _, err := MainProcess(spec); err != nil {
 		return nil, fmt.Errorf("start container %s: %w", spec.Guid, err)
 	}
-	if spec.RootfsPath == "" {
-		return nil, fmt.Errorf("start container %s: the oci backend needs a rootfs (got %q)", spec.Guid, spec.Rootfs)
+	if spec.RootfsPath == "" && !isImage(spec) {
+		return nil, fmt.Errorf("start container %s: the oci backend needs a rootfs directory or a docker:// image (got %q)", spec.Guid, spec.Rootfs)
 	}
 	b.mu.Lock()
 	if _, dup := b.containers[spec.Guid]; dup {

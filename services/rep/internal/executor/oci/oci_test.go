@@ -1,11 +1,18 @@
 package oci
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -354,15 +361,7 @@ func TestStopLeavesNothing(t *testing.T) {
 	b := newTestBackend(t)
 	spec := probeLRP(t, "sleep")
 	spec.MemoryMB, spec.MaxPids, spec.CPUWeight = 64, 50, 10
-	c, err := b.Start(context.Background(), spec)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	select {
-	case <-c.Healthy():
-	case <-c.Done():
-		t.Fatalf("container ended: %+v", c.Result())
-	}
+	c := startHealthy(t, b, spec)
 	for _, cg := range cgroupDirs(b, spec.Guid) {
 		if _, err := os.Stat(cg); err != nil {
 			t.Errorf("cgroup of a running container: %v", err)
@@ -390,15 +389,7 @@ func TestHealthCheckInsideTheNetworkNamespace(t *testing.T) {
 	b := newTestBackend(t)
 	serving := probeLRP(t, "serve", "8080")
 	serving.Checks = &modelsv1.CheckDefinition{Checks: []*modelsv1.Check{{Kind: &modelsv1.Check_Tcp{Tcp: &modelsv1.TCPCheck{Port: 8080, IntervalMs: 50}}}}}
-	c, err := b.Start(context.Background(), serving)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	select {
-	case <-c.Healthy():
-	case <-c.Done():
-		t.Fatalf("container ended before healthy: %+v", c.Result())
-	}
+	c := startHealthy(t, b, serving)
 	c.Stop(time.Second)
 	assertGone(t, b, serving.Guid)
 
@@ -410,17 +401,6 @@ func TestHealthCheckInsideTheNetworkNamespace(t *testing.T) {
 	if !res.Failed || res.Reason != "health check never passed" {
 		t.Fatalf("Result = %+v, want never healthy", res)
 	}
-}
-
-func TestUnsupportedActionRefused(t *testing.T) {
-	b := newTestBackend(t)
-	spec := probeTask(t)
-	spec.Action = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{}}}
-	_, err := b.Start(context.Background(), spec)
-	if err == nil || !strings.Contains(err.Error(), "only a run action is supported, got serial action") {
-		t.Fatalf("Start error = %v", err)
-	}
-	assertGone(t, b, spec.Guid)
 }
 
 func readTrim(t *testing.T, path string) string {
@@ -550,12 +530,12 @@ func mounted(path string) (bool, error) {
 
 // TestDiskLimit: a container that writes more than disk_mb into its writable layer is stopped
 // with a "disk limit exceeded" reason; one that stays under it keeps running.
-func TestDiskLimit(t *testing.T) {
-	b := newTestBackend(t)
-	b.cfg.DiskInterval = 50 * time.Millisecond
-	over := probeLRP(t, "fill", "3")
-	over.DiskMB = 1
-	c, err := b.Start(context.Background(), over)
+// assertStoppedForDisk starts spec, an LRP writing 3 MiB, with disk_mb 1 and checks that it is
+// stopped for it, leaving nothing.
+func assertStoppedForDisk(t *testing.T, b *Backend, spec executor.Spec) {
+	t.Helper()
+	spec.DiskMB = 1
+	c, err := b.Start(context.Background(), spec)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -568,11 +548,17 @@ func TestDiskLimit(t *testing.T) {
 	if res := c.Result(); !res.Failed || !strings.HasPrefix(res.Reason, ReasonDiskLimit+": the container wrote 3 MiB, disk_mb is 1") {
 		t.Errorf("Result = %+v, want %q", res, ReasonDiskLimit)
 	}
-	assertGone(t, b, over.Guid)
+	assertGone(t, b, spec.Guid)
+}
+
+func TestDiskLimit(t *testing.T) {
+	b := newTestBackend(t)
+	b.cfg.DiskInterval = 50 * time.Millisecond
+	assertStoppedForDisk(t, b, probeLRP(t, "fill", "3"))
 
 	under := probeLRP(t, "fill", "1")
 	under.DiskMB = 4
-	c, err = b.Start(context.Background(), under)
+	c, err := b.Start(context.Background(), under)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -653,4 +639,190 @@ func TestOCIHooks(t *testing.T) {
 		t.Errorf("Start with a failing on_create hook: %v, want an error naming the hook", err)
 	}
 	assertGone(t, b, spec.Guid)
+}
+
+// TestExec: a command exec'd in a running container gets its input to the end (it sees EOF
+// when the input ends: `echo x | gavel exec ... cat` ends), its output is the caller's and its
+// exit status is returned.
+func TestExec(t *testing.T) {
+	b := newTestBackend(t)
+	spec := probeLRP(t, "sleep")
+	spec.Env = []*modelsv1.EnvironmentVariable{{Name: "GOMAXPROCS", Value: "1"}} // no RESULT: probe prints
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer func() {
+		c.Stop(time.Second)
+		assertGone(t, b, spec.Guid)
+	}()
+	ex := c.(executor.Execer)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut strings.Builder
+	code, err := ex.Exec(ctx, executor.ExecSpec{Command: []string{"/bin/probe", "cat", "/dev/stdin"},
+		Stdin: strings.NewReader("ünï input"), Stdout: &out, Stderr: &errOut})
+	if err != nil || code != 0 || out.String() != "ünï input\n" {
+		t.Errorf("exec cat /dev/stdin: code %d, %v, stdout %q, stderr %q; want the input back", code, err, out.String(), errOut.String())
+	}
+	if code, err := ex.Exec(ctx, executor.ExecSpec{Command: []string{"/bin/probe", "exit", "3"}, Stdout: &out, Stderr: &errOut}); err != nil || code != 3 {
+		t.Errorf("exec exit 3: code %d, %v", code, err)
+	}
+}
+
+// TestDownloadActions: download actions in the setup and before the run action of a serial
+// action are fetched by the rep into the container's root filesystem before its process
+// starts: a gzipped tar extracted (its symbolic link working, its directories the container
+// user's), a plain file saved into a directory, the checksum verified. A checksum mismatch, or
+// a destination whose path leads out of the root filesystem through the rootfs's symbolic
+// link, fails the start naming the download, writes nothing outside and leaves nothing.
+func TestDownloadActions(t *testing.T) {
+	b := newTestBackend(t)
+	var tgz bytes.Buffer
+	zw := gzip.NewWriter(&tgz)
+	tw := tar.NewWriter(zw)
+	for _, h := range []*tar.Header{
+		{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "app/hello.txt", Typeflag: tar.TypeReg, Mode: 0o644, Size: 19},
+		{Name: "app/link", Typeflag: tar.TypeSymlink, Linkname: "hello.txt"},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Size > 0 {
+			_, _ = tw.Write([]byte("hi from the tarball"))
+		}
+	}
+	if err := errors.Join(tw.Close(), zw.Close()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/app.tgz":
+			_, _ = w.Write(tgz.Bytes())
+		case "/tool":
+			_, _ = w.Write([]byte("#!tool"))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	sum := sha256.Sum256(tgz.Bytes())
+	dl := func(from, to, checksum string) *modelsv1.Action {
+		d := &modelsv1.DownloadAction{From: srv.URL + from, To: to}
+		if checksum != "" {
+			d.ChecksumAlgorithm, d.ChecksumValue = "sha256", checksum
+		}
+		return &modelsv1.Action{Kind: &modelsv1.Action_Download{Download: d}}
+	}
+	withDownloads := func(spec executor.Spec, tarSum string) executor.Spec {
+		spec.Setup = dl("/app.tgz", "/srv", tarSum)
+		spec.Action = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{
+			Actions: []*modelsv1.Action{dl("/tool", "/srv/bin/", ""), spec.Action}}}}
+		return spec
+	}
+	for _, tc := range []struct{ args, want string }{
+		{"cat /srv/app/link", "hi from the tarball"},
+		{"cat /srv/bin/tool", "#!tool"},
+		{"write /srv/app/mine yes", "written"}, // /srv/app is the container user's
+	} {
+		res := run(t, b, withDownloads(probeTask(t, strings.Fields(tc.args)...), hex.EncodeToString(sum[:])))
+		if res.Failed || res.Output != tc.want {
+			t.Errorf("probe %s after the downloads: %+v, want %q", tc.args, res, tc.want)
+		}
+	}
+
+	spec := withDownloads(probeTask(t, "id"), strings.Repeat("0", 64))
+	if _, err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "sha256 checksum mismatch") {
+		t.Errorf("Start with a wrong checksum: %v", err)
+	}
+	assertGone(t, b, spec.Guid)
+
+	// A rootfs whose /escape leads to a directory of the host.
+	outside, root := t.TempDir(), t.TempDir()
+	for _, d := range []string{"bin", "etc", "tmp"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"bin/probe", "etc/passwd"} {
+		content, err := os.ReadFile(filepath.Join(rootfsDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), content, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, target := range map[string]string{"escape": outside, "up": "../../../../../../../../" + outside} {
+		if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+		spec := probeTask(t, "id")
+		spec.RootfsPath = root
+		spec.Setup = dl("/tool", "/"+name+"/", "")
+		_, err := b.Start(context.Background(), spec)
+		if err == nil || !strings.Contains(err.Error(), "download "+srv.URL+"/tool") || !strings.Contains(err.Error(), "escapes") {
+			t.Errorf("Start with a download through /%s -> %s: %v, want a download error: the path escapes", name, target, err)
+		}
+		t.Logf("a download through /%s -> %s: %v", name, target, err)
+		assertGone(t, b, spec.Guid)
+		if entries, _ := os.ReadDir(outside); len(entries) > 0 {
+			t.Fatalf("a download through /%s wrote %v outside the container", name, entries)
+		}
+	}
+}
+
+// TestResultFileLinkedOutside: a task that makes its result file a symbolic link to a host
+// file fails with the reason, and the host file's content is not its result (the rep reads
+// result files as root). A files directory through a link out of the rootfs is refused.
+func TestResultFileLinkedOutside(t *testing.T) {
+	b := newTestBackend(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := probeTask(t, "link", secret, "/tmp/result")
+	spec.FilesDir, spec.Files = "/tmp/files", map[string][]byte{"f": []byte("x")}
+	res := run(t, b, spec)
+	if !res.Failed || strings.Contains(res.Output+res.Reason, "host secret") || !strings.HasPrefix(res.Reason, "read result file: ") {
+		t.Errorf("Result = %+v, want failed reading the result file, without the host file", res)
+	}
+	t.Logf("reason: %s", res.Reason)
+
+	// A files directory through a rootfs's link to outside it is refused, nothing written.
+	rootDir, outside := t.TempDir(), t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(rootDir, "out")); err != nil {
+		t.Fatal(err)
+	}
+	escape := probeTask(t, "hostname")
+	escape.RootfsPath, escape.FilesDir, escape.Files = rootDir, "/out/files", map[string][]byte{"f": []byte("x")}
+	if c, err := b.Start(context.Background(), escape); err == nil || !strings.Contains(err.Error(), "create files directory: ") {
+		if err == nil {
+			c.Stop(0)
+		}
+		t.Errorf("Start with files through /out -> %s: %v, want refused", outside, err)
+	}
+	assertGone(t, b, escape.Guid)
+	if entries, _ := os.ReadDir(outside); len(entries) > 0 {
+		t.Errorf("written outside the rootfs: %v", entries)
+	}
+}
+
+// startHealthy starts spec on b and waits (at most a minute) until it is healthy, failing t
+// when it cannot start or ends first.
+func startHealthy(t testing.TB, b *Backend, spec executor.Spec) executor.Container {
+	t.Helper()
+	c, err := b.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	select {
+	case <-c.Healthy():
+	case <-c.Done():
+		t.Fatalf("container ended before healthy: %+v", c.Result())
+	case <-time.After(time.Minute):
+		t.Fatal("not healthy within a minute")
+	}
+	return c
 }

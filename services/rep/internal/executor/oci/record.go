@@ -34,11 +34,22 @@ type record struct {
 	NetnsPath string `json:"netns_path,omitempty"`
 	// FilesHost is the host path of the spec's files directory ("" without one).
 	FilesHost string `json:"files_host,omitempty"`
+	// Snapshot says the rootfs is a snapshot of an image, keyed by the guid (imageRootfs).
+	Snapshot bool `json:"snapshot,omitempty"`
+	// Upper is the writable layer of an image's snapshot (the overlay's upper directory of a
+	// preloaded rootfs is in the container's directory).
+	Upper string `json:"upper,omitempty"`
+	// Tree says the container's action is a tree run by the rep (IsTree): its init is the
+	// init program, and no later rep can take the tree over.
+	Tree bool `json:"tree,omitempty"`
 }
 
 // writeRecord writes c's record into its directory.
 func (c *container) writeRecord() error {
-	r := record{Spec: c.spec, Cgroup: c.cgroup, FilesHost: c.filesHost}
+	r := record{Spec: c.spec, Cgroup: c.cgroup, FilesHost: c.filesHost, Snapshot: c.snapshot, Tree: c.tree}
+	if c.snapshot {
+		r.Upper = c.ov.upper
+	}
 	if c.b.cfg.Network != nil {
 		r.NetnsPath = c.netnsPath
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,14 @@ type SpecConfig struct {
 	NetnsPath string
 	// Hooks are the cell's container hooks.
 	Hooks Hooks
+	// InitPath is the host file of the init program of a container whose action is a tree
+	// (IsTree), bind-mounted read-only at InitMount; unused otherwise.
+	InitPath string
 }
+
+// InitMount is where a tree container's init program is mounted: in /dev, the container's
+// own tmpfs, so nothing is added to its root filesystem.
+const InitMount = "/dev/.gavel-init"
 
 // Hooks are the cell's container hooks as OCI hooks: OnCreate as createRuntime hooks (run by
 // the runtime in its own namespaces once the container's namespaces exist, before its process
@@ -100,23 +108,122 @@ func (h Hooks) ociHooks(guid string) *specs.Hooks {
 	return &specs.Hooks{CreateRuntime: list("on_create", h.OnCreate), Poststop: list("on_destroy", h.OnDestroy)}
 }
 
-// MainProcess is the run action a container's init process runs: the spec's action must be a
-// single run action, and setup and monitor actions are refused (see the package comment).
+// MainProcess is the run action a container's init process runs when its action has the
+// simple shape: a run action, or a serial action of download actions ending with one, with a
+// setup of download actions only (one, or a serial of them) and no monitor action. Any other
+// tree is run with an init program as the container's init and every run action exec'd in the
+// container (IsTree); MainProcess fails for it, saying why.
 func MainProcess(s executor.Spec) (*modelsv1.RunAction, error) {
-	if s.Setup != nil {
-		return nil, errors.New("oci backend: setup actions are not supported yet")
+	_, ra, err := splitActions(s)
+	return ra, err
+}
+
+// IsTree reports whether s's action tree is not of the simple shape MainProcess takes, so its
+// container runs an init program and the tree is interpreted by the rep (tree.go).
+func IsTree(s executor.Spec) bool {
+	_, _, err := splitActions(s)
+	var ts treeShape
+	return errors.As(err, &ts)
+}
+
+// treeShape is MainProcess's failure for a tree: what in it is not of the simple shape.
+type treeShape struct{ what string }
+
+func (t treeShape) Error() string {
+	return "oci backend: " + t.what + " is run as an action tree, not as the container's init"
+}
+
+// checkTree reports why the tree s cannot run on this cell: no init program for this
+// architecture, or no action.
+func checkTree(s executor.Spec) error {
+	if len(pauseProgram) == 0 {
+		return fmt.Errorf("oci backend: action trees other than downloads then one run action need the init program, which is not built for %s", runtime.GOARCH)
 	}
+	if s.Action.GetKind() == nil {
+		return errors.New("no action")
+	}
+	return nil
+}
+
+// runActions are the run actions of s's setup, action and monitor, in tree order.
+func runActions(s executor.Spec) []*modelsv1.RunAction {
+	var out []*modelsv1.RunAction
+	var walk func(a *modelsv1.Action)
+	walk = func(a *modelsv1.Action) {
+		switch k := a.GetKind().(type) {
+		case *modelsv1.Action_Run:
+			out = append(out, k.Run)
+		case *modelsv1.Action_Serial:
+			for _, c := range k.Serial.GetActions() {
+				walk(c)
+			}
+		case *modelsv1.Action_Parallel:
+			for _, c := range k.Parallel.GetActions() {
+				walk(c)
+			}
+		case *modelsv1.Action_Codependent:
+			for _, c := range k.Codependent.GetActions() {
+				walk(c)
+			}
+		case *modelsv1.Action_Try:
+			walk(k.Try.GetAction())
+		case *modelsv1.Action_Timeout:
+			walk(k.Timeout.GetAction())
+		}
+	}
+	walk(s.Setup)
+	walk(s.Action)
+	walk(s.Monitor)
+	return out
+}
+
+// Downloads are the download actions of s in the order they run, before its run action: its
+// setup's, then those of its serial action.
+func Downloads(s executor.Spec) ([]*modelsv1.DownloadAction, error) {
+	ds, _, err := splitActions(s)
+	return ds, err
+}
+
+// splitActions splits s into its downloads and its run action, or says why the oci backend cannot
+// run it.
+func splitActions(s executor.Spec) ([]*modelsv1.DownloadAction, *modelsv1.RunAction, error) {
 	if s.Monitor != nil {
-		return nil, errors.New("oci backend: monitor actions are not supported yet (use checks)")
+		return nil, nil, treeShape{"a monitor action"}
 	}
-	ra := s.Action.GetRun()
+	var downloads []*modelsv1.DownloadAction
+	if s.Setup != nil {
+		setup := []*modelsv1.Action{s.Setup}
+		if serial := s.Setup.GetSerial(); serial != nil {
+			setup = serial.GetActions()
+		}
+		for _, a := range setup {
+			d := a.GetDownload()
+			if d == nil {
+				return nil, nil, treeShape{"a setup action holding " + actionKind(a)}
+			}
+			downloads = append(downloads, d)
+		}
+	}
+	main := s.Action
+	if serial := main.GetSerial(); serial != nil && len(serial.GetActions()) > 0 {
+		steps := serial.GetActions()
+		for _, a := range steps[:len(steps)-1] {
+			d := a.GetDownload()
+			if d == nil {
+				return nil, nil, treeShape{"a serial action holding " + actionKind(a) + " before its last"}
+			}
+			downloads = append(downloads, d)
+		}
+		main = steps[len(steps)-1]
+	}
+	ra := main.GetRun()
 	if ra == nil {
-		return nil, fmt.Errorf("oci backend: only a run action is supported, got %s", actionKind(s.Action))
+		return nil, nil, treeShape{"an action tree ending with " + actionKind(main)}
 	}
 	if ra.GetPath() == "" {
-		return nil, errors.New("run action: empty path")
+		return nil, nil, errors.New("run action: empty path")
 	}
-	return ra, nil
+	return downloads, ra, nil
 }
 
 // actionKind names the kind of a (non-run) action for the refusal reason.
@@ -130,45 +237,38 @@ func actionKind(a *modelsv1.Action) string {
 }
 
 // BuildSpec is the OCI runtime spec of the container s: its run action as the init process
-// (user, nofile, env, cwd), namespaces pid, mount, uts, ipc and network, the guid as hostname,
-// memory, pids and CPU shares limits in a cgroup under cfg.CgroupParent, and the work's
-// properties as annotations, keys as given (no prefix). It is a pure function.
+// (ProcessSpec) or, for a tree (IsTree), the init program at InitMount (cfg.InitPath mounted
+// read-only) as nobody without capabilities; namespaces pid, mount, uts, ipc and network, the
+// guid as hostname, memory, pids and CPU shares limits in a cgroup under cfg.CgroupParent, and
+// the work's properties as annotations, keys as given (no prefix). It is a pure function.
 func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
-	ra, err := MainProcess(s)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.RootPath == "" {
 		return nil, errors.New("oci spec: no root path")
 	}
-	ids, err := processUser(s, ra, cfg)
-	if err != nil {
-		return nil, err
-	}
-	nofile := ra.GetNofileLimit()
-	if nofile == 0 {
-		nofile = cfg.DefaultNofile
-	}
-	if nofile == 0 {
-		nofile = DefaultNofile
-	}
-	home := ids.Home
-	if home == "" {
-		home = "/"
-	}
-	env := []string{"HOME=" + home, "PATH=" + defaultPath}
-	for _, e := range s.Env {
-		env = append(env, e.GetName()+"="+e.GetValue())
-	}
-	env = append(env, cfg.Env...)
-	for _, e := range ra.GetEnv() {
-		env = append(env, e.GetName()+"="+e.GetValue())
-	}
-
-	caps := defaultCapabilities()
-	procCaps := &specs.LinuxCapabilities{Bounding: caps}
-	if ids.UID == 0 {
-		procCaps.Effective, procCaps.Permitted = caps, caps
+	mounts := defaultMounts()
+	var proc *specs.Process
+	if IsTree(s) {
+		if cfg.InitPath == "" {
+			return nil, errors.New("oci spec: an action tree needs the init program")
+		}
+		mounts = append(mounts, specs.Mount{Destination: InitMount, Type: "bind", Source: cfg.InitPath,
+			Options: []string{"bind", "ro", "nosuid", "nodev"}})
+		proc = &specs.Process{
+			User:            specs.User{UID: NobodyID, GID: NobodyID},
+			Args:            []string{InitMount},
+			Env:             []string{"PATH=" + defaultPath},
+			Cwd:             "/",
+			Capabilities:    &specs.LinuxCapabilities{},
+			NoNewPrivileges: true,
+		}
+	} else {
+		ra, err := MainProcess(s)
+		if err != nil {
+			return nil, err
+		}
+		if proc, err = ProcessSpec(s, ra, cfg); err != nil {
+			return nil, err
+		}
 	}
 	hostname := s.Guid
 	if len(hostname) > MaxHostname {
@@ -203,19 +303,11 @@ func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
 		annotations = maps.Clone(s.Properties)
 	}
 	return &specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{
-			User:            specs.User{UID: ids.UID, GID: ids.GID},
-			Args:            append([]string{ra.GetPath()}, ra.GetArgs()...),
-			Env:             env,
-			Cwd:             path.Join("/", ra.GetDir()),
-			Capabilities:    procCaps,
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
-			NoNewPrivileges: !s.Privileged,
-		},
+		Version:     specs.Version,
+		Process:     proc,
 		Root:        &specs.Root{Path: cfg.RootPath},
 		Hostname:    hostname,
-		Mounts:      defaultMounts(),
+		Mounts:      mounts,
 		Annotations: annotations,
 		Hooks:       cfg.Hooks.ociHooks(s.Guid),
 		Linux: &specs.Linux{
@@ -237,6 +329,52 @@ func BuildSpec(s executor.Spec, cfg SpecConfig) (*specs.Spec, error) {
 				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 			},
 		},
+	}, nil
+}
+
+// ProcessSpec is the OCI process of run action ra of container s: its user (processUser), its
+// arguments, HOME, PATH, the spec's environment, cfg.Env and its own, its working directory,
+// RLIMIT_NOFILE, and the default capabilities (effective only for root).
+func ProcessSpec(s executor.Spec, ra *modelsv1.RunAction, cfg SpecConfig) (*specs.Process, error) {
+	if ra.GetPath() == "" {
+		return nil, errors.New("run action: empty path")
+	}
+	ids, err := processUser(s, ra, cfg)
+	if err != nil {
+		return nil, err
+	}
+	nofile := ra.GetNofileLimit()
+	if nofile == 0 {
+		nofile = cfg.DefaultNofile
+	}
+	if nofile == 0 {
+		nofile = DefaultNofile
+	}
+	home := ids.Home
+	if home == "" {
+		home = "/"
+	}
+	env := []string{"HOME=" + home, "PATH=" + defaultPath}
+	for _, e := range s.Env {
+		env = append(env, e.GetName()+"="+e.GetValue())
+	}
+	env = append(env, cfg.Env...)
+	for _, e := range ra.GetEnv() {
+		env = append(env, e.GetName()+"="+e.GetValue())
+	}
+	caps := defaultCapabilities()
+	procCaps := &specs.LinuxCapabilities{Bounding: caps}
+	if ids.UID == 0 {
+		procCaps.Effective, procCaps.Permitted = caps, caps
+	}
+	return &specs.Process{
+		User:            specs.User{UID: ids.UID, GID: ids.GID},
+		Args:            append([]string{ra.GetPath()}, ra.GetArgs()...),
+		Env:             env,
+		Cwd:             path.Join("/", ra.GetDir()),
+		Capabilities:    procCaps,
+		Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+		NoNewPrivileges: !s.Privileged,
 	}, nil
 }
 

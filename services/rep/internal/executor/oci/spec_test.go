@@ -2,6 +2,7 @@ package oci
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,22 +221,48 @@ func TestBuildSpec(t *testing.T) {
 		{name: "unknown user", spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{Path: "/a", User: "alice"}) }, err: `user "alice" is not in the rootfs's /etc/passwd`},
 		{name: "empty path", spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{}) }, err: "empty path"},
 		{
-			name: "download action refused",
+			name: "a tree runs the init program",
 			spec: func() executor.Spec {
-				s := runSpec(nil)
-				s.Action = &modelsv1.Action{Kind: &modelsv1.Action_Download{Download: &modelsv1.DownloadAction{From: "http://x", To: "/"}}}
+				s := runSpec(&modelsv1.RunAction{Path: "/a"})
+				s.Action = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{Actions: []*modelsv1.Action{s.Action, s.Action}}}}
 				return s
 			},
-			err: "only a run action is supported, got download action",
+			cfg: func(c SpecConfig) SpecConfig { c.InitPath = "/work/g/init"; return c },
+			check: func(t *testing.T, s *specs.Spec) {
+				if len(s.Process.Args) != 1 || s.Process.Args[0] != InitMount || s.Process.User.UID != NobodyID || !s.Process.NoNewPrivileges {
+					t.Errorf("init process %+v, want the init program as nobody", s.Process)
+				}
+				last := s.Mounts[len(s.Mounts)-1]
+				if last.Destination != InitMount || last.Source != "/work/g/init" || !slices.Contains(last.Options, "ro") {
+					t.Errorf("last mount %+v, want the init program read-only", last)
+				}
+			},
 		},
 		{
-			name: "setup refused",
+			name: "a tree without the init program",
 			spec: func() executor.Spec {
 				s := runSpec(&modelsv1.RunAction{Path: "/a"})
 				s.Setup = s.Action
 				return s
 			},
-			err: "setup actions are not supported yet",
+			err: "needs the init program",
+		},
+		{
+			name: "downloads in setup and serial",
+			spec: func() executor.Spec {
+				s := runSpec(&modelsv1.RunAction{Path: "/a"})
+				dl := func(to string) *modelsv1.Action {
+					return &modelsv1.Action{Kind: &modelsv1.Action_Download{Download: &modelsv1.DownloadAction{From: "http://x/" + to, To: to}}}
+				}
+				s.Setup = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{Actions: []*modelsv1.Action{dl("/1"), dl("/2")}}}}
+				s.Action = &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{Actions: []*modelsv1.Action{dl("/3"), s.Action}}}}
+				return s
+			},
+			check: func(t *testing.T, s *specs.Spec) {
+				if len(s.Process.Args) != 1 || s.Process.Args[0] != "/a" {
+					t.Errorf("args %q, want the serial's run action", s.Process.Args)
+				}
+			},
 		},
 		{name: "no root path", spec: func() executor.Spec { return runSpec(&modelsv1.RunAction{Path: "/a"}) }, cfg: func(c SpecConfig) SpecConfig { c.RootPath = ""; return c }, err: "no root path"},
 	}
@@ -257,5 +284,31 @@ func TestBuildSpec(t *testing.T) {
 			}
 			tc.check(t, s)
 		})
+	}
+}
+
+// TestDownloads: the download actions run in order, the setup's first, then those before the
+// run action of a serial action.
+func TestDownloads(t *testing.T) {
+	dl := func(to string) *modelsv1.Action {
+		return &modelsv1.Action{Kind: &modelsv1.Action_Download{Download: &modelsv1.DownloadAction{From: "http://x" + to, To: to}}}
+	}
+	run := &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/a"}}}
+	s := executor.Spec{
+		Setup:  &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{Actions: []*modelsv1.Action{dl("/1"), dl("/2")}}}},
+		Action: &modelsv1.Action{Kind: &modelsv1.Action_Serial{Serial: &modelsv1.SerialAction{Actions: []*modelsv1.Action{dl("/3"), run}}}},
+	}
+	ds, err := Downloads(s)
+	var got []string
+	for _, d := range ds {
+		got = append(got, d.GetTo())
+	}
+	if err != nil || strings.Join(got, " ") != "/1 /2 /3" {
+		t.Errorf("Downloads = %q, %v; want /1 /2 /3", got, err)
+	}
+	s.Setup = dl("/only")
+	s.Action = run
+	if ds, err := Downloads(s); err != nil || len(ds) != 1 || ds[0].GetTo() != "/only" {
+		t.Errorf("Downloads of a setup download = %v, %v", ds, err)
 	}
 }

@@ -14,118 +14,33 @@ import (
 	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/services/rep/internal/executor/actions"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
 )
 
 // maxReasonTail bounds the stderr tail added to a failed run action's reason.
 const maxReasonTail = 200
 
-// timeoutError is the cause of a timeout action's context.
-type timeoutError struct{ d time.Duration }
-
-func (e timeoutError) Error() string { return fmt.Sprintf("timed out after %v", e.d) }
-
-// codependentExit is the cause of a codependent action's context once a child exited.
-var codependentExit = errors.New("a codependent action exited")
-
-// runAction runs one node of the action tree and returns its failure, if any. The error's
-// text is the reason reported in the container's Result.
+// runAction runs one node of the action tree (package actions) and returns its failure, if
+// any. The error's text is the reason reported in the container's Result.
 func (c *container) runAction(ctx context.Context, a *modelsv1.Action) error {
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	switch k := a.GetKind().(type) {
-	case *modelsv1.Action_Run:
-		return c.runProcess(ctx, k.Run)
-	case *modelsv1.Action_Download:
-		return c.download(ctx, k.Download)
-	case *modelsv1.Action_Serial:
-		for _, child := range k.Serial.GetActions() {
-			if err := c.runAction(ctx, child); err != nil {
-				return err
-			}
-		}
-		return nil
-	case *modelsv1.Action_Parallel:
-		errs := c.runAll(ctx, k.Parallel.GetActions(), nil)
-		for _, err := range errs {
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	case *modelsv1.Action_Codependent:
-		return c.runCodependent(ctx, k.Codependent.GetActions())
-	case *modelsv1.Action_Try:
-		if err := c.runAction(ctx, k.Try.GetAction()); err != nil {
-			if cause := context.Cause(ctx); cause != nil {
-				return cause // a stop is not a failure to ignore
-			}
-			c.log.Debug("try action failed; ignored", "reason", err)
-		}
-		return nil
-	case *modelsv1.Action_Timeout:
-		d := time.Duration(k.Timeout.GetTimeoutMs()) * time.Millisecond
-		if d <= 0 {
-			return fmt.Errorf("timeout action: timeout_ms must be positive, got %d", k.Timeout.GetTimeoutMs())
-		}
-		tctx, cancel := context.WithTimeoutCause(ctx, d, timeoutError{d})
-		defer cancel()
-		err := c.runAction(tctx, k.Timeout.GetAction())
-		var te timeoutError
-		if errors.As(context.Cause(tctx), &te) && ctx.Err() == nil {
-			return te
-		}
-		return err
-	default:
-		return errors.New("empty action")
-	}
+	return c.tree().Run(ctx, a)
 }
 
-// runAll runs actions at once and returns their errors, by index. When exited is not nil it
-// receives the index of each action as it ends.
-func (c *container) runAll(ctx context.Context, actions []*modelsv1.Action, exited chan<- int) []error {
-	errs := make([]error, len(actions))
-	var wg sync.WaitGroup
-	for i, a := range actions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = c.runAction(ctx, a)
-			if exited != nil {
-				exited <- i
-			}
-		}()
-	}
-	wg.Wait()
-	return errs
+// tree is the action interpreter with the container's leaf steps.
+func (c *container) tree() actions.Interpreter {
+	return actions.Interpreter{Steps: steps{c}, Log: c.log}
 }
 
-// runCodependent runs actions at once; when the first ends, the others are stopped (SIGTERM,
-// then SIGKILL after the kill grace). It fails with the first one's error: the others end
-// because they were stopped, which is not counted as their failure.
-func (c *container) runCodependent(ctx context.Context, actions []*modelsv1.Action) error {
-	if len(actions) == 0 {
-		return nil
-	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	exited := make(chan int, len(actions))
-	firstCh := make(chan int, 1)
-	go func() {
-		i := <-exited
-		firstCh <- i
-		cancel(codependentExit)
-	}()
-	errs := c.runAll(cctx, actions, exited)
-	first := <-firstCh
-	if errs[first] != nil {
-		return errs[first]
-	}
-	if cause := context.Cause(ctx); cause != nil {
-		return cause
-	}
-	return nil
+// steps are a container's leaf steps: a host process, a download into its filesystem.
+type steps struct{ c *container }
+
+// Run implements actions.Steps.
+func (s steps) Run(ctx context.Context, ra *modelsv1.RunAction) error { return s.c.runProcess(ctx, ra) }
+
+// Download implements actions.Steps.
+func (s steps) Download(ctx context.Context, d *modelsv1.DownloadAction) error {
+	return s.c.download(ctx, d)
 }
 
 // runProcess runs a run action's process to its end. When ctx ends for another reason than

@@ -32,7 +32,7 @@ const (
 	// ReasonNeverHealthy is the reason of an LRP not healthy within its start timeout.
 	ReasonNeverHealthy = checks.ReasonNeverHealthy
 	// ReasonExitedCleanly is the reason of an LRP whose action ended without an error.
-	ReasonExitedCleanly = "exited with status 0"
+	ReasonExitedCleanly = executor.ReasonExitedCleanly
 )
 
 // errStopped is the cancellation cause of a container's context once it is being stopped:
@@ -56,7 +56,8 @@ type container struct {
 	startOne sync.Once
 
 	hostPorts []int
-	filesHost string // host path of Spec.FilesDir, "" without one
+	filesRoot string // the directory Spec.FilesDir lives in (FilesPath), "" without one
+	filesDir  string // Spec.FilesDir relative to filesRoot
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -289,15 +290,8 @@ func (c *container) finish(actionErr error) {
 		res = executor.Result{Failed: true, Reason: reason}
 	case actionErr != nil:
 		res = executor.Result{Failed: true, Reason: actionErr.Error()}
-	case c.spec.Kind == executor.KindLRP:
-		res = executor.Result{Failed: true, Reason: ReasonExitedCleanly}
-	case c.spec.ResultFile != "":
-		out, err := c.readResultFile()
-		if err != nil {
-			res = executor.Result{Failed: true, Reason: err.Error()}
-		} else {
-			res = executor.Result{Output: out}
-		}
+	default:
+		res = executor.Completed(c.spec, c.readResultFile)
 	}
 	c.cancel(context.Canceled)
 
@@ -305,9 +299,9 @@ func (c *container) finish(actionErr error) {
 		c.cg.destroy()
 	}
 	c.b.ports.Release(c.hostPorts)
-	if c.root != "" && c.filesHost != "" {
+	if c.root != "" && c.filesRoot != "" {
 		// Inside a shared rootfs the files directory goes with the container.
-		if err := os.RemoveAll(c.filesHost); err != nil {
+		if err := c.removeFiles(); err != nil {
 			c.log.Warn("remove files directory", "error", err)
 		}
 	}
@@ -328,9 +322,17 @@ func (c *container) finish(actionErr error) {
 }
 
 // readResultFile reads the task's result file (at most MaxResultFileSize bytes).
+//
+// It reads through an os.Root (confined): the container's process may have made the file a
+// symbolic link to a host file, which the rep, maybe root, must not read into the result.
 func (c *container) readResultFile() (string, error) {
-	path := c.hostPath(c.spec.ResultFile)
-	f, err := os.Open(path)
+	dir, rel := c.confined(c.spec.ResultFile)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", fmt.Errorf("read result file: %w", err)
+	}
+	defer root.Close()
+	f, err := root.Open(rel)
 	if err != nil {
 		return "", fmt.Errorf("read result file: %w", err)
 	}

@@ -1,176 +1,43 @@
 package process
 
 import (
-	"bufio"
-	"bytes"
-	"compress/gzip"
 	"context"
-	"crypto/md5"
-	"crypto/sha1"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"hash"
-	"io"
-	"net/http"
-	"net/url"
-	"os"
-	"path"
 	"path/filepath"
-	"strings"
-	"syscall"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/services/rep/internal/rootfs"
+	fetch "github.com/gavel-sched/gavel/services/rep/internal/executor/download"
 )
 
 // download fetches d.From (http or https) and extracts it into d.To when it is a tar or a
-// gzipped tar; anything else is saved as a file at d.To (or in it, when d.To is a directory).
-// The checksum, when given, is verified before anything is written.
+// gzipped tar; anything else is saved as an executable file at d.To (or in it, when d.To is a
+// directory). The checksum, when given, is verified before anything is written. What it
+// writes is owned by the container's user.
+//
+// It writes through an os.Root of the directory confined gives, with fetch.Into (package
+// download): a symbolic link of the rootfs or of the archive that leads outside it (such as
+// /app -> /etc in a chrooted container's rootfs) is refused, so a download never writes
+// outside. Without a rootfs, an absolute d.To is a host path (the container has no filesystem
+// of its own).
 func (c *container) download(ctx context.Context, d *modelsv1.DownloadAction) error {
-	u, err := url.Parse(d.GetFrom())
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("download %q: not an http(s) URL", d.GetFrom())
+	root, _ := c.confined(d.GetTo())
+	uid, gid := -1, -1
+	if c.cred != nil {
+		uid, gid = int(c.cred.Uid), int(c.cred.Gid)
 	}
-	var sum hash.Hash
-	switch alg := strings.ToLower(d.GetChecksumAlgorithm()); {
-	case alg == "" && d.GetChecksumValue() == "":
-	case alg == "" || d.GetChecksumValue() == "":
-		return fmt.Errorf("download %s: checksum algorithm and value go together", u.Redacted())
-	case alg == "sha256":
-		sum = sha256.New()
-	case alg == "sha1":
-		sum = sha1.New()
-	case alg == "md5":
-		sum = md5.New()
+	return fetch.Into(ctx, d, root, c.dir, uid, gid)
+}
+
+// confined is the directory the rep confines its reads and writes of container path p to
+// (through an os.Root), and p inside it: the rootfs when chrooted; otherwise the container's
+// directory for a relative p, and the host's / for an absolute one.
+func (c *container) confined(p string) (root, rel string) {
+	switch {
+	case c.root != "":
+		root = c.root
+	case filepath.IsAbs(p):
+		root = "/"
 	default:
-		return fmt.Errorf("download %s: unsupported checksum algorithm %q", u.Redacted(), alg)
+		root = c.dir
 	}
-
-	tmp, err := c.fetch(ctx, u, sum)
-	if err != nil {
-		return fmt.Errorf("download %s: %w", u.Redacted(), err)
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	if sum != nil {
-		if got := hex.EncodeToString(sum.Sum(nil)); !strings.EqualFold(got, d.GetChecksumValue()) {
-			return fmt.Errorf("download %s: %s checksum mismatch: got %s, want %s", u.Redacted(),
-				d.GetChecksumAlgorithm(), got, d.GetChecksumValue())
-		}
-	}
-
-	dest := c.hostPath(d.GetTo())
-	opts := rootfs.UntarOptions{}
-	if c.cred != nil {
-		opts = rootfs.UntarOptions{ChownTo: true, UID: int(c.cred.Uid), GID: int(c.cred.Gid)}
-	}
-	br := bufio.NewReaderSize(tmp, 4096)
-	head, _ := br.Peek(512)
-	gzipped := len(head) >= 2 && head[0] == 0x1f && head[1] == 0x8b
-	isTar := len(head) >= 262 && bytes.Equal(head[257:262], []byte("ustar"))
-	if !gzipped && !isTar {
-		if err := c.saveFile(tmp, u, dest, d.GetTo()); err != nil {
-			return fmt.Errorf("download %s: %w", u.Redacted(), err)
-		}
-		return nil
-	}
-	if _, err := os.Lstat(dest); errors.Is(err, os.ErrNotExist) && c.cred != nil {
-		// Created here for the container's user, not the rep's.
-		if err := os.MkdirAll(dest, 0o755); err != nil {
-			return fmt.Errorf("download %s: create %s: %w", u.Redacted(), d.GetTo(), err)
-		}
-		if err := os.Chown(dest, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			return fmt.Errorf("download %s: chown %s: %w", u.Redacted(), d.GetTo(), err)
-		}
-	}
-	r := io.Reader(br)
-	if gzipped {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("download %s: gunzip: %w", u.Redacted(), err)
-		}
-		r = zr
-	}
-	if err := rootfs.Untar(r, dest, opts); err != nil {
-		return fmt.Errorf("download %s: %w", u.Redacted(), err)
-	}
-	return nil
-}
-
-// fetch GETs u into a temporary file in the container directory, hashing it into sum.
-func (c *container) fetch(ctx context.Context, u *url.URL, sum hash.Hash) (*os.File, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("request: %w", err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("get: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("get: status %s", resp.Status)
-	}
-	tmp, err := os.CreateTemp(c.dir, ".download-")
-	if err != nil {
-		return nil, fmt.Errorf("temporary file: %w", err)
-	}
-	w := io.Writer(tmp)
-	if sum != nil {
-		w = io.MultiWriter(tmp, sum)
-	}
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("read body: %w", err)
-	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("rewind: %w", err)
-	}
-	return tmp, nil
-}
-
-// saveFile moves the downloaded file to dest, or into dest when it is a directory (or to
-// ends with a slash), named after the URL's last path element. It is made executable.
-func (c *container) saveFile(tmp *os.File, u *url.URL, dest, to string) error {
-	if fi, err := os.Stat(dest); (err == nil && fi.IsDir()) || strings.HasSuffix(to, "/") || to == "" {
-		base := path.Base(u.Path)
-		if base == "/" || base == "." || base == "" {
-			base = "download"
-		}
-		dest = filepath.Join(dest, base)
-	}
-	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", filepath.Dir(dest), err)
-	}
-	if err := os.Rename(tmp.Name(), dest); err != nil {
-		if !errors.Is(err, syscall.EXDEV) {
-			return fmt.Errorf("save %s: %w", dest, err)
-		}
-		// Another filesystem (e.g. the rootfs): copy.
-		out, err := os.OpenFile(dest, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
-		if err != nil {
-			return fmt.Errorf("save %s: %w", dest, err)
-		}
-		_, err = io.Copy(out, tmp)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("save %s: %w", dest, err)
-		}
-	}
-	if err := os.Chmod(dest, 0o755); err != nil {
-		return fmt.Errorf("chmod %s: %w", dest, err)
-	}
-	if c.cred != nil {
-		if err := os.Chown(dest, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			return fmt.Errorf("chown %s: %w", dest, err)
-		}
-	}
-	return nil
+	return root, fetch.InRoot(p)
 }

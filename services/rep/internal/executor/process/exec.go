@@ -99,21 +99,7 @@ func (c *container) Exec(ctx context.Context, spec executor.ExecSpec) (int, erro
 				_, _ = pty.Write([]byte{4}) // end of input: the terminal's EOF character
 			}()
 		}
-		if spec.Resize != nil {
-			go func() {
-				for {
-					select {
-					case sz, ok := <-spec.Resize:
-						if !ok {
-							return
-						}
-						setSize(pty, sz)
-					case <-ctx.Done():
-						return
-					}
-				}
-			}()
-		}
+		spec.FollowResize(ctx.Done(), func(sz executor.TerminalSize) { setSize(pty, sz) })
 	case stdin != nil:
 		go func() {
 			_, _ = io.Copy(stdin, spec.Stdin)

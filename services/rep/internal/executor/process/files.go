@@ -8,38 +8,60 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/gavel-sched/gavel/pkg/atomicfile"
+	fetch "github.com/gavel-sched/gavel/services/rep/internal/executor/download"
 )
 
-// makeFiles creates the spec's files directory with its initial files and returns its host
-// path and its path as the processes see it ("" without a files directory).
-func (c *container) makeFiles() (host, inside string, err error) {
+// makeFiles creates the spec's files directory with its initial files and returns the
+// directory it lives in (the rootfs, or the container's directory without one), its path
+// relative to that, and its path as the processes see it ("" without a files directory). It
+// writes through an os.Root of that directory, so a link of the rootfs cannot send the
+// directory or its files outside it.
+func (c *container) makeFiles() (dir, rel, inside string, err error) {
 	if c.spec.FilesDir == "" {
-		return "", "", nil
+		return "", "", "", nil
 	}
-	rel := filepath.Clean("/" + c.spec.FilesDir)
+	abs := filepath.Clean("/" + c.spec.FilesDir)
+	dir = c.dir
 	if c.root != "" {
-		host, inside = filepath.Join(c.root, rel), rel
-	} else {
-		host = filepath.Join(c.dir, rel)
-		inside = host
+		dir = c.root
 	}
-	if err := os.MkdirAll(host, 0o755); err != nil {
-		return "", "", fmt.Errorf("create files directory: %w", err)
+	inside = abs
+	if c.root == "" {
+		inside = filepath.Join(dir, abs)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", "", "", fmt.Errorf("create files directory: %w", err)
+	}
+	defer root.Close()
+	rel = fetch.InRoot(abs)
+	if err := root.MkdirAll(rel, 0o755); err != nil {
+		return "", "", "", fmt.Errorf("create files directory: %w", err)
 	}
 	for name, data := range c.spec.Files {
 		if name != filepath.Base(name) || name == "." || name == ".." {
-			return "", "", fmt.Errorf("file name %q is not a plain name", name)
+			return "", "", "", fmt.Errorf("file name %q is not a plain name", name)
 		}
-		if err := atomicfile.Write(filepath.Join(host, name), data, 0o644); err != nil {
-			return "", "", err
+		if err := root.WriteFile(filepath.Join(rel, name), data, 0o644); err != nil {
+			return "", "", "", fmt.Errorf("write file %s: %w", name, err)
 		}
 	}
-	return host, inside, nil
+	return dir, rel, inside, nil
+}
+
+// removeFiles removes the files directory of a container in a shared rootfs, through an
+// os.Root of the rootfs (a link the container made cannot redirect the removal).
+func (c *container) removeFiles() error {
+	root, err := os.OpenRoot(c.filesRoot)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return root.RemoveAll(c.filesDir)
 }
 
 // FilesPath implements executor.Container.
-func (c *container) FilesPath() string { return c.filesHost }
+func (c *container) FilesPath() (root, dir string) { return c.filesRoot, c.filesDir }
 
 // Signal implements executor.Container: it signals every running process group.
 func (c *container) Signal(sig syscall.Signal) error {

@@ -28,7 +28,8 @@ func TestFilesDirAndSignal(t *testing.T) {
 		FilesDirEnv: "LINKS",
 		Files:       map[string][]byte{"db.json": []byte(`{"nodes":[]}`)},
 	})
-	dir := c.FilesPath()
+	root, rel := c.FilesPath()
+	dir := filepath.Join(root, rel)
 	if !strings.HasSuffix(dir, filepath.Join(".gavel", "links", "files-1")) {
 		t.Fatalf("FilesPath %q", dir)
 	}
@@ -64,7 +65,8 @@ func TestContainersGetHangupUnderNohup(t *testing.T) {
 		FilesDir:    ".gavel/links/hup-1",
 		FilesDirEnv: "LINKS",
 	})
-	dir := c.FilesPath()
+	root, rel := c.FilesPath()
+	dir := filepath.Join(root, rel)
 	waitFile(t, dir, "ready", "trapped")
 	if err := c.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)

@@ -6,12 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/checks"
 )
-
-// monitorActionTimeout bounds one run of a legacy monitor action.
-const monitorActionTimeout = 10 * time.Second
 
 // monitor drives Healthy and Routable from the moment the main action starts a process until
 // ctx ends (the action finished), with the checks of package checks probing the host ports.
@@ -25,7 +21,7 @@ func (c *container) monitor(ctx context.Context, actionStart time.Time) {
 	def := c.spec.Checks
 	health := checks.ForChecks(def.GetChecks(), c.hostAddr, nil)
 	if len(health) == 0 && c.spec.Monitor != nil {
-		health = append(health, c.monitorActionProbe(c.spec.Monitor))
+		health = append(health, c.tree().Probe(c.spec.Monitor))
 	}
 	readiness := checks.ForChecks(def.GetReadinessChecks(), c.hostAddr, nil)
 	checks.Monitor{
@@ -55,13 +51,4 @@ func (c *container) hostAddr(containerPort uint32) string {
 		port = hp
 	}
 	return net.JoinHostPort(c.b.opts.CellAddress, strconv.Itoa(port))
-}
-
-// monitorActionProbe runs the legacy monitor action; it passes when the action succeeds.
-func (c *container) monitorActionProbe(a *modelsv1.Action) checks.Probe {
-	return func(ctx context.Context) bool {
-		ctx, cancel := context.WithTimeout(ctx, monitorActionTimeout)
-		defer cancel()
-		return c.runAction(ctx, a) == nil
-	}
 }

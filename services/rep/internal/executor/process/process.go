@@ -262,15 +262,15 @@ func (b *Backend) create(spec executor.Spec) (_ *container, err error) {
 	}
 	c := newContainer(b, spec, dir, root, cred, cg, netInfo, mapping, containerPorts)
 	c.hostPorts = hostPorts
-	host, inside, err := c.makeFiles()
+	filesRoot, filesDir, inside, err := c.makeFiles()
 	if err != nil {
 		if cg != nil {
 			cg.destroy()
 		}
 		return nil, err
 	}
-	if host != "" {
-		c.filesHost = host
+	if filesRoot != "" {
+		c.filesRoot, c.filesDir = filesRoot, filesDir
 		if spec.FilesDirEnv != "" {
 			c.env = append(c.env, spec.FilesDirEnv+"="+inside)
 		}

@@ -381,7 +381,7 @@ func TestTaskResultFile(t *testing.T) {
 	}{
 		{name: "read", action: run(bin("writeresult"), "out/result.json", `{"ok":true}`), file: "out/result.json",
 			output: fmt.Sprintf("{\"ok\":true}\nuid=%d\n", os.Getuid())},
-		{name: "missing", action: sh("true"), file: "nothing", reason: "read result file: open "},
+		{name: "missing", action: sh("true"), file: "nothing", reason: "read result file: openat nothing: no such file or directory"},
 		{name: "too large", action: sh("head -c 20000 /dev/zero > big"), file: "big", reason: "result file big is larger than 10240 bytes"},
 		{name: "failed task", action: sh("echo partial > r; echo oops >&2; exit 1"), file: "r", reason: "exit status 1: oops"},
 	}

@@ -121,7 +121,7 @@ type container struct {
 var _ executor.Container = (*container)(nil)
 
 // FilesPath implements executor.Container: simulated containers keep no files.
-func (c *container) FilesPath() string { return "" }
+func (c *container) FilesPath() (root, dir string) { return "", "" }
 
 // Signal implements executor.Container: simulated containers have no processes to signal.
 func (c *container) Signal(syscall.Signal) error { return nil }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -30,6 +32,53 @@ import (
 func NewRegistry(t testing.TB) string {
 	t.Helper()
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// NewAuthRegistry is NewRegistry requiring HTTP basic authentication as user with password on
+// every request (401 with a Basic challenge otherwise). Push to it with PushAuth.
+func NewAuthRegistry(t testing.TB, user, password string) string {
+	t.Helper()
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != user || p != password {
+			w.Header().Set("WWW-Authenticate", `Basic realm="rootfstest"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// NewTokenRegistry is NewRegistry requiring a bearer token on every request, as Docker Hub
+// does: a request without one gets 401 with a Bearer challenge naming the registry's /token
+// realm, which hands out the token for HTTP basic authentication as user with password. Push
+// to it with PushAuth.
+func NewTokenRegistry(t testing.TB, user, password string) string {
+	t.Helper()
+	const token = "rootfstest-token"
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/token" {
+			if u, p, ok := r.BasicAuth(); !ok || u != user || p != password {
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"token":"`+token+`","access_token":"`+token+`"}`)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="`+srv.URL+`/token",service="rootfstest"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	return strings.TrimPrefix(srv.URL, "http://")
 }
@@ -88,6 +137,18 @@ func Layer(t testing.TB, files ...File) v1.Layer {
 // host/repo:tag and returns its rootfs URI "docker://host/repo#tag" and its digest.
 func Push(t testing.TB, host, repo, tag string, layers ...v1.Layer) (string, v1.Hash) {
 	t.Helper()
+	return push(t, host, repo, tag, nil, layers)
+}
+
+// PushAuth is Push to a registry of NewAuthRegistry or NewTokenRegistry, as user with
+// password.
+func PushAuth(t testing.TB, host, repo, tag, user, password string, layers ...v1.Layer) (string, v1.Hash) {
+	t.Helper()
+	return push(t, host, repo, tag, []remote.Option{remote.WithAuth(&authn.Basic{Username: user, Password: password})}, layers)
+}
+
+func push(t testing.TB, host, repo, tag string, opts []remote.Option, layers []v1.Layer) (string, v1.Hash) {
+	t.Helper()
 	base, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{Architecture: runtime.GOARCH, OS: "linux"})
 	if err != nil {
 		t.Fatalf("push: config: %v", err)
@@ -100,7 +161,7 @@ func Push(t testing.TB, host, repo, tag string, layers ...v1.Layer) (string, v1.
 	if err != nil {
 		t.Fatalf("push: reference: %v", err)
 	}
-	if err := remote.Write(ref, img); err != nil {
+	if err := remote.Write(ref, img, opts...); err != nil {
 		t.Fatalf("push %s: %v", ref, err)
 	}
 	d, err := img.Digest()

@@ -42,7 +42,18 @@ type Config struct {
 	CacheDir string
 	// IfName is the container's interface name.
 	IfName string
+	// MaxParallel bounds the attachments and detachments that run their plugins at once
+	// (DefaultMaxParallel when zero or less).
+	MaxParallel int
 }
+
+// DefaultMaxParallel is how many containers a Network attaches or detaches at once unless
+// told otherwise. bridge and portmap change iptables under one host-wide lock, and every
+// iptables call reads the whole ruleset, so a cell starting 100 containers at once with no
+// bound ran 100 plugin chains into that lock: on a 2-core machine some portmap ADDs took more
+// than the 30 s a start may take and were killed. A few at a time keep the lock busy without
+// the pile-up.
+const DefaultMaxParallel = 4
 
 // Default returns the configuration a rep uses unless told otherwise.
 func Default() Config {
@@ -54,6 +65,7 @@ func Default() Config {
 		Subnet:      "10.255.0.0/16",
 		CacheDir:    libcni.CacheDir,
 		IfName:      "eth0",
+		MaxParallel: DefaultMaxParallel,
 	}
 }
 

@@ -176,36 +176,11 @@ func newTestEnv(t *testing.T) testEnv {
 	e.cfg.BinDirs = []string{e.bin, "/usr/lib/cni"}
 	e.cfg.NetworkName = "gavel-test-" + randHex(t, 3)
 	e.cfg.Bridge = "gvt" + randHex(t, 3)
-	e.cfg.Subnet = freeSubnet(t)
+	e.cfg.Subnet, _ = testkit.FreeSubnet(t, 254)
 	e.cfg.IPAMDataDir = filepath.Join(dir, "ipam")
 	e.cfg.CacheDir = filepath.Join(dir, "cache")
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", e.cfg.Bridge).Run() })
 	return e
-}
-
-// freeSubnet picks a /24 in 10.254.0.0/16 that no address on this host is in.
-func freeSubnet(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 100 {
-		b := make([]byte, 1)
-		_, _ = rand.Read(b)
-		_, sub, _ := net.ParseCIDR(fmt.Sprintf("10.254.%d.0/24", b[0]))
-		used := false
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && (sub.Contains(ipn.IP) || ipn.Contains(sub.IP)) {
-				used = true
-			}
-		}
-		if !used {
-			return sub.String()
-		}
-	}
-	t.Fatal("no free /24 in 10.254.0.0/16")
-	return ""
 }
 
 // writeConfList writes the operator's configuration: the generated chain with extra plugins

@@ -66,6 +66,8 @@ type Network struct {
 	loopback *libcni.NetworkConfigList
 	ports    PortAllocator
 
+	turns chan struct{} // a slot per attachment or detachment running plugins (MaxParallel)
+
 	mu    sync.Mutex
 	owned map[string][]uint32 // container ID → host ports taken from ports
 }
@@ -92,12 +94,17 @@ func New(ctx context.Context, cfg Config, ports PortAllocator) (*Network, error)
 	if err != nil {
 		return nil, fmt.Errorf("cni: %w", err)
 	}
+	parallel := cfg.MaxParallel
+	if parallel <= 0 {
+		parallel = DefaultMaxParallel
+	}
 	n := &Network{
 		cfg:      cfg,
 		cni:      libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, nil),
 		list:     list,
 		loopback: lo,
 		ports:    ports,
+		turns:    make(chan struct{}, parallel),
 		owned:    map[string][]uint32{},
 	}
 	for _, l := range []*libcni.NetworkConfigList{list, lo} {
@@ -107,6 +114,20 @@ func New(ctx context.Context, cfg Config, ports PortAllocator) (*Network, error)
 	}
 	return n, nil
 }
+
+// turn waits until fewer than MaxParallel attachments and detachments run plugins; done
+// ends the turn.
+func (n *Network) turn(ctx context.Context) error {
+	select {
+	case n.turns <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a turn to run the plugins (%d at once): %w", cap(n.turns), context.Cause(ctx))
+	}
+}
+
+// done ends a turn taken with turn.
+func (n *Network) done() { <-n.turns }
 
 // Name returns the network's name.
 func (n *Network) Name() string { return n.list.Name }
@@ -118,6 +139,10 @@ func (n *Network) Attach(ctx context.Context, req AttachRequest) (Attachment, er
 	if err := checkRequest(req); err != nil {
 		return Attachment{}, fmt.Errorf("cni: attach %q: %w", req.ContainerID, err)
 	}
+	if err := n.turn(ctx); err != nil {
+		return Attachment{}, fmt.Errorf("cni: attach %q: %w", req.ContainerID, err)
+	}
+	defer n.done()
 	hostPorts := req.HostPorts
 	if hostPorts == nil && len(req.Ports) > 0 {
 		if n.ports == nil {
@@ -183,6 +208,10 @@ func (n *Network) Detach(ctx context.Context, containerID, netnsPath string, por
 	if containerID == "" {
 		return errors.New("cni: detach: empty container ID")
 	}
+	if err := n.turn(ctx); err != nil {
+		return fmt.Errorf("cni: detach %q: %w", containerID, err)
+	}
+	defer n.done()
 	err := n.del(ctx, n.runtimeConf(containerID, netnsPath, ports))
 	n.release(containerID)
 	if err != nil {

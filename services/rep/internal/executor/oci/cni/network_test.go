@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAttachDetach attaches a namespace to the generated chain (real bridge, host-local,
@@ -266,5 +267,28 @@ func TestNetns(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("%s still there: %v", path, err)
+	}
+}
+
+// TestAttachmentsTakeTurns: with MaxParallel attachments and detachments running their
+// plugins, another waits for a turn (and gives up, saying so, when its context ends); a turn
+// ended lets the next one go.
+func TestAttachmentsTakeTurns(t *testing.T) {
+	n := &Network{turns: make(chan struct{}, 1), owned: map[string][]uint32{}}
+	if err := n.turn(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := n.Attach(ctx, AttachRequest{ContainerID: "c1", NetnsPath: "/run/netns/c1"})
+	if err == nil || !strings.Contains(err.Error(), "waiting for a turn to run the plugins (1 at once)") {
+		t.Errorf("Attach while the only turn is taken: %v", err)
+	}
+	if err := n.Detach(ctx, "c1", "/run/netns/c1", nil); err == nil || !strings.Contains(err.Error(), "waiting for a turn") {
+		t.Errorf("Detach while the only turn is taken: %v", err)
+	}
+	n.done()
+	if err := n.turn(context.Background()); err != nil {
+		t.Errorf("a turn after the last one ended: %v", err)
 	}
 }

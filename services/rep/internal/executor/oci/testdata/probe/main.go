@@ -1,5 +1,6 @@
 // Command probe runs inside the oci backend's test containers (a static binary, so the rootfs
-// needs no shell or libc) and writes what it finds to $RESULT:
+// needs no shell or libc) and writes what it finds to $RESULT, or to stdout when RESULT is
+// unset (run through exec):
 //
 //	probe exit N      exits with status N
 //	probe hostname    the hostname
@@ -11,10 +12,15 @@
 //	probe serve PORT  accepts tcp connections on 127.0.0.1:PORT until killed
 //	probe hog         allocates and touches memory until killed
 //	probe forkbomb    forks until the kernel refuses: "forked N: error"
+//	probe write PATH TEXT  writes TEXT to PATH, then "written"
+//	probe cat PATH    the content of PATH
+//	probe listen PORT listens on 0.0.0.0:PORT, says "listening" on stdout, accepts and
+//	                  closes connections until its stdin ends
 package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -118,6 +124,37 @@ func main() {
 		}
 	case "forkbomb":
 		forkbomb()
+	case "write":
+		if err := os.WriteFile(os.Args[2], []byte(os.Args[3]), 0o600); err != nil {
+			fail(err.Error())
+		}
+		result("written")
+	case "link": // link TARGET NAME: make NAME a symbolic link to TARGET
+		if err := os.Symlink(os.Args[2], os.Args[3]); err != nil {
+			fail(err.Error())
+		}
+	case "cat":
+		b, err := os.ReadFile(os.Args[2])
+		if err != nil {
+			fail(err.Error())
+		}
+		result(string(b))
+	case "listen":
+		l, err := net.Listen("tcp", net.JoinHostPort("0.0.0.0", os.Args[2]))
+		if err != nil {
+			fail(err.Error())
+		}
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				_ = conn.Close()
+			}
+		}()
+		fmt.Println("listening on", l.Addr())
+		_, _ = io.Copy(io.Discard, os.Stdin)
 	default:
 		fail("unknown command " + os.Args[1])
 	}
@@ -153,6 +190,10 @@ func forkbomb() {
 }
 
 func result(s string) {
+	if os.Getenv("RESULT") == "" {
+		fmt.Println(s)
+		return
+	}
 	if err := os.WriteFile(os.Getenv("RESULT"), []byte(s), 0o644); err != nil {
 		fail(err.Error())
 	}

@@ -1,0 +1,91 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+)
+
+// BenchmarkEtcdShards measures what sharding the BBS's state over several etcd clusters would
+// give on this machine (docs/performance.md, "Past one etcd"): for 1, 2 and 4 shards, that many
+// gavel-etcd processes (fsync on, each its own data directory) take the ceiling's two write
+// loads at once, and the figures are summed. A shard is one etcd member here; in a deployment
+// each would be a cluster on machines of its own.
+//
+//	go test -run '^$' -bench EtcdShards -benchtime 1x ./test/scale/
+func BenchmarkEtcdShards(b *testing.B) {
+	for _, shards := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
+			clis := startEtcds(b, shards)
+			for i := 0; i < b.N; i++ {
+				var total ceiling
+				results := make([]ceiling, shards)
+				g, ctx := errgroup.WithContext(context.Background())
+				for s, cli := range clis {
+					g.Go(func() (err error) {
+						results[s], err = measureCeiling(ctx, cli, 3*time.Second)
+						return err
+					})
+				}
+				if err := g.Wait(); err != nil {
+					b.Fatal(err)
+				}
+				for _, r := range results {
+					total.TxnPerSec += r.TxnPerSec
+					total.KeysPerSec += r.KeysPerSec
+				}
+				b.ReportMetric(total.TxnPerSec, "single_key_txn/s")
+				b.ReportMetric(total.KeysPerSec, "keys/s_in_64_key_txns")
+				b.Logf("%d shards: %.0f single-key txn/s, %.0f keys/s in 64-key txns (per shard: %v)", shards, total.TxnPerSec, total.KeysPerSec, results)
+			}
+		})
+	}
+}
+
+// startEtcds starts n gavel-etcd processes over TLS and returns a client of each.
+func startEtcds(b *testing.B, n int) []*clientv3.Client {
+	dir := b.TempDir()
+	pki, err := tlsx.GenerateDevPKI(filepath.Join(dir, "pki"), "etcd", "admin")
+	if err != nil {
+		b.Fatal(err)
+	}
+	clis := make([]*clientv3.Client, n)
+	for i := range clis {
+		clientURL, _ := startGavelEtcd(b, fmt.Sprintf("shard-%d", i), filepath.Join(dir, fmt.Sprintf("etcd-%d", i)), pki["etcd"])
+		cli, err := etcdx.Connect([]string{clientURL}, pki["admin"], logtest.New(b).Named("etcd"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cli.Close() })
+		waitUntil(b, 30*time.Second, "etcd shard up", func() (bool, string) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := cli.Get(ctx, "health")
+			return err == nil, fmt.Sprint(err)
+		})
+		clis[i] = cli
+	}
+	return clis
+}
+
+// startGavelEtcd starts a one-member gavel-etcd called name with its data in dataDir, serving
+// clients over mutual TLS with server's certificate, until the test ends; it returns its client
+// URL and process. env is added to its environment.
+func startGavelEtcd(t testing.TB, name, dataDir string, server tlsx.Config, env ...string) (string, *testkit.Proc) {
+	clientURL, peerURL := "https://"+testkit.ReservedAddr(t), "http://"+testkit.ReservedAddr(t)
+	p := testkit.StartProcEnv(t, time.Minute, env, "gavel-etcd", testkit.Binary(t, "gavel-etcd"), "-name", name, "-data-dir", dataDir,
+		"-listen-client-urls", clientURL, "-advertise-client-urls", clientURL,
+		"-listen-peer-urls", peerURL, "-initial-advertise-peer-urls", peerURL,
+		"-cert-file", server.CertFile, "-key-file", server.KeyFile, "-trusted-ca-file", server.CAFile)
+	return clientURL, p
+}

@@ -1,0 +1,363 @@
+package scale
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/gavel-sched/gavel/internal/devcluster"
+	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/pkg/bbsclient"
+	"github.com/gavel-sched/gavel/pkg/etcdx"
+	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
+	"github.com/gavel-sched/gavel/pkg/grpcx"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
+	"github.com/gavel-sched/gavel/pkg/servicemain"
+	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/services/rep"
+)
+
+// target is the cluster a run drives: every service in this process over plaintext
+// (inProcess), or as deployed, each service a process of its own with mutual TLS on every hop
+// (deployed).
+type target interface {
+	// BBS is the run's BBS client (retrying load the BBS sheds, as bbsclient's connection does).
+	BBS() bbsv1.BBSServiceClient
+	// RouteEmitter is a client of the route-emitter.
+	RouteEmitter() routeemitterv1.RouteEmitterServiceClient
+	// Etcd is a client of the cluster's etcd (for the ceiling of the same run).
+	Etcd() *clientv3.Client
+	// Hosts is how many hosts hold the cells; HostCells lists one's cells.
+	Hosts() int
+	HostCells(h int) []string
+	// LoseHost cuts host h off: its cells stop refreshing their presence.
+	LoseHost(t testing.TB, h int)
+	// DialRep connects to a cell's rep as the audit's identity.
+	DialRep(addr string) (*grpc.ClientConn, error)
+	// Usage is CPU time and peak RSS by process.
+	Usage() []procUsage
+}
+
+// procUsage is what one process (or a group of like processes) used.
+type procUsage struct {
+	name    string
+	n       int           // processes in the group
+	cpu     time.Duration // user + system, summed over the group
+	peakRSS uint64        // the largest of the group's peaks, bytes
+	cells   int           // cells the group hosts
+}
+
+// inProcess is the devcluster of a run in this process.
+type inProcess struct {
+	c     *devcluster.Cluster
+	re    routeemitterv1.RouteEmitterServiceClient
+	cells int
+}
+
+func (p *inProcess) BBS() bbsv1.BBSServiceClient                            { return p.c.BBS }
+func (p *inProcess) RouteEmitter() routeemitterv1.RouteEmitterServiceClient { return p.re }
+func (p *inProcess) Etcd() *clientv3.Client                                 { return p.c.Etcd }
+func (p *inProcess) Hosts() int                                             { return p.c.Hosts() }
+func (p *inProcess) HostCells(h int) []string                               { return p.c.HostCells(h) }
+
+func (p *inProcess) LoseHost(t testing.TB, h int) {
+	if err := p.c.DisconnectHost(h); err != nil {
+		t.Fatalf("disconnect host %d: %v", h, err)
+	}
+}
+
+func (p *inProcess) DialRep(addr string) (*grpc.ClientConn, error) {
+	return grpcx.Dial(addr, grpcx.ClientConfig{TLS: tlsx.Config{Insecure: true}})
+}
+
+func (p *inProcess) Usage() []procUsage {
+	u, _ := usageOf(os.Getpid())
+	u.name, u.n, u.cells = "everything (one process)", 1, p.cells
+	return []procUsage{u}
+}
+
+// deployed is a run's cluster of built binaries: gavel-etcd, the BBS, the auctioneer, the
+// route-emitter, the router and sim hosts (rep -sim-cells), each cell with an identity of its
+// own, every hop over mutual TLS.
+type deployed struct {
+	pki                     map[string]tlsx.Config
+	services                []*testkit.Proc
+	hosts                   []*testkit.Proc
+	hostCells               [][]string
+	usageAtLoss             map[int]procUsage // of each lost host, read before the kill
+	bbs                     bbsv1.BBSServiceClient
+	re                      routeemitterv1.RouteEmitterServiceClient
+	etcd                    *clientv3.Client
+	bbsAddr, auctioneerAddr string
+	emitterAddr             string
+	// profileDir and metrics: with -profile-dir, the services' metrics addresses (name, address),
+	// saved as DIR/NAME.metrics at the end of the run.
+	profileDir string
+	metrics    [][2]string
+}
+
+// hostID is the cell-id prefix of sim host h.
+func hostID(h int) string { return fmt.Sprintf("rack-%03d", h) }
+
+// startDeployed starts the processes of a deployed run under dir and waits until every cell
+// is registered and the auctioneer leads.
+func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
+	t.Helper()
+	perHost := max(cfg.CellsPerHost, 2) // a sim host runs at least two cells
+	d := &deployed{usageAtLoss: map[int]procUsage{}, profileDir: cfg.ProfileDir}
+	for first := 0; first < cfg.Cells; first += perHost {
+		h := len(d.hostCells)
+		n := min(perHost, cfg.Cells-first)
+		cells := make([]string, n)
+		for i := range cells {
+			cells[i] = rep.SimCellID(hostID(h), i)
+		}
+		d.hostCells = append(d.hostCells, cells)
+	}
+	names := []string{"etcd", "bbs", "auctioneer", "route-emitter", "router", "admin"}
+	for _, cells := range d.hostCells {
+		for _, id := range cells {
+			names = append(names, "rep/"+id)
+		}
+	}
+	pki, err := tlsx.GenerateDevPKI(filepath.Join(dir, "pki"), names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.pki = pki
+	flags := func(prefix, identity string) []string {
+		id := pki[identity]
+		return []string{"-" + prefix + "-cert", id.CertFile, "-" + prefix + "-key", id.KeyFile, "-" + prefix + "-ca", id.CAFile}
+	}
+	start := func(name string, args ...string) *testkit.Proc {
+		if cfg.ProfileDir != "" && name != "router" {
+			// Beside the profiles, each service's metrics at the end of the run (saveMetrics).
+			addr := testkit.ReservedAddr(t)
+			d.metrics = append(d.metrics, [2]string{name, addr})
+			args = append(args, "-metrics-address", addr)
+		}
+		p := testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(name), name, testkit.Binary(t, binaryOf(name)), args...)
+		d.services = append(d.services, p)
+		return p
+	}
+
+	clientURL, etcdProc := startGavelEtcd(t, "scale", filepath.Join(dir, "etcd"), pki["etcd"], cfg.profileEnv("gavel-etcd")...)
+	d.services = append(d.services, etcdProc)
+	etcdFlags := func(identity string) []string {
+		return append([]string{"-etcd-endpoints", clientURL}, flags("etcd", identity)...)
+	}
+
+	d.bbsAddr, d.auctioneerAddr, d.emitterAddr = testkit.ReservedAddr(t), testkit.ReservedAddr(t), testkit.ReservedAddr(t)
+	bbsArgs := append([]string{"-listen", d.bbsAddr, "-auctioneer-address", d.auctioneerAddr, "-log-level", "error"}, flags("tls", "bbs")...)
+	bbsArgs = append(bbsArgs, etcdFlags("bbs")...)
+	if cfg.BBSMaxInflightWrites >= 0 {
+		path := filepath.Join(dir, "bbs.json")
+		if err := os.WriteFile(path, fmt.Appendf(nil, `{"max_inflight_writes": %d}`, cfg.BBSMaxInflightWrites), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bbsArgs = append(bbsArgs, "-config", path)
+	}
+	start("bbs", bbsArgs...)
+	auctArgs := append([]string{"-listen", d.auctioneerAddr, "-bbs-address", d.bbsAddr, "-log-level", "error"}, flags("tls", "auctioneer")...)
+	auctArgs = append(auctArgs, flags("bbs", "auctioneer")...)
+	auctArgs = append(auctArgs, flags("rep", "auctioneer")...)
+	auctArgs = append(auctArgs, etcdFlags("auctioneer")...)
+	if cfg.AuctioneerMaxInflight >= 0 {
+		auctArgs = append(auctArgs, "-max-inflight-starts", strconv.Itoa(cfg.AuctioneerMaxInflight))
+	}
+	start("auctioneer", auctArgs...)
+	reArgs := append([]string{"-listen", d.emitterAddr, "-bbs-address", d.bbsAddr, "-log-level", "error"}, flags("tls", "route-emitter")...)
+	reArgs = append(reArgs, flags("bbs", "route-emitter")...)
+	if cfg.RouteSyncInterval > 0 {
+		reArgs = append(reArgs, "-sync-interval", cfg.RouteSyncInterval.String())
+	}
+	start("route-emitter", reArgs...)
+	start("router", append([]string{"-http", testkit.ReservedAddr(t), "-https", "", "-admin", "", "-tcp-bind", "127.0.0.1",
+		"-routeemitter-address", d.emitterAddr, "-log-level", "error"}, flags("routeemitter", "router")...)...)
+
+	perCell := 2*cfg.Instances/cfg.Cells + 20
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cellPath := func(path, id string) string { return strings.ReplaceAll(path, id, rep.CellPlaceholder) }
+	for h, cells := range d.hostCells {
+		id := pki["rep/"+cells[0]]
+		cert, key := cellPath(id.CertFile, cells[0]), cellPath(id.KeyFile, cells[0])
+		args := []string{"-backend", "sim", "-sim-cells", strconv.Itoa(len(cells)), "-cell-id", hostID(h),
+			"-zone", fmt.Sprintf("z%d", h%3), "-listen", "127.0.0.1:0", "-cell-address", "127.0.0.1",
+			"-preloaded-rootfses", fmt.Sprintf(`{"cflinuxfs4":%q}`, rootfs),
+			"-memory-mb", strconv.Itoa(64 * perCell), "-disk-mb", strconv.Itoa(64 * perCell), "-containers", strconv.Itoa(perCell),
+			"-sim-start-latency", cfg.StartLatency.String(), "-sim-log-interval", "0", "-lease-ttl", cfg.LeaseTTL.String(),
+			"-bulk-interval", "1h", // nothing may depend on the bulk loop
+			"-work-dir", filepath.Join(dir, hostID(h)), "-bbs-address", d.bbsAddr, "-etcd-endpoints", clientURL, "-log-level", "error",
+			"-tls-cert", cert, "-tls-key", key, "-tls-ca", id.CAFile,
+			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
+			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
+		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(hostID(h)), hostID(h), testkit.Binary(t, "rep"), args...))
+	}
+
+	admin := pki["admin"]
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: d.bbsAddr, BBSTLS: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	d.bbs = bbsv1.NewBBSServiceClient(conn)
+	reConn, err := grpcx.Dial(d.emitterAddr, grpcx.ClientConfig{TLS: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reConn.Close() })
+	d.re = routeemitterv1.NewRouteEmitterServiceClient(reConn)
+	if d.etcd, err = etcdx.Connect([]string{clientURL}, admin, logtest.New(t).Named("etcd")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.etcd.Close() })
+
+	auctConn, err := grpcx.Dial(d.auctioneerAddr, grpcx.ClientConfig{TLS: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer auctConn.Close()
+	d.wait(t, cfg.PhaseTimeout, "the auctioneer to lead", func() (bool, string) {
+		return testkit.Serving(auctConn, testkit.AuctioneerService)
+	})
+	return d
+}
+
+// profileEnv is the environment that makes process name write its CPU profile into
+// cfg.ProfileDir (servicemain.CPUProfileEnv), or none without one.
+func (cfg runConfig) profileEnv(name string) []string {
+	if cfg.ProfileDir == "" {
+		return nil
+	}
+	return []string{servicemain.CPUProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".cpu")}
+}
+
+// binaryOf is the binary a deployed service runs.
+func binaryOf(service string) string {
+	if service == "route-emitter" {
+		return "routeemitter"
+	}
+	return service
+}
+
+// wait is waitUntil failing at once when one of the processes exited.
+func (d *deployed) wait(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	waitUntil(t, timeout, what, func() (bool, string) {
+		d.alive(t, what)
+		return cond()
+	})
+}
+
+// alive fails t, with the process's output, when a service or a host not lost on purpose has
+// exited while waiting for what.
+func (d *deployed) alive(t testing.TB, what string) {
+	t.Helper()
+	for _, p := range d.services {
+		d.failIfExited(t, p, what)
+	}
+	for h, p := range d.hosts {
+		if _, lost := d.usageAtLoss[h]; !lost {
+			d.failIfExited(t, p, what)
+		}
+	}
+}
+
+// failIfExited fails t when p has exited while waiting for what.
+func (d *deployed) failIfExited(t testing.TB, p *testkit.Proc, what string) {
+	if p.Done() {
+		t.Fatalf("%s exited (%v) while waiting for %s; output:\n%s", p.Name, p.Err, what, tail(p.Out.String(), 4000))
+	}
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+func (d *deployed) BBS() bbsv1.BBSServiceClient                            { return d.bbs }
+func (d *deployed) RouteEmitter() routeemitterv1.RouteEmitterServiceClient { return d.re }
+func (d *deployed) Etcd() *clientv3.Client                                 { return d.etcd }
+func (d *deployed) Hosts() int                                             { return len(d.hosts) }
+func (d *deployed) HostCells(h int) []string                               { return d.hostCells[h] }
+
+// LoseHost kills sim host h with SIGKILL, as a rack losing power: its cells' leases expire.
+func (d *deployed) LoseHost(t testing.TB, h int) {
+	u, err := usageOf(d.hosts[h].Pid)
+	if err != nil {
+		t.Fatalf("usage of %s: %v", d.hosts[h].Name, err)
+	}
+	u.name = hostID(h)
+	d.usageAtLoss[h] = u
+	d.hosts[h].Kill(t)
+}
+
+func (d *deployed) DialRep(addr string) (*grpc.ClientConn, error) {
+	return grpcx.Dial(addr, grpcx.ClientConfig{TLS: d.pki["admin"]})
+}
+
+// Usage is each service's process, then the sim hosts as one group (CPU summed, the largest
+// peak RSS), read now or, for a lost host, when it was killed.
+func (d *deployed) Usage() []procUsage {
+	var out []procUsage
+	for _, p := range d.services {
+		u, _ := usageOf(p.Pid)
+		u.name, u.n = p.Name, 1
+		out = append(out, u)
+	}
+	hosts := procUsage{name: "sim hosts (rep)"}
+	for h, p := range d.hosts {
+		u, ok := d.usageAtLoss[h]
+		if !ok {
+			u, _ = usageOf(p.Pid)
+		}
+		hosts.n++
+		hosts.cells += len(d.hostCells[h])
+		hosts.cpu += u.cpu
+		hosts.peakRSS = max(hosts.peakRSS, u.peakRSS)
+	}
+	return append(out, hosts)
+}
+
+// usageOf reads the CPU time (user + system) and peak RSS of process pid.
+func usageOf(pid int) (procUsage, error) {
+	cpu, err := testkit.ProcessCPU(pid)
+	if err != nil {
+		return procUsage{}, err
+	}
+	rss, err := testkit.PeakRSS(pid)
+	return procUsage{cpu: cpu, peakRSS: rss}, err
+}
+
+// saveMetrics writes each service's /metrics to DIR/NAME.metrics (with -profile-dir): the
+// counters of a run (the BBS's calls by method and code, the auctioneer's rounds and failures)
+// to read beside its profiles. A service that does not answer is skipped.
+func (d *deployed) saveMetrics() {
+	for _, m := range d.metrics {
+		resp, err := http.Get("http://" + m[1] + "/metrics")
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			_ = os.WriteFile(filepath.Join(d.profileDir, m[0]+".metrics"), b, 0o644)
+		}
+	}
+}
