@@ -687,3 +687,56 @@ func TestRecreatedAppGetsItsNewDefinition(t *testing.T) {
 		return len(paths) == 1 && strings.HasSuffix(paths[0], ":/bin/new-app"), fmt.Sprint(paths)
 	})
 }
+
+// TestRestartSurvivesConcurrentWritesOfTheRecord: while RestartApp waits for the new version,
+// other writers (the bulk loop's bookkeeping) change the app record; a lost compare-and-swap
+// while advancing the restart is read again, never answered to the caller as Aborted.
+func TestRestartSurvivesConcurrentWritesOfTheRecord(t *testing.T) {
+	e := startEnv(t, nil, nil)
+	ctx := ctxT(t)
+	if _, err := e.nsync.DesireApp(ctx, &nsyncv1.DesireAppRequest{App: app("web", "space", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRunning(t, "web-v1", 2)
+	done := make(chan struct{})
+	writes := make(chan int)
+	go func() {
+		// Once the restart is recorded as pending, rewrite the record as it stands (a new mod
+		// revision, the same content) every millisecond for a bounded time, or until the
+		// restart answers.
+		n := 0
+		defer func() { writes <- n }()
+		stop := time.After(3 * time.Second)
+		for {
+			select {
+			case <-done:
+				return
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			got, err := e.cluster.Etcd.Get(ctx, "/gavel/v1/nsync/app/web")
+			if err != nil || len(got.Kvs) != 1 {
+				continue
+			}
+			rec := &nsyncv1.AppRecord{}
+			if err := proto.Unmarshal(got.Kvs[0].Value, rec); err != nil || rec.GetPendingVersion() == 0 {
+				continue // only the wait is the subject here, not the start
+			}
+			if _, err := e.cluster.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision("/gavel/v1/nsync/app/web"), "=", got.Kvs[0].ModRevision)).
+				Then(clientv3.OpPut("/gavel/v1/nsync/app/web", string(got.Kvs[0].Value))).Commit(); err == nil {
+				n++
+			}
+		}
+	}()
+	rr, err := e.nsync.RestartApp(ctx, &nsyncv1.RestartAppRequest{Guid: "web"})
+	close(done)
+	t.Logf("the record was rewritten %d times during the restart", <-writes)
+	if err != nil {
+		t.Fatalf("RestartApp with concurrent writes of the record: %v", err)
+	}
+	if rr.GetProcessGuid() != "web-v2" {
+		t.Errorf("RestartApp answered %v", rr)
+	}
+	e.waitRunning(t, "web-v2", 2)
+}

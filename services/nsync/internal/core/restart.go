@@ -63,6 +63,11 @@ func (c *Core) RestartApp(ctx context.Context, guid string) (_ *nsyncv1.App, _ s
 	wctx, wspan := startStep(ctx, "nsync.restart.wait_running", guid)
 	for {
 		done, err := c.advanceRestart(wctx, guid, next)
+		if errors.Is(err, rpcerr.ErrAborted) {
+			// The bulk loop wrote the record between our read and our write (it may have
+			// advanced this very restart): read it again on the next tick.
+			done, err = false, nil
+		}
 		if err != nil {
 			err = fmt.Errorf("restart of %s to version %d continues in the background: %w", guid, next, err)
 			endStep(wspan, err)
