@@ -597,7 +597,13 @@ func (c *container) wait() (_ containerd.ExitStatus, ok bool) {
 					return st, false
 				case <-time.After(rewaitInterval):
 				}
-				ch, err := c.task.Wait(c.b.ctx(context.Background()))
+				// Wait answers at once and reports a failed call on its channel: containerd is
+				// back only once it answers a question about the task.
+				_, err := c.task.Status(c.b.ctx(context.Background()))
+				var ch <-chan containerd.ExitStatus
+				if err == nil {
+					ch, err = c.task.Wait(c.b.ctx(context.Background()))
+				}
 				if err == nil {
 					c.exitCh = ch
 					c.log.Info("containerd is back, container still there")
@@ -740,20 +746,25 @@ func (c *container) detach() {
 // drainOutput waits a moment for the init's output still in the pipes, then closes them.
 func (c *container) drainOutput() { drainIO(c.task.IO()) }
 
-// drainIO waits a moment for a process's output still in the pipes, then closes them.
+// drainIO waits a moment (outputDrain) for a process's output still in the pipes, then
+// closes them. Closing is what ends a copier still reading (a terminal held open by another
+// process, a shim that never closes its end): Cancel only stops FIFOs still opening.
 func drainIO(pio cio.IO) {
 	if pio == nil {
 		return
 	}
 	drained := make(chan struct{})
 	go func() { pio.Wait(); close(drained) }()
+	t := time.NewTimer(outputDrain)
+	defer t.Stop()
 	select {
 	case <-drained:
-	case <-time.After(outputDrain):
+		_ = pio.Close()
+	case <-t.C:
 		pio.Cancel()
+		_ = pio.Close()
 		<-drained
 	}
-	_ = pio.Close()
 }
 
 // oomKilled reports whether the kernel OOM-killed a process of the container's cgroup (read

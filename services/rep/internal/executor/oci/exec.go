@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -61,42 +62,59 @@ func (c *container) Exec(ctx context.Context, spec executor.ExecSpec) (int, erro
 		opts = append(opts, cio.WithTerminal)
 	}
 	id := fmt.Sprintf("exec-%d", execSeq.Add(1))
+	// Once created, the process is the executor's to end: its containerd calls do not follow
+	// the caller's context (a caller leaving during Start would leave a process nobody waits
+	// for, and its I/O copiers holding the shim); the caller leaving kills it instead.
+	bg := c.b.ctx(context.Background())
 	p, err := c.task.Exec(cctx, id, &proc, cio.NewCreator(opts...))
 	if err != nil {
 		return 0, fmt.Errorf("exec %s: %w", spec.Command[0], err)
 	}
-	defer func() { _, _ = p.Delete(c.b.ctx(context.Background())) }()
-	exited, err := p.Wait(cctx)
+	drained := false
+	defer func() {
+		// Delete waits for the I/O copiers: they are drained and closed first (a process that
+		// did not start has nothing to copy).
+		if !drained {
+			drainIO(p.IO())
+		}
+		dctx, cancel := context.WithTimeout(bg, execDeleteTimeout)
+		defer cancel()
+		_, _ = p.Delete(dctx)
+	}()
+	exited, err := p.Wait(bg)
 	if err != nil {
 		return 0, fmt.Errorf("exec %s: wait: %w", spec.Command[0], err)
 	}
-	if err := p.Start(cctx); err != nil {
+	if err := p.Start(bg); err != nil {
 		return 0, fmt.Errorf("exec %s: %w", spec.Command[0], err)
 	}
 	if !spec.TTY { // with a terminal the end of input is the terminal's EOF character
-		stdin.start(func() { _ = p.CloseIO(c.b.ctx(context.Background()), client.WithStdinCloser) })
+		stdin.start(func() { _ = p.CloseIO(bg, client.WithStdinCloser) })
 	}
 	if spec.TTY && spec.Size.Rows > 0 && spec.Size.Cols > 0 {
-		_ = p.Resize(cctx, uint32(spec.Size.Cols), uint32(spec.Size.Rows))
+		_ = p.Resize(bg, uint32(spec.Size.Cols), uint32(spec.Size.Rows))
 	}
 	done := make(chan struct{})
 	defer close(done)
-	spec.FollowResize(done, func(sz executor.TerminalSize) { _ = p.Resize(cctx, uint32(sz.Cols), uint32(sz.Rows)) })
+	spec.FollowResize(done, func(sz executor.TerminalSize) { _ = p.Resize(bg, uint32(sz.Cols), uint32(sz.Rows)) })
+	var st client.ExitStatus
 	select {
-	case st := <-exited:
-		p.IO().Wait() // the output copied
-		code, _, err := st.Result()
-		if err != nil {
-			return 0, fmt.Errorf("exec %s: %w", spec.Command[0], err)
-		}
-		return int(code), nil
+	case st = <-exited:
 	case <-ctx.Done():
-		_ = p.Kill(c.b.ctx(context.Background()), 9)
-		st := <-exited
-		code, _, _ := st.Result()
-		return int(code), nil
+		_ = p.Kill(bg, 9)
+		st = <-exited
 	}
+	drainIO(p.IO()) // the output copied, within a bound
+	drained = true
+	code, _, err := st.Result()
+	if err != nil && ctx.Err() == nil {
+		return 0, fmt.Errorf("exec %s: %w", spec.Command[0], err)
+	}
+	return int(code), nil
 }
+
+// execDeleteTimeout bounds containerd's deletion of an exec process.
+const execDeleteTimeout = 10 * time.Second
 
 // stdinCloser is an exec's input as the shim's FIFO copier reads it. The shim holds the
 // process's stdin open after the FIFO's writer is gone, so the process sees the end of its

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -668,6 +669,42 @@ func TestExec(t *testing.T) {
 	if code, err := ex.Exec(ctx, executor.ExecSpec{Command: []string{"/bin/probe", "exit", "3"}, Stdout: &out, Stderr: &errOut}); err != nil || code != 3 {
 		t.Errorf("exec exit 3: code %d, %v", code, err)
 	}
+	// A caller that leaves while its command still runs (with and without a terminal): the
+	// command is killed, Exec returns, and the container still stops (the deferred check).
+	for _, tty := range []bool{false, true} {
+		lctx, leave := context.WithCancel(ctx)
+		w := &firstWrite{seen: make(chan struct{})}
+		ended := make(chan error, 1)
+		go func() {
+			_, err := ex.Exec(lctx, executor.ExecSpec{Command: []string{"/bin/probe", "tick"}, TTY: tty, Stdout: w, Stderr: w})
+			ended <- err
+		}()
+		select {
+		case <-w.seen:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("exec tick (tty %v): no output", tty)
+		}
+		leave()
+		select {
+		case err := <-ended:
+			if err != nil {
+				t.Errorf("exec tick (tty %v) whose caller left: %v", tty, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("exec tick (tty %v) did not return after its caller left", tty)
+		}
+	}
+}
+
+// firstWrite is an io.Writer that closes seen on its first write.
+type firstWrite struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.seen) })
+	return len(p), nil
 }
 
 // TestDownloadActions: download actions in the setup and before the run action of a serial
