@@ -198,7 +198,9 @@ func TestInstanceMetricsThroughTheBBS(t *testing.T) {
 func TestExecThroughTheBBS(t *testing.T) {
 	logs := &syncBuffer{}
 	c := accessCluster(t, logs)
-	ctx := t.Context()
+	// Bounded: a stream that never shows what the test waits for fails it, not the suite's timeout.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
 	d := processLRP("hello", "/bin/sh", "-c", "exec sleep 600")
 	d.Env = []*modelsv1.EnvironmentVariable{{Name: "GREETING", Value: "hi there"}}
 	if _, err := c.BBS.DesireLRP(ctx, &bbsv1.DesireLRPRequest{DesiredLrp: d}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -70,6 +71,7 @@ func (s *Server) Exec(stream repv1.RepService_ExecServer) error {
 	stdin, stdinW := io.Pipe()
 	defer stdin.Close()
 	resize := make(chan executor.TerminalSize, 1)
+	applied := make(chan struct{}, 1)
 	go func() {
 		// Client messages: stdin, resizes, the end of input. A broken stream kills the command.
 		for {
@@ -88,7 +90,16 @@ func (s *Server) Exec(stream repv1.RepService_ExecServer) error {
 				case <-resize: // only the latest size matters
 				default:
 				}
+				select {
+				case <-applied:
+				default:
+				}
 				resize <- terminalSize(sz)
+				if st.GetTty() {
+					// The stream's order holds: what is typed after a resize meets the new
+					// size (`stty size` answers it), so the next message waits until it is set.
+					waitApplied(ctx, applied)
+				}
 			}
 			if len(m.GetStdin()) > 0 {
 				if _, err := stdinW.Write(m.GetStdin()); err != nil {
@@ -108,11 +119,32 @@ func (s *Server) Exec(stream repv1.RepService_ExecServer) error {
 		Stdout:  out.writer(false),
 		Stderr:  out.writer(true),
 		Resize:  resize,
+		ResizeApplied: func() {
+			select {
+			case applied <- struct{}{}:
+			default:
+			}
+		},
 	})
 	if err != nil {
 		return rpcerr.FailedPrecondition("instance %s/%d: %v", st.GetProcessGuid(), st.GetIndex(), err)
 	}
 	return out.send(&repv1.ExecResponse{ExitCode: proto.Int32(int32(code))})
+}
+
+// resizeOrderWait bounds how long an exec stream's next message waits for a resize to be set
+// (the command may still be starting, or have ended and set no size any more).
+const resizeOrderWait = 5 * time.Second
+
+// waitApplied waits until applied signals, ctx ends or resizeOrderWait passes.
+func waitApplied(ctx context.Context, applied <-chan struct{}) {
+	t := time.NewTimer(resizeOrderWait)
+	defer t.Stop()
+	select {
+	case <-applied:
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // terminalSize converts a TerminalSize message (nil: no size).

@@ -49,6 +49,9 @@ type ExecSpec struct {
 	Stdout, Stderr io.Writer
 	// Resize carries the terminal's new sizes (with TTY); nil when it never changes.
 	Resize <-chan TerminalSize
+	// ResizeApplied, when not nil, is called once each size from Resize is set, so that the
+	// caller can keep the order of a stream: input sent after a resize meets the new size.
+	ResizeApplied func()
 }
 
 // Execer is a Container that can run further commands in itself, with its root filesystem,
@@ -100,6 +103,9 @@ func (spec ExecSpec) FollowResize(stop <-chan struct{}, apply func(TerminalSize)
 					return
 				}
 				apply(sz)
+				if spec.ResizeApplied != nil {
+					spec.ResizeApplied()
+				}
 			case <-stop:
 				return
 			}
