@@ -9,7 +9,10 @@
 //
 // With --cert-file, --key-file and --trusted-ca-file it serves clients over TLS and requires
 // client certificates of that CA (--client-cert-auth, on by default when a CA is given); the
-// --peer-* flags do the same between members. Use https:// URLs then.
+// --peer-* flags do the same between members. Use https:// URLs then, and give etcd's HTTP
+// endpoints URLs of their own with --listen-client-http-urls: the client URLs then serve gRPC
+// only, on gRPC's own server rather than inside etcd's HTTP server, which over TLS costs etcd
+// several times the CPU per request.
 //
 // It logs at warn and stops on SIGINT/SIGTERM.
 package main
@@ -33,11 +36,12 @@ func main() { servicemain.Main("gavel-etcd", run) }
 
 func run(args []string) error {
 	cfg := embed.NewConfig()
-	var listenClient, advertiseClient, listenPeer, advertisePeer string
+	var listenClient, listenClientHTTP, advertiseClient, listenPeer, advertisePeer string
 	fs := flag.NewFlagSet("gavel-etcd", flag.ContinueOnError)
 	fs.StringVar(&cfg.Name, "name", "default", "member name")
 	fs.StringVar(&cfg.Dir, "data-dir", "default.etcd", "data directory")
 	fs.StringVar(&listenClient, "listen-client-urls", "http://127.0.0.1:2379", "comma-separated client URLs to listen on")
+	fs.StringVar(&listenClientHTTP, "listen-client-http-urls", "", "comma-separated URLs for etcd's HTTP endpoints (/health, /metrics, /version); when set, the client URLs serve gRPC only, on gRPC's own server (over TLS several times cheaper than gRPC inside etcd's HTTP server); recommended with TLS")
 	fs.StringVar(&advertiseClient, "advertise-client-urls", "http://127.0.0.1:2379", "comma-separated client URLs advertised to the cluster")
 	fs.StringVar(&listenPeer, "listen-peer-urls", "http://127.0.0.1:2380", "comma-separated peer URLs to listen on")
 	fs.StringVar(&advertisePeer, "initial-advertise-peer-urls", "http://127.0.0.1:2380", "comma-separated peer URLs advertised to the cluster")
@@ -70,6 +74,11 @@ func run(args []string) error {
 	} {
 		if *u.dst, err = parseURLs(u.val); err != nil {
 			return fmt.Errorf("--%s: %w", u.flag, err)
+		}
+	}
+	if listenClientHTTP != "" {
+		if cfg.ListenClientHttpUrls, err = parseURLs(listenClientHTTP); err != nil {
+			return fmt.Errorf("--listen-client-http-urls: %w", err)
 		}
 	}
 	cfg.ClientTLSInfo.ClientCertAuth = cfg.ClientTLSInfo.ClientCertAuth && cfg.ClientTLSInfo.TrustedCAFile != ""

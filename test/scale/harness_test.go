@@ -87,6 +87,9 @@ type report struct {
 	cfg     runConfig
 	ceiling ceiling
 
+	// startup is the time from starting the services and cells to every cell registered.
+	startup time.Duration
+
 	burstN, streamN         int
 	burstDesire, burstTotal time.Duration
 	burstRate, burstSteady  float64
@@ -230,6 +233,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		tg target
 		ip *inProcess
 	)
+	began := time.Now()
 	if cfg.Deployed {
 		r.bbsLimit, r.auctioneerLimit = bbs.Default().MaxInflightWrites, auctioneer.Default().MaxInflightStarts
 		if cfg.BBSMaxInflightWrites >= 0 {
@@ -245,6 +249,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	lastProgress := began
 	waitUntil(t, cfg.PhaseTimeout, "every cell registered", func() (bool, string) {
 		if d, ok := tg.(*deployed); ok {
 			d.alive(t, "every cell registered") // a host whose cell failed at start-up ends the wait with its output
@@ -253,8 +258,13 @@ func run(t testing.TB, cfg runConfig) *report {
 		if err != nil {
 			return false, err.Error()
 		}
+		if time.Since(lastProgress) >= 30*time.Second {
+			lastProgress = time.Now()
+			fmt.Printf("start-up: %d/%d cells registered after %s\n", len(resp.GetCells()), cfg.Cells, time.Since(began).Round(time.Second))
+		}
 		return len(resp.GetCells()) == cfg.Cells, fmt.Sprintf("%d/%d cells", len(resp.GetCells()), cfg.Cells)
 	})
+	r.startup = time.Since(began)
 
 	var err error
 	if r.ceiling, err = measureCeiling(ctx, tg.Etcd(), cfg.CeilingDuration); err != nil {
@@ -592,6 +602,7 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
 		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit)
+	fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services and cells were started\n", r.cfg.Cells, r.startup.Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  etcd ceiling (same run):  %.0f single-key txn/s, %.0f keys/s in 64-key txns\n", r.ceiling.TxnPerSec, r.ceiling.KeysPerSec)
 	fmt.Fprintf(&b, "  burst:    %d instances by %d writers: desired in %s, all RUNNING in %s = %.0f placements/s (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), r.burstSteady, ms(r.burstP50), ms(r.burstP99))

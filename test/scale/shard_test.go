@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -78,14 +79,23 @@ func startEtcds(b *testing.B, n int) []*clientv3.Client {
 	return clis
 }
 
+// flagEtcdSharedHTTP serves etcd's HTTP endpoints and gRPC on the same client URL, etcd's
+// default (gRPC then runs inside etcd's HTTP server), for the before/after comparison.
+var flagEtcdSharedHTTP = flag.Bool("etcd-shared-http", false, "gavel-etcd serves HTTP and gRPC on one client URL (etcd's default) instead of gRPC alone")
+
 // startGavelEtcd starts a one-member gavel-etcd called name with its data in dataDir, serving
 // clients over mutual TLS with server's certificate, until the test ends; it returns its client
 // URL and process. env is added to its environment.
 func startGavelEtcd(t testing.TB, name, dataDir string, server tlsx.Config, env ...string) (string, *testkit.Proc) {
 	clientURL, peerURL := "https://"+testkit.ReservedAddr(t), "http://"+testkit.ReservedAddr(t)
-	p := testkit.StartProcEnv(t, time.Minute, env, "gavel-etcd", testkit.Binary(t, "gavel-etcd"), "-name", name, "-data-dir", dataDir,
+	args := []string{"-name", name, "-data-dir", dataDir,
 		"-listen-client-urls", clientURL, "-advertise-client-urls", clientURL,
 		"-listen-peer-urls", peerURL, "-initial-advertise-peer-urls", peerURL,
-		"-cert-file", server.CertFile, "-key-file", server.KeyFile, "-trusted-ca-file", server.CAFile)
+		"-cert-file", server.CertFile, "-key-file", server.KeyFile, "-trusted-ca-file", server.CAFile}
+	if !*flagEtcdSharedHTTP {
+		// gRPC alone on the client URL, on gRPC's own server, as recommended with TLS.
+		args = append(args, "-listen-client-http-urls", "https://"+testkit.ReservedAddr(t))
+	}
+	p := testkit.StartProcEnv(t, time.Minute, env, "gavel-etcd", testkit.Binary(t, "gavel-etcd"), args...)
 	return clientURL, p
 }
