@@ -45,6 +45,30 @@ func New(cfg grpcx.ClientConfig, opts ...grpc.DialOption) *Pool {
 func (p *Pool) Client(cellID, address string) (repv1.RepServiceClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	c, err := p.connLocked(cellID, address)
+	if err != nil {
+		return nil, err
+	}
+	return repv1.NewRepServiceClient(c.cc), nil
+}
+
+// Connect makes sure every present cell has a connection and starts connecting those that are
+// not connected (new or idle ones) in the background, without waiting: the TLS handshakes of a
+// thousand new cells then happen before work is placed on them, not during the first call.
+// Dial errors (an address that does not parse) are left to the first call to report.
+func (p *Pool) Connect(present []*modelsv1.CellPresence) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, cell := range present {
+		if c, err := p.connLocked(cell.GetCellId(), cell.GetRepAddress()); err == nil {
+			c.cc.Connect()
+		}
+	}
+}
+
+// connLocked is the connection to cellID's rep at address, dialled (lazily) when there is none
+// or the cell moved. p.mu must be held.
+func (p *Pool) connLocked(cellID, address string) (*conn, error) {
 	if p.closed {
 		return nil, fmt.Errorf("rep of cell %s at %s: the rep pool is closed", cellID, address)
 	}
@@ -63,7 +87,7 @@ func (p *Pool) Client(cellID, address string) (repv1.RepServiceClient, error) {
 		c = &conn{address: address, cc: cc}
 		p.conns[cellID] = c
 	}
-	return repv1.NewRepServiceClient(c.cc), nil
+	return c, nil
 }
 
 // Presence returns a client of the rep of a registered cell (Client with its id and address).

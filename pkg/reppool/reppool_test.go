@@ -158,3 +158,39 @@ func TestCloseClosesEverything(t *testing.T) {
 		t.Fatal("Client after Close succeeded")
 	}
 }
+
+func TestConnectDialsBeforeTheFirstCall(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	p := newPool(t)
+	p.Connect([]*modelsv1.CellPresence{presence("cell-a", l.Addr().String())})
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("Connect did not dial the cell's rep without a call")
+	}
+	p.Connect([]*modelsv1.CellPresence{presence("cell-a", l.Addr().String())})
+	if p.Len() != 1 {
+		t.Fatalf("%d connections after connecting one cell twice, want 1", p.Len())
+	}
+	// A cell that moved is connected at its new address, and its old connection closed.
+	b := startRep(t, "cell-a")
+	p.Connect([]*modelsv1.CellPresence{presence("cell-a", b)})
+	c, err := p.Client("cell-a", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, code := state(t, c); id != "cell-a" || code != codes.OK || p.Len() != 1 {
+		t.Fatalf("State of the moved cell = %q, %v with %d connections", id, code, p.Len())
+	}
+}

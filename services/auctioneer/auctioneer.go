@@ -336,6 +336,14 @@ func (s *Service) lead(ctx context.Context) error {
 		s.batch.Reset()
 		s.log.Info("standing by", "dropped_requests", dropped)
 	}()
+	// While leading, connections to the cells are made ahead of rounds.
+	aside, stopAside := context.WithCancel(ctx)
+	var helpers sync.WaitGroup
+	helpers.Go(func() { s.connectCells(aside) })
+	defer func() {
+		stopAside()
+		helpers.Wait()
+	}()
 	interval := time.Duration(s.cfg.BatchInterval)
 	var last time.Time
 	for {
@@ -354,6 +362,24 @@ func (s *Service) lead(ctx context.Context) error {
 		last = time.Now()
 		if !s.round(ctx, entries) && !retry.Sleep(ctx, roundRetryDelay) {
 			return nil
+		}
+	}
+}
+
+// cellConnectInterval is how often a leader lists the cells to connect to new ones (and to
+// wake connections gRPC let go idle) ahead of their first round.
+const cellConnectInterval = 5 * time.Second
+
+// connectCells connects to every registered cell at once and then every cellConnectInterval
+// until ctx ends (leadership is lost), so that rounds find their connections ready. A listing
+// that fails is logged and tried at the next interval: rounds dial on their own anyway.
+func (s *Service) connectCells(ctx context.Context) {
+	for {
+		if err := s.runner.Connect(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("could not list cells to connect to them ahead of rounds", "error", err)
+		}
+		if !retry.Sleep(ctx, cellConnectInterval) {
+			return
 		}
 	}
 }

@@ -3,6 +3,7 @@ package auction
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -293,6 +294,46 @@ func TestRoundClosesConnectionsOfDepartedCells(t *testing.T) {
 	// The round dialled cell a for its state; the connection of the cell that left is closed.
 	if p.Len() != 1 {
 		t.Fatalf("%d connections after the round, want 1 (cell a)", p.Len())
+	}
+}
+
+func TestConnectDialsEveryRegisteredCell(t *testing.T) {
+	p := reppool.New(grpcClientConfig())
+	t.Cleanup(func() { _ = p.Close() })
+	var addrs []string
+	accepted := make(chan string, 2)
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		addrs = append(addrs, l.Addr().String())
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				accepted <- l.Addr().String()
+				c.Close()
+			}
+		}()
+	}
+	bbs := &fakeBBS{cells: []*modelsv1.CellPresence{{CellId: "a", RepAddress: addrs[0]}, {CellId: "b", RepAddress: addrs[1]}}}
+	if err := NewRunner(bbs, p, Config{}, logtest.New(t)).Connect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Both cells are dialled before any round asks them anything.
+	for range 2 {
+		select {
+		case <-accepted:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Connect did not dial every registered cell")
+		}
+	}
+	if p.Len() != 2 {
+		t.Fatalf("%d connections, want 2", p.Len())
+	}
+	bbs.cellsErr = errors.New("bbs down")
+	if err := NewRunner(bbs, p, Config{}, logtest.New(t)).Connect(context.Background()); !errors.Is(err, ErrListCells) {
+		t.Fatalf("Connect with the BBS down = %v, want ErrListCells", err)
 	}
 }
 
