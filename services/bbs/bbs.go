@@ -327,8 +327,17 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		Help:    "How long each etcd transaction of the store's group committer took (the BBS's etcd write latency).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
 	registry.MustRegister(txnDuration)
+	writeWait := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gavel_bbs_store_write_wait_seconds",
+		Help:    "How long each committed write waited: stage=commit for the group committer's answer (its queue and transaction), stage=cache for this BBS's cache to reflect it.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stage"})
+	registry.MustRegister(writeWait)
+	commitWait, cacheWait := writeWait.WithLabelValues("commit"), writeWait.WithLabelValues("cache")
 	st := store.New(etcd, store.Options{Logger: logger.Named("store"), EventRing: cfg.EventRing, CellsLeft: repPool.Retain,
 		ObserveTransaction: func(d time.Duration) { txnDuration.Observe(d.Seconds()) },
+		ObserveWrite: func(commit, cache time.Duration) {
+			commitWait.Observe(commit.Seconds())
+			cacheWait.Observe(cache.Seconds())
+		},
 		UnreachableTimeout: time.Duration(cfg.EtcdUnreachableTimeout), WriteTimeout: time.Duration(cfg.WriteTimeout),
 		Keyring: keyring, ResealBatch: cfg.ReencryptBatch})
 	callbackQueue := callback.NewQueue(0, logger.Named("callback"))

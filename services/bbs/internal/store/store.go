@@ -44,6 +44,10 @@ type Options struct {
 	// ObserveTransaction, when set, is told how long each etcd transaction of the group
 	// committer took (the BBS's etcd write latency histogram). It must not block.
 	ObserveTransaction func(time.Duration)
+	// ObserveWrite, when set, is told, for each write Update committed, how long it waited for
+	// the group committer's answer (the queue and the transaction) and then for the cache to
+	// reflect it (read your writes). It must not block.
+	ObserveWrite func(commit, cache time.Duration)
 	// CellsLeft, when set, is called with the cells still registered whenever the watch sees a
 	// cell's presence disappear and after every full listing (which may have missed a
 	// departure); the BBS closes its connections to the reps of departed cells. It is called

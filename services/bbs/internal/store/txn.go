@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -221,6 +222,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			req.writes = append(req.writes, string(op.KeyBytes()))
 			req.bytes += len(op.KeyBytes()) + len(op.ValueBytes())
 		}
+		queued := time.Now()
 		resp, err := s.committer.commit(ctx, req)
 		if err == nil {
 			err = resp.err
@@ -236,11 +238,15 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 		}
 		if resp.ok {
 			rev := resp.rev
+			committed := time.Now()
 			wctx, cancel := context.WithTimeout(ctx, s.opts.ReadYourWritesTimeout)
 			if err := s.cache.WaitFor(wctx, rev); err != nil && ctx.Err() == nil {
 				s.log.Warn("cache is lagging behind a committed write", "revision", rev)
 			}
 			cancel()
+			if s.opts.ObserveWrite != nil {
+				s.opts.ObserveWrite(committed.Sub(queued), time.Since(committed))
+			}
 			return rev, nil
 		}
 		fresh = true
