@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,6 +18,7 @@ import (
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	"github.com/gavel-sched/gavel/pkg/lifecycle"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
@@ -90,7 +93,17 @@ func NewSimHost(cfg Config, logger hclog.Logger) (*SimHost, error) {
 		g.Go(func() error {
 			cell := cfg.forSimCell(i)
 			log := logger.With("cell_id", cell.CellID)
-			etcd, err := cell.Etcd.Connect(log.Named("etcd"))
+			// Thousands of cells starting at once queue for etcd's TLS handshakes: a cell that
+			// cannot connect in time tries again, as a rep restarted by its supervisor would,
+			// instead of taking its host's other cells down with it.
+			var etcd *clientv3.Client
+			err := retry.Do(context.Background(), simHostConnectRetry, simHostConnectTries, func() error {
+				var err error
+				etcd, err = cell.Etcd.Connect(log.Named("etcd"))
+				return err
+			}, func(err error, next time.Duration) {
+				log.Warn("etcd not reachable yet; trying again", "error", err, "in", next)
+			})
 			if err != nil {
 				return fmt.Errorf("cell %s: %w", cell.CellID, err)
 			}
@@ -123,6 +136,13 @@ func NewSimHost(cfg Config, logger hclog.Logger) (*SimHost, error) {
 // starting one after another (each waits for its etcd connection, lease and first listings)
 // took minutes on a loaded machine.
 const simHostStarts = 16
+
+// A hosted cell's etcd connection is tried simHostConnectTries times (each bounded by the etcd
+// dial timeout, 5 s), simHostConnectRetry apart: at 5,000 cells, the 800 cells that connect at
+// once took longer than one dial timeout.
+const simHostConnectTries = 8
+
+var simHostConnectRetry = retry.Policy{Initial: time.Second, Max: 5 * time.Second, Jitter: 0.2}
 
 // Run runs every cell until ctx ends, starting simHostStarts at a time; ready is called once
 // all are registered. A cell that fails, or returns before ctx ends, stops them all.
