@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -121,6 +122,14 @@ type report struct {
 	heapShares             []heapShare
 	writes                 commitCounts
 	usage                  []procUsage
+	// placing is the CPU each process used while the burst and the stream placed (no start-up,
+	// no loss), over placingWall; the harness (this process) is the last entry.
+	placing     []procUsage
+	placingWall time.Duration
+	// idle is the CPU each process used over idleWall with every cell registered and nothing
+	// placed yet (as deployed): what the cells and their presence cost at rest.
+	idle     []procUsage
+	idleWall time.Duration
 }
 
 // commitCounts is what the BBS's group committer did during the burst and the stream.
@@ -265,6 +274,12 @@ func run(t testing.TB, cfg runConfig) *report {
 		return len(resp.GetCells()) == cfg.Cells, fmt.Sprintf("%d/%d cells", len(resp.GetCells()), cfg.Cells)
 	})
 	r.startup = time.Since(began)
+	if cfg.Deployed {
+		// At rest: every cell registered, nothing placed yet.
+		before, from := withHarness(tg.Usage()), time.Now()
+		time.Sleep(idleWindow)
+		r.idle, r.idleWall = usageSince(before, withHarness(tg.Usage())), time.Since(from)
+	}
 
 	var err error
 	if r.ceiling, err = measureCeiling(ctx, tg.Etcd(), cfg.CeilingDuration); err != nil {
@@ -313,7 +328,13 @@ func run(t testing.TB, cfg runConfig) *report {
 	// Burst: half the instances, desired by cfg.Writers callers as fast as the BBS takes them.
 	burstLRPs := max(1, cfg.Instances/2/cfg.PerLRP)
 	r.burstN = burstLRPs * cfg.PerLRP
+	usageNow := tg.Usage
+	if cfg.Deployed {
+		usageNow = func() []procUsage { return withHarness(tg.Usage()) }
+	}
+	usageBefore := usageNow()
 	start := time.Now()
+	placingFrom := start
 	var next atomic.Int64
 	g, _ := errgroup.WithContext(ctx)
 	for w := 0; w < cfg.Writers; w++ {
@@ -366,6 +387,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.streamTotal = last.Sub(start)
 	r.streamRate = float64(r.streamN) / r.streamTotal.Seconds()
 	r.streamP50, r.streamP99 = percentile(lat, 50), percentile(lat, 99)
+	r.placing, r.placingWall = usageSince(usageBefore, usageNow()), time.Since(placingFrom)
 	r.desireRefusals, r.desireTransient = bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)-refusalsBefore, transient.Load()
 	if ip != nil { // what only the services' own objects tell
 		after := ip.c.Auctioneer.Stats()
@@ -602,7 +624,12 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
 		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit)
-	fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services and cells were started\n", r.cfg.Cells, r.startup.Round(100*time.Millisecond))
+	if r.cfg.Deployed {
+		fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services were started (sim hosts started as earlier ones registered, at most %d registering at once)\n",
+			r.cfg.Cells, r.startup.Round(100*time.Millisecond), hostsStartingAtOnce)
+	} else {
+		fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services and cells were started\n", r.cfg.Cells, r.startup.Round(100*time.Millisecond))
+	}
 	fmt.Fprintf(&b, "  etcd ceiling (same run):  %.0f single-key txn/s, %.0f keys/s in 64-key txns\n", r.ceiling.TxnPerSec, r.ceiling.KeysPerSec)
 	fmt.Fprintf(&b, "  burst:    %d instances by %d writers: desired in %s, all RUNNING in %s = %.0f placements/s (%s of single-key txn/s), %.0f/s over the middle 80%%; per instance p50 %s p99 %s\n",
 		r.burstN, r.cfg.Writers, r.burstDesire.Round(time.Millisecond), r.burstTotal.Round(time.Millisecond), r.burstRate, ratio(r.burstRate, r.ceiling.TxnPerSec), r.burstSteady, ms(r.burstP50), ms(r.burstP99))
@@ -633,8 +660,34 @@ func (r *report) print(w io.Writer) {
 		}
 		b.WriteString("\n")
 	}
+	if len(r.idle) > 0 {
+		fmt.Fprintf(&b, "  at rest:  CPU with every cell registered and nothing placed, %s:", r.idleWall.Round(100*time.Millisecond))
+		writeUsage(&b, r.idle, r.idleWall)
+	}
+	if len(r.placing) > 0 {
+		fmt.Fprintf(&b, "  placing:  CPU while the burst and the stream placed, %s:", r.placingWall.Round(100*time.Millisecond))
+		writeUsage(&b, r.placing, r.placingWall)
+	}
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
 	_, _ = io.WriteString(w, b.String())
+}
+
+// idleWindow is how long the report measures the processes' CPU at rest.
+const idleWindow = 5 * time.Second
+
+// writeUsage writes each process's CPU over wall, as seconds and as a share of one core, and
+// the machine's share they add up to.
+func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
+	cores := float64(runtime.NumCPU())
+	var used time.Duration
+	for i, u := range us {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(b, " %s %.1fs (%.0f%% of a core)", u.name, u.cpu.Seconds(), 100*u.cpu.Seconds()/wall.Seconds())
+		used += u.cpu
+	}
+	fmt.Fprintf(b, "; %.0f%% of the machine's %.0f cores\n", 100*used.Seconds()/(cores*wall.Seconds()), cores)
 }
 
 // printInProcess writes what only an in-process run measures: the auctioneer's and the BBS

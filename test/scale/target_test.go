@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -104,6 +105,8 @@ type deployed struct {
 	// saved as DIR/NAME.metrics at the end of the run.
 	profileDir string
 	metrics    [][2]string
+	// lastProgress is when start-up progress was last printed.
+	lastProgress time.Time
 }
 
 // hostID is the cell-id prefix of sim host h.
@@ -114,7 +117,7 @@ func hostID(h int) string { return fmt.Sprintf("rack-%03d", h) }
 func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	t.Helper()
 	perHost := max(cfg.CellsPerHost, 2) // a sim host runs at least two cells
-	d := &deployed{usageAtLoss: map[int]procUsage{}, profileDir: cfg.ProfileDir}
+	d := &deployed{usageAtLoss: map[int]procUsage{}, profileDir: cfg.ProfileDir, lastProgress: time.Now()}
 	for first := 0; first < cfg.Cells; first += perHost {
 		h := len(d.hostCells)
 		n := min(perHost, cfg.Cells-first)
@@ -172,6 +175,9 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	auctArgs = append(auctArgs, flags("bbs", "auctioneer")...)
 	auctArgs = append(auctArgs, flags("rep", "auctioneer")...)
 	auctArgs = append(auctArgs, etcdFlags("auctioneer")...)
+	if cfg.ProfileDir != "" {
+		auctArgs = append(auctArgs, "-log-level", "info") // its rounds, in DIR/auctioneer.log
+	}
 	if cfg.AuctioneerMaxInflight >= 0 {
 		auctArgs = append(auctArgs, "-max-inflight-starts", strconv.Itoa(cfg.AuctioneerMaxInflight))
 	}
@@ -184,6 +190,14 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	start("route-emitter", reArgs...)
 	start("router", append([]string{"-http", testkit.ReservedAddr(t), "-https", "", "-admin", "", "-tcp-bind", "127.0.0.1",
 		"-routeemitter-address", d.emitterAddr, "-log-level", "error"}, flags("routeemitter", "router")...)...)
+
+	admin := pki["admin"]
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: d.bbsAddr, BBSTLS: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	d.bbs = bbsv1.NewBBSServiceClient(conn)
 
 	perCell := 2*cfg.Instances/cfg.Cells + 20
 	rootfs := filepath.Join(dir, "rootfs")
@@ -204,16 +218,10 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			"-tls-cert", cert, "-tls-key", key, "-tls-ca", id.CAFile,
 			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
 			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
+		d.awaitHostsRegistered(t, cfg, h-hostsStartingAtOnce)
 		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(hostID(h)), hostID(h), testkit.Binary(t, "rep"), args...))
 	}
 
-	admin := pki["admin"]
-	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: d.bbsAddr, BBSTLS: admin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	d.bbs = bbsv1.NewBBSServiceClient(conn)
 	reConn, err := grpcx.Dial(d.emitterAddr, grpcx.ClientConfig{TLS: admin})
 	if err != nil {
 		t.Fatal(err)
@@ -234,6 +242,44 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 		return testkit.Serving(auctConn, testkit.AuctioneerService)
 	})
 	return d
+}
+
+// hostsStartingAtOnce bounds the sim hosts whose cells register at once. All 5,000 cells
+// starting together on two cores (15,000 TLS handshakes with etcd, the BBS and the auctioneer)
+// starved the lease keepalives of the cells that had registered: cells lost their presence as
+// fast as others registered, and the count never reached 5,000.
+const hostsStartingAtOnce = 4
+
+// awaitHostsRegistered waits until every cell of hosts 0..last is registered (nothing when last
+// is negative).
+func (d *deployed) awaitHostsRegistered(t testing.TB, cfg runConfig, last int) {
+	t.Helper()
+	if last < 0 {
+		return
+	}
+	d.wait(t, cfg.PhaseTimeout, fmt.Sprintf("the cells of hosts 0-%d registered", last), func() (bool, string) {
+		resp, err := d.bbs.Cells(context.Background(), &bbsv1.CellsRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		present := make(map[string]bool, len(resp.GetCells()))
+		for _, c := range resp.GetCells() {
+			present[c.GetCellId()] = true
+		}
+		missing := 0
+		for _, cells := range d.hostCells[:last+1] {
+			for _, id := range cells {
+				if !present[id] {
+					missing++
+				}
+			}
+		}
+		if time.Since(d.lastProgress) >= 30*time.Second {
+			d.lastProgress = time.Now()
+			fmt.Printf("start-up: %d sim hosts of %d started, %d cells registered\n", last+hostsStartingAtOnce, len(d.hostCells), len(resp.GetCells()))
+		}
+		return missing == 0, fmt.Sprintf("%d cells missing", missing)
+	})
 }
 
 // profileEnv is the environment that makes process name write its CPU profile into
@@ -335,6 +381,29 @@ func (d *deployed) Usage() []procUsage {
 	return append(out, hosts)
 }
 
+// withHarness is us with this process's own usage (the harness: clients, observer, and in
+// process everything) added as the last entry.
+func withHarness(us []procUsage) []procUsage {
+	self, _ := usageOf(os.Getpid())
+	self.name, self.n = "harness", 1
+	return append(us, self)
+}
+
+// usageSince is the CPU each process of after used since before (matched by name; a group's
+// processes summed).
+func usageSince(before, after []procUsage) []procUsage {
+	was := make(map[string]time.Duration, len(before))
+	for _, u := range before {
+		was[u.name] = u.cpu
+	}
+	out := make([]procUsage, 0, len(after))
+	for _, u := range after {
+		u.cpu -= was[u.name]
+		out = append(out, u)
+	}
+	return out
+}
+
 // usageOf reads the CPU time (user + system) and peak RSS of process pid.
 func usageOf(pid int) (procUsage, error) {
 	cpu, err := testkit.ProcessCPU(pid)
@@ -347,8 +416,16 @@ func usageOf(pid int) (procUsage, error) {
 
 // saveMetrics writes each service's /metrics to DIR/NAME.metrics (with -profile-dir): the
 // counters of a run (the BBS's calls by method and code, the auctioneer's rounds and failures)
-// to read beside its profiles. A service that does not answer is skipped.
+// to read beside its profiles; and each service's output to DIR/NAME.log (the auctioneer's
+// logs every round at info: its work, placed, deferred, reused states and duration). A service
+// that does not answer is skipped.
 func (d *deployed) saveMetrics() {
+	if d.profileDir == "" {
+		return
+	}
+	for _, p := range d.services {
+		_ = os.WriteFile(filepath.Join(d.profileDir, p.Name+".log"), []byte(p.Out.String()), 0o644)
+	}
 	for _, m := range d.metrics {
 		resp, err := http.Get("http://" + m[1] + "/metrics")
 		if err != nil {
