@@ -3,6 +3,8 @@ package rep_test
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
+	"net"
 	"sort"
 	"strings"
 	"testing"
@@ -91,4 +93,57 @@ func TestSimHostRunsCellsOfTheirOwn(t *testing.T) {
 		cells, err = env.Client.Cells(ctxT(t), &bbsv1.CellsRequest{})
 		return err == nil && len(cells.GetCells()) == 0, fmt.Sprint(cells, err)
 	}, "no cell after the host stopped")
+}
+
+// TestSimHostWaitsForALateEtcd: a sim host whose etcd is not reachable when it starts (as when
+// thousands of cells queue for etcd's handshakes) tries again, and its cells connect once etcd
+// answers, instead of the host failing at its first dial timeout.
+func TestSimHostWaitsForALateEtcd(t *testing.T) {
+	env := bbstest.Start(t)
+	target := strings.TrimPrefix(env.Etcd.Endpoints()[0], "http://")
+	late := testkit.ReservedAddr(t)
+	// etcd appears at late only after the first dial timeout (5 s) has passed.
+	go func() {
+		time.Sleep(6 * time.Second)
+		l, err := net.Listen("tcp", late)
+		if err != nil {
+			t.Errorf("listen %s: %v", late, err)
+			return
+		}
+		t.Cleanup(func() { l.Close() })
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c) }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	cfg := validConfig()
+	cfg.CellID, cfg.Backend, cfg.Sim.Cells = "late", rep.BackendSim, 2
+	cfg.ListenAddress, cfg.CellAddress = "127.0.0.1:0", "127.0.0.1"
+	cfg.BBSAddress, cfg.EtcdEndpoints = env.Addr, []string{"http://" + late}
+	cfg.WorkDir = t.TempDir()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	host, err := rep.NewSimHost(cfg, logtest.New(t))
+	if err != nil {
+		t.Fatalf("a sim host whose etcd came up 6 s late: %v", err)
+	}
+	t.Cleanup(host.Close)
+	testkit.Start(t, "sim host", host)
+	testkit.EventuallyState(t, 20*time.Second, func() (bool, string) {
+		cells, err := env.Client.Cells(ctxT(t), &bbsv1.CellsRequest{})
+		return err == nil && len(cells.GetCells()) == 2, cells.String()
+	}, "both cells registered through the late etcd")
 }
