@@ -155,7 +155,9 @@ func NewRunner(bbs BBS, reps Reps, cfg Config, logger hclog.Logger) *Runner {
 // without waiting for the connections: a leader that does so before its first round and now
 // and then afterwards finds the cells' connections (a TLS handshake each) ready when work
 // comes, instead of making every cell's handshake in the round (2,000 cells: the first round's
-// States took 7–9 s). It does nothing when the reps cannot connect ahead.
+// States took 7–9 s). The connections of cells that left are closed, as after a round's
+// listing, so an idle leader does not keep redialling them. It does nothing when the reps
+// cannot connect ahead.
 func (r *Runner) Connect(ctx context.Context) error {
 	if r.connect == nil {
 		return nil
@@ -165,6 +167,9 @@ func (r *Runner) Connect(ctx context.Context) error {
 	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{})
 	if err != nil {
 		return fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
+	}
+	if r.retain != nil {
+		r.retain(listed.GetCells())
 	}
 	r.connect(listed.GetCells())
 	return nil

@@ -331,6 +331,11 @@ func TestConnectDialsEveryRegisteredCell(t *testing.T) {
 	if p.Len() != 2 {
 		t.Fatalf("%d connections, want 2", p.Len())
 	}
+	// A cell that left has its connection closed.
+	bbs.cells = bbs.cells[:1]
+	if err := NewRunner(bbs, p, Config{}, logtest.New(t)).Connect(context.Background()); err != nil || p.Len() != 1 {
+		t.Fatalf("Connect after cell b left: %v, %d connections; want 1", err, p.Len())
+	}
 	bbs.cellsErr = errors.New("bbs down")
 	if err := NewRunner(bbs, p, Config{}, logtest.New(t)).Connect(context.Background()); !errors.Is(err, ErrListCells) {
 		t.Fatalf("Connect with the BBS down = %v, want ErrListCells", err)
