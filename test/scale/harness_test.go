@@ -482,7 +482,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.peakRSS, r.peakHeap = peakRSS(), mem.peak()
 	r.usage = tg.Usage()
 	if d, ok := tg.(*deployed); ok {
-		d.saveMetrics() // with -profile-dir, the services' counters at the end of the run
+		d.saveRunFiles() // with -profile-dir, the services' counters and output at the end of the run
 	}
 	if err := obs.err(); err != nil {
 		t.Fatalf("observer: %v", err)

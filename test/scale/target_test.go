@@ -146,7 +146,7 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	}
 	start := func(name string, args ...string) *testkit.Proc {
 		if cfg.ProfileDir != "" && name != "router" {
-			// Beside the profiles, each service's metrics at the end of the run (saveMetrics).
+			// Beside the profiles, each service's metrics at the end of the run (saveRunFiles).
 			addr := testkit.ReservedAddr(t)
 			d.metrics = append(d.metrics, [2]string{name, addr})
 			args = append(args, "-metrics-address", addr)
@@ -427,12 +427,12 @@ func usageOf(pid int) (procUsage, error) {
 	return procUsage{cpu: cpu, peakRSS: rss}, err
 }
 
-// saveMetrics writes each service's /metrics to DIR/NAME.metrics (with -profile-dir): the
-// counters of a run (the BBS's calls by method and code, the auctioneer's rounds and failures)
-// to read beside its profiles; and each service's output to DIR/NAME.log (the auctioneer's
-// logs every round at info: its work, placed, deferred, reused states and duration). A service
+// saveRunFiles writes, with -profile-dir, each service's /metrics to DIR/NAME.metrics (the
+// counters of a run: the BBS's calls by method and code, the auctioneer's rounds and failures)
+// to read beside its profiles, and each service's output to DIR/NAME.log (the auctioneer logs
+// every round at info: its work, placed, deferred, reused states and phase timings). A service
 // that does not answer is skipped.
-func (d *deployed) saveMetrics() {
+func (d *deployed) saveRunFiles() {
 	if d.profileDir == "" {
 		return
 	}

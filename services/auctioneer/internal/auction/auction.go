@@ -162,17 +162,27 @@ func (r *Runner) Connect(ctx context.Context) error {
 	if r.connect == nil {
 		return nil
 	}
+	presences, err := r.listCells(ctx)
+	if err != nil {
+		return err
+	}
+	r.connect(presences)
+	return nil
+}
+
+// listCells lists the registered cells from the BBS within BBSTimeout (an error wraps
+// ErrListCells) and has the reps close the connections of cells that are not among them.
+func (r *Runner) listCells(ctx context.Context) ([]*modelsv1.CellPresence, error) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
 	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{})
 	if err != nil {
-		return fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
+		return nil, fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
 	}
 	if r.retain != nil {
 		r.retain(listed.GetCells())
 	}
-	r.connect(listed.GetCells())
-	return nil
+	return listed.GetCells(), nil
 }
 
 // Result is what a round did.
@@ -220,15 +230,9 @@ var ErrListCells = errors.New("list cells")
 func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, error) {
 	start := time.Now()
 	res := Result{Placed: map[string]string{}, Failed: map[string]*placement.Failure{}}
-	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
-	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{})
-	cancel()
+	presences, err := r.listCells(ctx)
 	if err != nil {
-		return res, fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
-	}
-	presences := listed.GetCells()
-	if r.retain != nil {
-		r.retain(presences)
+		return res, err
 	}
 	r.keepStatesOf(presences)
 
