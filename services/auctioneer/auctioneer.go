@@ -88,6 +88,11 @@ type Config struct {
 	// the auctioneer's queue for a later round (at least inflightRetryDelay later), so a burst
 	// reaches the cells and the BBS at the pace they start work. Zero means unlimited.
 	MaxInflightStarts int `json:"max_inflight_starts"`
+	// SampleCells, when positive, is the fewest cells a round asks for their states: a round of
+	// W items asks a random sample of max(sample_cells, W/4) of the registered cells instead of
+	// every cell, and places what the sample cannot take over every cell in the same round.
+	// Zero asks every cell every round (see docs/decisions/0049-auction-samples-cells.md).
+	SampleCells int `json:"sample_cells"`
 }
 
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
@@ -112,6 +117,9 @@ func Default() Config {
 		// not asked again (see docs/performance.md).
 		CellStateMaxAge: Duration(time.Second),
 		PerformTimeout:  Duration(10 * time.Second),
+		// 5% of 5,000 cells: a small round at 5,000 cells asked every cell, 2 s of State calls
+		// for a handful of instances (docs/performance.md).
+		SampleCells: 256,
 	}
 }
 
@@ -133,6 +141,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(&c.CellStateMaxAge, "cell-state-max-age", "how long a cell's last known state (from its last Perform or State) stands in for a State call (0: ask every round)")
 	fs.Var(&c.PerformTimeout, "perform-timeout", "timeout of each cell's Perform call")
 	fs.IntVar(&c.MaxInflightStarts, "max-inflight-starts", c.MaxInflightStarts, "most containers starting at once (0: unlimited)")
+	fs.IntVar(&c.SampleCells, "sample-cells", c.SampleCells, "fewest cells a round asks for their states, a random sample of max(this, work/4) (0: every cell)")
 }
 
 // Validate reports every problem that would stop the auctioneer from starting.
@@ -156,6 +165,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInflightStarts < 0 {
 		errs = append(errs, fmt.Errorf("max_inflight_starts must not be negative, got %d", c.MaxInflightStarts))
+	}
+	if c.SampleCells < 0 {
+		errs = append(errs, fmt.Errorf("sample_cells must not be negative, got %d", c.SampleCells))
 	}
 	return errors.Join(errs...)
 }
@@ -218,6 +230,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, bbs bbsv1.BBSSe
 			PerformTimeout: time.Duration(cfg.PerformTimeout),
 			MaxInFlight:    cfg.MaxInflightStarts,
 			DeferOverLimit: true,
+			SampleCells:    cfg.SampleCells,
 		}, logger.Named("auction")),
 	}
 	authorizer := authz.New(cfg.Authz, Policy, logger.Named("audit"))

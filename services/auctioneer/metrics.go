@@ -30,6 +30,8 @@ type serviceMetrics struct {
 	roundSeconds prometheus.Histogram
 	unreachable  prometheus.Counter
 	reused       prometheus.Counter
+	asked        prometheus.Counter
+	widened      prometheus.Counter
 	leader       prometheus.Gauge
 }
 
@@ -49,14 +51,16 @@ func newServiceMetrics() *serviceMetrics {
 			Name: "auctions_started_total", Help: "Work items placed on a cell, by kind (lrp, task)."}, []string{"kind"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "gavel", Subsystem: "auctioneer",
 			Name: "auctions_failed_total", Help: "Work items that could not be placed, by kind (lrp, task) and placement error code."}, []string{"kind", "code"}),
-		fetchStates:  histogram("fetch_states_duration_seconds", "Time a round took to fetch the State of every cell."),
+		fetchStates:  histogram("fetch_states_duration_seconds", "Time a round took to fetch the State of the cells it asked."),
 		perform:      histogram("perform_duration_seconds", "Time a round took to hand its work to the cells (Perform, retries included)."),
 		roundSeconds: histogram("round_duration_seconds", "Wall time of a whole auction round."),
 		unreachable:  counter("cells_unreachable_total", "Cells that did not answer State in a round, summed over rounds."),
 		reused:       counter("cell_states_reused_total", "Cells whose last known state stood in for a State call in a round, summed over rounds."),
+		asked:        counter("cells_asked_total", "Cells whose states a round used (every registered cell, or a sample), summed over rounds."),
+		widened:      counter("rounds_widened_total", "Sampled rounds that placed work the sample could not take over every cell."),
 		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gavel", Subsystem: "auctioneer", Name: "leader", Help: "1 while this auctioneer leads, 0 while it stands by."}),
 	}
-	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.reused, m.leader,
+	m.registry.MustRegister(m.rounds, m.roundErrors, m.started, m.failed, m.fetchStates, m.perform, m.roundSeconds, m.unreachable, m.reused, m.asked, m.widened, m.leader,
 		bbsclient.Metrics())
 	return m
 }
@@ -88,4 +92,8 @@ func (m *serviceMetrics) observeRound(entries []batch.Entry, res auction.Result)
 	m.roundSeconds.Observe((t.ListCells + t.FetchStates + t.Place + t.Perform + t.Report).Seconds())
 	m.unreachable.Add(float64(res.Unreachable))
 	m.reused.Add(float64(res.Reused))
+	m.asked.Add(float64(res.Asked))
+	if res.Widened {
+		m.widened.Inc()
+	}
 }

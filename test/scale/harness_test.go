@@ -72,6 +72,9 @@ type runConfig struct {
 	// BBSMaxInflightWrites and AuctioneerMaxInflight override the BBS's admission bound and
 	// the auctioneer's in-flight limit when not negative (zero turns them off).
 	BBSMaxInflightWrites, AuctioneerMaxInflight int
+	// AuctioneerSampleCells overrides the auctioneer's sample_cells when not negative (zero
+	// asks every cell every round).
+	AuctioneerSampleCells int
 	// RouteSyncInterval overrides the route-emitter's full-listing interval when positive.
 	RouteSyncInterval time.Duration
 	// Deployed runs every service as its own process of the built binaries, over mutual TLS,
@@ -116,6 +119,7 @@ type report struct {
 	auctionPerform         time.Duration
 	bbsLimit               int
 	auctioneerLimit        int
+	auctioneerSample       int // the auctioneer's sample_cells (0: every cell)
 	auctionRounds          int64
 	desireRefusals         int64
 	desireTransient        int64
@@ -207,6 +211,10 @@ func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProce
 				ac.MaxInflightStarts = cfg.AuctioneerMaxInflight
 			}
 			r.auctioneerLimit = ac.MaxInflightStarts
+			if cfg.AuctioneerSampleCells >= 0 {
+				ac.SampleCells = cfg.AuctioneerSampleCells
+			}
+			r.auctioneerSample = ac.SampleCells
 		},
 		ConfigureRouteEmitter: func(rc *routeemitter.Config) {
 			if cfg.RouteSyncInterval > 0 {
@@ -250,6 +258,10 @@ func run(t testing.TB, cfg runConfig) *report {
 		}
 		if cfg.AuctioneerMaxInflight >= 0 {
 			r.auctioneerLimit = cfg.AuctioneerMaxInflight
+		}
+		r.auctioneerSample = auctioneer.Default().SampleCells
+		if cfg.AuctioneerSampleCells >= 0 {
+			r.auctioneerSample = cfg.AuctioneerSampleCells
 		}
 		tg = startDeployed(t, cfg, dir)
 	} else {
@@ -622,8 +634,12 @@ func (r *report) print(w io.Writer) {
 	if r.cfg.Deployed {
 		mode = fmt.Sprintf("as deployed: each service its own process, mutual TLS on every hop, cells in sim hosts of %d", max(r.cfg.CellsPerHost, 2))
 	}
-	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d\n",
-		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit)
+	sample := "every cell"
+	if r.auctioneerSample > 0 {
+		sample = fmt.Sprintf("a sample of at least %d cells", r.auctioneerSample)
+	}
+	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d, a round asks %s\n",
+		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit, sample)
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services were started (sim hosts started as earlier ones registered, at most %d registering at once)\n",
 			r.cfg.Cells, r.startup.Round(100*time.Millisecond), hostsStartingAtOnce)

@@ -28,6 +28,7 @@ var (
 	flagHeapProfile  = flag.String("heap-profile", "", "write a heap profile at full size to this file")
 	flagBBSLimit     = flag.Int("bbs-max-inflight-writes", -1, "override the BBS's max_inflight_writes (0: unbounded; -1: its default)")
 	flagAuctLimit    = flag.Int("auctioneer-max-inflight", -1, "override the auctioneer's max_inflight_starts (0: unlimited; -1: its default)")
+	flagAuctSample   = flag.Int("auctioneer-sample-cells", -1, "override the auctioneer's sample_cells, the fewest cells a round asks (0: every cell; -1: its default)")
 	flagRouteSync    = flag.Duration("route-sync-interval", 0, "override the route-emitter's sync_interval (0: its default, 60s)")
 	flagQuick        = flag.Bool("quick", false, "run the quick size (200 cells, 20,000 instances) instead of -cells/-instances")
 )
@@ -48,7 +49,7 @@ func BenchmarkScale(b *testing.B) {
 		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: perHost,
 		LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
 		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
-		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, RouteSyncInterval: *flagRouteSync,
+		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, AuctioneerSampleCells: *flagAuctSample, RouteSyncInterval: *flagRouteSync,
 	}
 	if *flagQuick {
 		cfg.Cells, cfg.Instances = 200, 20000
@@ -78,7 +79,9 @@ func TestScaleQuick(t *testing.T) {
 		Cells: 50, Instances: 2000, PerLRP: 10, Writers: 16, StreamRate: 500, LossFraction: 0.10,
 		CellsPerHost: 5, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
 		PhaseTimeout: 3 * time.Minute, CeilingDuration: 500 * time.Millisecond, Fsync: false,
-		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1,
+		// Small rounds (the stream, the lost cells' instances) ask a sample of 10 of the 50
+		// cells; the burst's rounds ask every cell.
+		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1, AuctioneerSampleCells: 10,
 	})
 	r.print(testWriter{t})
 	r.check(t)
@@ -95,7 +98,7 @@ func TestScaleDeployedQuick(t *testing.T) {
 		Deployed: true, Cells: 20, Instances: 1000, PerLRP: 10, Writers: 8, StreamRate: 250, LossFraction: 0.10,
 		CellsPerHost: 5, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
 		PhaseTimeout: 3 * time.Minute, CeilingDuration: 300 * time.Millisecond, Fsync: true,
-		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1,
+		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1, AuctioneerSampleCells: 5,
 	})
 	r.print(testWriter{t})
 	r.check(t)

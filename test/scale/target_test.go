@@ -183,6 +183,9 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	if cfg.AuctioneerMaxInflight >= 0 {
 		auctArgs = append(auctArgs, "-max-inflight-starts", strconv.Itoa(cfg.AuctioneerMaxInflight))
 	}
+	if cfg.AuctioneerSampleCells >= 0 {
+		auctArgs = append(auctArgs, "-sample-cells", strconv.Itoa(cfg.AuctioneerSampleCells))
+	}
 	start("auctioneer", auctArgs...)
 	reArgs := append([]string{"-listen", d.emitterAddr, "-bbs-address", d.bbsAddr, "-log-level", "error"}, flags("tls", "route-emitter")...)
 	reArgs = append(reArgs, flags("bbs", "route-emitter")...)

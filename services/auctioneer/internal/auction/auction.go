@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -67,6 +69,9 @@ const (
 	// every cell, so shorter rounds asked more often: at 1,000 cells and 100,000 instances the
 	// run spent a fifth more CPU and placed a burst slower (docs/performance.md).
 	DefaultParallelism = 64
+	// DefaultWorkPerSampledCell is the work a sampled round asks one cell for per item: a
+	// round of W items asks max(SampleCells, W/DefaultWorkPerSampledCell) cells.
+	DefaultWorkPerSampledCell = 4
 )
 
 // Config tunes a Runner; zero fields take the defaults above.
@@ -93,6 +98,16 @@ type Config struct {
 	// overstate its starting containers; a cell that began evacuating or lost its presence
 	// since refuses the work, which is then placed on the next best cell.
 	StateMaxAge time.Duration
+	// SampleCells, when positive, is the fewest cells a round asks for their states: a round
+	// of W items asks a random sample of max(SampleCells, W/WorkPerSampledCell) of the
+	// registered cells (all of them when that is as many), instead of every cell, as
+	// Kubernetes scores a share of its nodes. Work the sample cannot take (no sampled cell
+	// compatible, available or with room) is placed again, in the same round, over every cell.
+	// The in-flight limit is judged on the sample's starting containers scaled to all cells.
+	// Zero asks every cell every round.
+	SampleCells int
+	// WorkPerSampledCell is how many items a sampled round asks one cell for, on average.
+	WorkPerSampledCell int
 }
 
 func (c Config) withDefaults() Config {
@@ -107,6 +122,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Parallelism <= 0 {
 		c.Parallelism = DefaultParallelism
+	}
+	if c.WorkPerSampledCell <= 0 {
+		c.WorkPerSampledCell = DefaultWorkPerSampledCell
 	}
 	return c
 }
@@ -196,6 +214,12 @@ type Result struct {
 	Deferred []*placement.Work
 	// Cells is the number of registered cells.
 	Cells int
+	// Asked is the number of cells whose states the round used: every registered cell, or a
+	// sample (Config.SampleCells), or a sample and then every cell for the work it could not
+	// take (Widened).
+	Asked int
+	// Widened is set when work the sample could not take was placed again over every cell.
+	Widened bool
 	// Unreachable is the number of cells that did not answer State.
 	Unreachable int
 	// Reused is the number of cells whose last known state stood in for a State call
@@ -238,27 +262,50 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 
 	res.Timings.ListCells = time.Since(start)
 	mark := time.Now()
-	cells, reused := r.fetchStates(ctx, presences)
+	asked, rest := r.sample(presences, len(works))
+	cells, reused := r.fetchStates(ctx, asked)
 	res.Reused = reused
 	res.Timings.FetchStates = time.Since(mark)
 	mark = time.Now()
-	inflight := placement.InFlight{Limit: r.cfg.MaxInFlight}
-	for _, c := range cells {
-		if c.Unreachable {
-			res.Unreachable++
-		} else {
-			inflight.Starting += c.Starting
-		}
-	}
-	res.Cells = len(cells)
+	inflight := placement.InFlight{Limit: r.cfg.MaxInFlight, Starting: startingAcross(cells, len(presences))}
+	res.Cells, res.Asked = len(presences), len(cells)
 
 	placement.Order(works)
 	byCell := map[*placement.Cell][]*placement.Work{}
+	var missed []*placement.Work // work the sample could not take, for every cell
 	for _, w := range works {
-		if c, f := r.place(w, cells, nil, &inflight); f != nil {
-			res.Failed[w.Key()] = f
-		} else {
+		c, f := r.place(w, cells, nil, &inflight)
+		switch {
+		case f == nil:
 			byCell[c] = append(byCell[c], w)
+		case len(rest) > 0 && f.Code != modelsv1.PlacementError_CODE_IN_FLIGHT_LIMIT:
+			missed = append(missed, w)
+		default:
+			res.Failed[w.Key()] = f
+		}
+	}
+	if len(missed) > 0 {
+		// Another cell may take it: ask the others, and place it over every cell, the
+		// sample's reservations included.
+		fetch := time.Now()
+		more, moreReused := r.fetchStates(ctx, rest)
+		res.Reused += moreReused
+		res.Timings.FetchStates += time.Since(fetch)
+		cells = append(cells, more...)
+		sort.Slice(cells, func(i, j int) bool { return cells[i].ID < cells[j].ID })
+		inflight.Starting = startingAcross(cells, len(cells))
+		res.Asked, res.Widened = len(cells), true
+		for _, w := range missed {
+			if c, f := r.place(w, cells, nil, &inflight); f != nil {
+				res.Failed[w.Key()] = f
+			} else {
+				byCell[c] = append(byCell[c], w)
+			}
+		}
+	}
+	for _, c := range cells {
+		if c.Unreachable {
+			res.Unreachable++
 		}
 	}
 	res.Timings.Place = time.Since(mark)
@@ -280,7 +327,7 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	res.Timings.Report = time.Since(mark)
 	r.logger.Info("auction round",
 		"work", len(works), "placed", len(res.Placed), "failed", len(res.Failed), "deferred", len(res.Deferred),
-		"cells", res.Cells, "cells_unreachable", res.Unreachable, "states_reused", res.Reused, "duration", time.Since(start),
+		"cells", res.Cells, "cells_asked", res.Asked, "widened", res.Widened, "cells_unreachable", res.Unreachable, "states_reused", res.Reused, "duration", time.Since(start),
 		"list", res.Timings.ListCells, "fetch", res.Timings.FetchStates, "place", res.Timings.Place,
 		"perform", res.Timings.Perform, "report", res.Timings.Report)
 	return res, nil
@@ -338,6 +385,39 @@ func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused place
 	c.Reserve(w)
 	inflight.Add(1)
 	return c, nil
+}
+
+// sample splits the registered cells into those a round of n items asks for their states and
+// the rest: every cell without Config.SampleCells, or when the sample would be as many;
+// otherwise a uniformly random sample of max(SampleCells, n/WorkPerSampledCell), so each
+// round spreads its work over different cells.
+func (r *Runner) sample(presences []*modelsv1.CellPresence, n int) (asked, rest []*modelsv1.CellPresence) {
+	size := max(r.cfg.SampleCells, (n+r.cfg.WorkPerSampledCell-1)/r.cfg.WorkPerSampledCell)
+	if r.cfg.SampleCells <= 0 || size >= len(presences) {
+		return presences, nil
+	}
+	shuffled := slices.Clone(presences)
+	for i := range size { // a partial Fisher–Yates shuffle: the first size are the sample
+		j := i + rand.IntN(len(shuffled)-i)
+		shuffled[i], shuffled[j] = shuffled[j], shuffled[i]
+	}
+	return shuffled[:size], shuffled[size:]
+}
+
+// startingAcross is the containers starting across all registered cells, judged on cells
+// (every registered cell, or a sample of them): the reachable cells' starting containers,
+// scaled by registered/len(cells) when cells are a sample.
+func startingAcross(cells []*placement.Cell, registered int) int {
+	starting := 0
+	for _, c := range cells {
+		if !c.Unreachable {
+			starting += c.Starting
+		}
+	}
+	if len(cells) == 0 || len(cells) >= registered {
+		return starting
+	}
+	return (starting*registered + len(cells) - 1) / len(cells)
 }
 
 // fetchStates asks every cell for its State in parallel, each bounded by StateTimeout, except

@@ -3,6 +3,7 @@ package auction
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -541,5 +542,140 @@ func TestRoundAsksEveryCellNearTheInFlightLimit(t *testing.T) {
 	// reused.
 	if n := len(slices.DeleteFunc(asked, func(b bool) bool { return !b })); len(asked) != 3 || n != 1 {
 		t.Fatalf("%d of %d Performs asked for the state, want 1 of 3", n, len(asked))
+	}
+}
+
+// manyCells is a BBS with n cells "c00".. in three zones, each 1 GiB / 10 containers; the last
+// one alone carries the tag "gpu".
+func manyCells(t *testing.T, n int) (*fakeBBS, fakeReps) {
+	t.Helper()
+	bbs := &fakeBBS{}
+	reps := fakeReps{}
+	for i := range n {
+		id, zone := fmt.Sprintf("c%02d", i), fmt.Sprintf("z%d", i%3)
+		addr := id + ":1"
+		bbs.cells = append(bbs.cells, &modelsv1.CellPresence{CellId: id, RepAddress: addr, Zone: zone})
+		capacity := &modelsv1.CellCapacity{MemoryMb: 1024, DiskMb: 4096, Containers: 10}
+		tags := []string{"web"}
+		if i == n-1 {
+			tags = append(tags, "gpu")
+		}
+		reps[addr] = &fakeRep{state: &repv1.StateResponse{
+			CellId: id, Zone: zone, TotalResources: capacity, AvailableResources: capacity,
+			PlacementTags: tags, PreloadedRootfses: []string{"cflinuxfs4"},
+		}}
+	}
+	return bbs, reps
+}
+
+// statesAsked sums the State calls every rep answered.
+func statesAsked(reps fakeReps) int {
+	n := 0
+	for _, r := range reps {
+		n += r.states()
+	}
+	return n
+}
+
+// TestRoundAsksASampleOfCells: with SampleCells a round of W items asks max(SampleCells,
+// W/WorkPerSampledCell) cells for their states, a different random sample each round, and
+// every cell once that is as many.
+func TestRoundAsksASampleOfCells(t *testing.T) {
+	bbs, reps := manyCells(t, 40)
+	r := NewRunner(bbs, reps, Config{SampleCells: 8}, logtest.New(t))
+	round := func(guid string, n int) Result {
+		t.Helper()
+		indices := make([]int32, n)
+		for i := range indices {
+			indices[i] = int32(i)
+		}
+		res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart(guid, 16, indices...)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Placed) != n || len(res.Failed) != 0 || res.Widened || res.Cells != 40 {
+			t.Fatalf("round of %d: placed %d, failed %v, widened %v, cells %d", n, len(res.Placed), res.Failed, res.Widened, res.Cells)
+		}
+		return res
+	}
+	seen := map[string]bool{}
+	for i := range 5 {
+		before := statesAsked(reps)
+		if res := round(fmt.Sprintf("small-%d", i), 4); res.Asked != 8 || statesAsked(reps)-before != 8 {
+			t.Fatalf("a round of 4 asked %d cells (%d State calls), want the sample of 8", res.Asked, statesAsked(reps)-before)
+		}
+		for _, r := range reps {
+			if r.states() > 0 {
+				seen[r.state.GetCellId()] = true
+			}
+		}
+	}
+	// Five random samples of 8 out of 40 cover more than 8 cells (all five alike: about 1e-34).
+	if len(seen) <= 8 {
+		t.Fatalf("five rounds asked the same %d cells", len(seen))
+	}
+	before := statesAsked(reps)
+	if res := round("medium", 100); res.Asked != 25 || statesAsked(reps)-before != 25 {
+		t.Fatalf("a round of 100 asked %d cells (%d State calls), want 100/4 = 25", res.Asked, statesAsked(reps)-before)
+	}
+	before = statesAsked(reps)
+	if res := round("large", 160); res.Asked != 40 || statesAsked(reps)-before != 40 {
+		t.Fatalf("a round of 160 asked %d cells (%d State calls), want every cell", res.Asked, statesAsked(reps)-before)
+	}
+}
+
+// TestSampledRoundWidens: work no sampled cell can take (only the last of 40 cells has its
+// tag) is placed, in the same round, over every cell; work no cell can take fails as it would
+// without a sample, judged on every cell.
+func TestSampledRoundWidens(t *testing.T) {
+	bbs, reps := manyCells(t, 40)
+	r := NewRunner(bbs, reps, Config{SampleCells: 4}, logtest.New(t))
+	gpu := func(guid string, index int32, tag string) []*placement.Work {
+		s := lrpStart(guid, 16, index)
+		s.PlacementConstraint = &modelsv1.PlacementConstraint{Require: []string{tag}}
+		return LRPWork([]*auctioneerv1.LRPStartRequest{s})
+	}
+	widened := 0
+	for i := range 10 {
+		res, err := r.Run(context.Background(), gpu("train", int32(i), "gpu"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Placed[fmt.Sprintf("lrp/train/%d", i)] != "c39" {
+			t.Fatalf("round %d placed %v, failed %v; want c39", i, res.Placed, res.Failed)
+		}
+		if res.Widened {
+			widened++
+			if res.Asked != 40 {
+				t.Fatalf("a widened round used %d cells, want 40", res.Asked)
+			}
+		} else if res.Asked != 4 {
+			t.Fatalf("a round that did not widen used %d cells, want the sample of 4", res.Asked)
+		}
+	}
+	// c39 is in a sample of 4 out of 40 one round in ten: ten rounds all sampling it, 1e-10.
+	if widened == 0 {
+		t.Fatal("no round widened")
+	}
+	if _, err := r.Run(context.Background(), gpu("fpga", 0, "fpga")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := failures(bbs)["lrp/fpga/0"], "0/40 cells"; !strings.Contains(got, want) {
+		t.Fatalf("failure %q does not count every cell (%q)", got, want)
+	}
+}
+
+// TestStartingAcrossScalesASample: the in-flight limit is judged on the sample's starting
+// containers scaled to every registered cell (rounded up); unreachable cells count nothing.
+func TestStartingAcrossScalesASample(t *testing.T) {
+	cells := []*placement.Cell{{ID: "a", Starting: 2}, {ID: "b", Starting: 1}, {ID: "c", Starting: 5, Unreachable: true}}
+	if got := startingAcross(cells, 3); got != 3 {
+		t.Fatalf("every cell: %d starting, want 3", got)
+	}
+	if got := startingAcross(cells, 40); got != 40 {
+		t.Fatalf("a sample of 3 out of 40 with 3 starting: %d, want 40", got)
+	}
+	if got := startingAcross(nil, 40); got != 0 {
+		t.Fatalf("no cells: %d", got)
 	}
 }
