@@ -287,7 +287,8 @@ func (d *deployed) awaitHostsRegistered(t testing.TB, cfg runConfig, last int) {
 		state := fmt.Sprintf("%d cells missing", missing)
 		if lost > 0 {
 			// Cells that registered lose their presence when the machine cannot keep every
-			// cell's keepalives going: at rest each hosted cell costs about 0.3% of a core.
+			// cell's keepalives going: at rest each hosted cell costs about 0.015-0.03% of a core, and
+			// the start-up's TLS handshakes far more.
 			state += fmt.Sprintf(", %d of them registered earlier and lost their presence since (too many cells for this machine's CPU?)", lost)
 		}
 		if time.Since(d.lastProgress) >= 30*time.Second {
