@@ -201,20 +201,13 @@ func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProce
 		Logger: logtest.New(t).Named("cluster"), Routing: true, RouteEmitterAddress: "127.0.0.1:0",
 		RouterHTTPAddress: "127.0.0.1:0", RouterAdminAddress: "127.0.0.1:0",
 		ConfigureBBS: func(bc *bbs.Config) {
-			if cfg.BBSMaxInflightWrites >= 0 {
-				bc.MaxInflightWrites = cfg.BBSMaxInflightWrites
-			}
+			bc.MaxInflightWrites = overridden(cfg.BBSMaxInflightWrites, bc.MaxInflightWrites)
 			r.bbsLimit = bc.MaxInflightWrites
 		},
 		ConfigureAuctioneer: func(ac *auctioneer.Config) {
-			if cfg.AuctioneerMaxInflight >= 0 {
-				ac.MaxInflightStarts = cfg.AuctioneerMaxInflight
-			}
-			r.auctioneerLimit = ac.MaxInflightStarts
-			if cfg.AuctioneerSampleCells >= 0 {
-				ac.SampleCells = cfg.AuctioneerSampleCells
-			}
-			r.auctioneerSample = ac.SampleCells
+			ac.MaxInflightStarts = overridden(cfg.AuctioneerMaxInflight, ac.MaxInflightStarts)
+			ac.SampleCells = overridden(cfg.AuctioneerSampleCells, ac.SampleCells)
+			r.auctioneerLimit, r.auctioneerSample = ac.MaxInflightStarts, ac.SampleCells
 		},
 		ConfigureRouteEmitter: func(rc *routeemitter.Config) {
 			if cfg.RouteSyncInterval > 0 {
@@ -237,6 +230,15 @@ func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProce
 	return &inProcess{c: c, re: routeemitterv1.NewRouteEmitterServiceClient(reConn), cells: cfg.Cells}
 }
 
+// overridden is a run's override of a service setting when it is not negative (runConfig's
+// convention: -1 keeps the service's own value, def), else def.
+func overridden(v, def int) int {
+	if v >= 0 {
+		return v
+	}
+	return def
+}
+
 // run runs one whole scale run and returns its report; it fails t on a broken run (an error,
 // a phase that does not finish), not on slow figures.
 func run(t testing.TB, cfg runConfig) *report {
@@ -252,17 +254,10 @@ func run(t testing.TB, cfg runConfig) *report {
 	)
 	began := time.Now()
 	if cfg.Deployed {
-		r.bbsLimit, r.auctioneerLimit = bbs.Default().MaxInflightWrites, auctioneer.Default().MaxInflightStarts
-		if cfg.BBSMaxInflightWrites >= 0 {
-			r.bbsLimit = cfg.BBSMaxInflightWrites
-		}
-		if cfg.AuctioneerMaxInflight >= 0 {
-			r.auctioneerLimit = cfg.AuctioneerMaxInflight
-		}
-		r.auctioneerSample = auctioneer.Default().SampleCells
-		if cfg.AuctioneerSampleCells >= 0 {
-			r.auctioneerSample = cfg.AuctioneerSampleCells
-		}
+		ad := auctioneer.Default()
+		r.bbsLimit = overridden(cfg.BBSMaxInflightWrites, bbs.Default().MaxInflightWrites)
+		r.auctioneerLimit = overridden(cfg.AuctioneerMaxInflight, ad.MaxInflightStarts)
+		r.auctioneerSample = overridden(cfg.AuctioneerSampleCells, ad.SampleCells)
 		tg = startDeployed(t, cfg, dir)
 	} else {
 		ip = startInProcess(t, cfg, r, dir)

@@ -1,5 +1,5 @@
-// Package auction runs auction rounds: it lists the cells from the BBS, fetches every cell's
-// State in parallel, places each piece of work with the placement stack, hands the work to the
+// Package auction runs auction rounds: it lists the cells from the BBS, fetches the State of
+// every cell (or of a random sample, for a round small next to the cluster) in parallel, places each piece of work with the placement stack, hands the work to the
 // chosen cells with Perform (retrying what a cell refuses once on the next best cell), and
 // reports what could not be placed back to the BBS.
 package auction
@@ -420,7 +420,7 @@ func startingAcross(cells []*placement.Cell, registered int) int {
 	return (starting*registered + len(cells) - 1) / len(cells)
 }
 
-// fetchStates asks every cell for its State in parallel, each bounded by StateTimeout, except
+// fetchStates asks each of the given cells for its State in parallel, each bounded by StateTimeout, except
 // (when the last round ended far enough from the in-flight limit, reusable) the cells whose last
 // known state is younger than StateMaxAge, and returns the round's view of
 // the cells ordered by id and how many states were reused. Cells that fail to answer are
