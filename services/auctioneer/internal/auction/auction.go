@@ -1,7 +1,8 @@
 // Package auction runs auction rounds: it lists the cells from the BBS, fetches the State of
-// every cell (or of a random sample, for a round small next to the cluster) in parallel, places each piece of work with the placement stack, hands the work to the
-// chosen cells with Perform (retrying what a cell refuses once on the next best cell), and
-// reports what could not be placed back to the BBS.
+// every cell (or of a random sample, for a round small next to the cluster) in parallel,
+// places each piece of work with the placement stack, hands the work to the chosen cells with
+// Perform (retrying what a cell refuses once on the next best cell), and reports what could not
+// be placed back to the BBS.
 package auction
 
 import (
