@@ -65,7 +65,8 @@ type Config struct {
 	IncomingPortRange string `json:"incoming_port_range"`
 	// BookmarkInterval is how often an idle event subscriber gets a bookmark.
 	BookmarkInterval Duration `json:"bookmark_interval"`
-	// EventRing is how many revisions of events are kept in memory for resuming subscribers.
+	// EventRing is how many events are kept in memory for resuming subscribers (the ring holds
+	// between this and twice this many, whole revisions; older resumes get their own etcd watch).
 	EventRing int `json:"event_ring"`
 	// CallbackWorkers is how many task completion callbacks are delivered at once.
 	CallbackWorkers int `json:"callback_workers"`

@@ -27,8 +27,10 @@ type hub struct {
 	start   int64 // the ring holds every batch with start < rev <= head
 	head    int64
 	batches []batch
-	limit   int
-	notify  chan struct{}
+	// events counts the events of batches; limit bounds it (see publish).
+	events int
+	limit  int
+	notify chan struct{}
 	// cells indexes the ring's revisions by the cells their events concern.
 	cells map[string]*cellIndex
 	// broadcast are the ring's revisions with an event every cell filter keeps (LinksChanged).
@@ -52,6 +54,7 @@ func (h *hub) reset(rev int64) {
 	defer h.mu.Unlock()
 	h.start, h.head = rev, rev
 	h.batches = nil
+	h.events = 0
 	h.broadcast = nil
 	for id, ci := range h.cells {
 		ci.revs = nil
@@ -75,18 +78,33 @@ func (h *hub) publish(rev int64, events []*bbsv1.Event, labels []labelSets) {
 	h.head = rev
 	if len(events) > 0 {
 		h.batches = append(h.batches, batch{rev: rev, events: events, labels: labels})
+		h.events += len(events)
 		h.index(rev, events)
-		if len(h.batches) > 2*h.limit {
-			drop := len(h.batches) - h.limit
-			h.start = h.batches[drop-1].rev
-			kept := make([]batch, h.limit)
-			copy(kept, h.batches[drop:])
-			h.batches = kept
-			h.trimIndex()
+		if h.events > 2*h.limit {
+			h.trim()
 		}
 	}
 	close(h.notify)
 	h.notify = make(chan struct{})
+}
+
+// trim drops the oldest batches until the ring holds at most limit events (the newest batch
+// is always kept). The ring is bounded by events, not revisions: the store's group commit puts
+// hundreds of events in one revision, and a ring of 100,000 revisions then held every version of
+// every record a large run wrote, which kept most of the BBS's memory alive. Trimming only once
+// the ring holds twice the limit keeps the copy amortized.
+func (h *hub) trim() {
+	drop := 0
+	for drop < len(h.batches)-1 && h.events > h.limit {
+		h.events -= len(h.batches[drop].events)
+		drop++
+	}
+	if drop == 0 {
+		return
+	}
+	h.start = h.batches[drop-1].rev
+	h.batches = append([]batch(nil), h.batches[drop:]...)
+	h.trimIndex()
 }
 
 // index records revision rev under every cell its events concern and wakes those cells'

@@ -183,3 +183,55 @@ func BenchmarkFanOut(b *testing.B) {
 		<-got // the cell's
 	}
 }
+
+// TestRingBoundedByEvents: the ring is bounded by events, not revisions. Revisions of 50 events
+// each (as the group committer writes them) are trimmed once the ring holds twice the limit, to
+// at most the limit; revisions of one event are kept up to twice the limit; a revision larger
+// than the limit is kept whole, alone.
+func TestRingBoundedByEvents(t *testing.T) {
+	events := func(n int) []*bbsv1.Event {
+		out := make([]*bbsv1.Event, n)
+		for i := range out {
+			out[i] = &bbsv1.Event{Kind: &bbsv1.Event_CellAppeared{CellAppeared: &bbsv1.CellAppeared{Cell: &modelsv1.CellPresence{CellId: "c1"}}}}
+		}
+		return out
+	}
+	held := func(h *hub) (n int) {
+		for _, b := range h.batches {
+			n += len(b.events)
+		}
+		return n
+	}
+
+	h := newHub(1000)
+	h.reset(0)
+	for rev := int64(1); rev <= 100; rev++ {
+		h.publish(rev, events(50), nil)
+		if n := held(h); n > 2000 || n != h.events {
+			t.Fatalf("after revision %d the ring holds %d events (counted %d), want at most 2,000", rev, n, h.events)
+		}
+	}
+	start, head := h.window()
+	if n := held(h); head != 100 || n > 2000 || int(head-start)*50 != n {
+		t.Fatalf("window %d..%d holding %d events, want the newest revisions up to 100, at most 2,000 events", start, head, n)
+	}
+	if _, _, _, ok := h.since(start-1, 10); ok {
+		t.Fatalf("a resume from %d, before the ring, was served from it", start-1)
+	}
+	if bs, _, _, ok := h.since(start, 1000); !ok || len(bs) != int(head-start) {
+		t.Fatalf("a resume from the ring's start got %d batches (ok %v), want %d", len(bs), ok, head-start)
+	}
+
+	h = newHub(1000)
+	h.reset(0)
+	for rev := int64(1); rev <= 2000; rev++ {
+		h.publish(rev, events(1), nil)
+	}
+	if start, _ := h.window(); start != 0 {
+		t.Fatalf("2,000 one-event revisions under a limit of 1,000 trimmed the ring to start at %d, want all kept", start)
+	}
+	h.publish(2001, events(5000), nil)
+	if start, head := h.window(); start != 2000 || head != 2001 || h.events != 5000 {
+		t.Fatalf("a 5,000-event revision left the ring at %d..%d with %d events, want it alone (2000..2001)", start, head, h.events)
+	}
+}

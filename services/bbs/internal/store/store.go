@@ -25,8 +25,9 @@ import (
 type Options struct {
 	// Logger receives the store's logs.
 	Logger hclog.Logger
-	// EventRing is how many revisions of events the store keeps for resuming subscribers
-	// (default 100,000); older resumes are served by a dedicated etcd watch.
+	// EventRing is how many events the store keeps for resuming subscribers (default 100,000;
+	// the ring holds between this and twice this many, in whole revisions); older resumes are
+	// served by a dedicated etcd watch.
 	EventRing int
 	// WriteAttempts bounds the compare-and-swap retries of one change (default 8).
 	WriteAttempts int
