@@ -414,6 +414,77 @@ func TestConvergeSuspectReplacedThenRemoved(t *testing.T) {
 	}
 }
 
+// TestConvergeSuspectsOfALostCellTogether: the instances of a lost cell are replaced together,
+// in transactions of at most 64 instances each: 145 instances of one cell (140 RUNNING, 5
+// CLAIMED, so three groups) and one of another lost cell take at most four etcd revisions, and
+// each is handled as alone: RUNNING ones leave a SUSPECT copy, every slot is unclaimed and sent
+// for placement, and the instances of a cell that stayed are left alone.
+func TestConvergeSuspectsOfALostCellTogether(t *testing.T) {
+	e := convStart(t)
+	lease1 := convRegister(t, e.Env, "cell-1")
+	lease2 := convRegister(t, e.Env, "cell-2")
+	convRegister(t, e.Env, "cell-3")
+	lrpDesire(t, e.Env, "many", 150)
+	lrpDesire(t, e.Env, "other", 1)
+	for i := range int32(150) {
+		ik := lrpInstKey(fmt.Sprintf("ig-%d", i), "cell-1")
+		switch {
+		case i >= 145:
+			ik = lrpInstKey(fmt.Sprintf("ig-%d", i), "cell-3")
+			lrpStart(t, e.Env, "many", i, ik, lrpNetInfo(uint32(61000+i)))
+		case i >= 140:
+			lrpClaim(t, e.Env, "many", i, ik)
+		default:
+			lrpStart(t, e.Env, "many", i, ik, lrpNetInfo(uint32(61000+i)))
+		}
+	}
+	lrpStart(t, e.Env, "other", 0, lrpInstKey("ig-other", "cell-2"), lrpNetInfo(62000))
+
+	convVanish(t, e.Env, "cell-1", lease1)
+	convVanish(t, e.Env, "cell-2", lease2)
+	revision := func() int64 {
+		resp, err := e.Etcd.Get(ctxT(t), "gavel-test-revision")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	before := revision()
+	if r := e.converge(t); r.Suspected != 146 || r.Errors != 0 {
+		t.Fatalf("report %+v, want the 146 instances of the lost cells handled", r)
+	}
+	if n := revision() - before; n > 4 {
+		t.Fatalf("the pass took %d etcd revisions, want at most 4 (a transaction per 64 instances of a cell)", n)
+	}
+	for i := range int32(150) {
+		ord := lrpStored(t, e.Env, "many", i, lrpOrdinary)
+		sus := lrpStored(t, e.Env, "many", i, lrpSuspect)
+		switch {
+		case i >= 145:
+			if ord.GetState() != lrpRunning || sus != nil {
+				t.Fatalf("instance %d on the cell that stayed: %v (suspect %v), want it RUNNING, untouched", i, ord, sus)
+			}
+			continue
+		case i >= 140:
+			if sus != nil {
+				t.Fatalf("CLAIMED instance %d left a suspect: %v", i, sus)
+			}
+		default:
+			if sus.GetState() != lrpRunning || sus.GetInstanceKey().GetCellId() != "cell-1" {
+				t.Fatalf("instance %d: suspect %v, want the RUNNING instance of cell-1 kept", i, sus)
+			}
+		}
+		if ord.GetState() != lrpUnclaimed || ord.GetInstanceKey() != nil {
+			t.Fatalf("slot %d: %v, want UNCLAIMED", i, ord)
+		}
+		e.auc.waitCount(t, fmt.Sprintf("lrp:many/%d", i), 2)
+	}
+	if sus := lrpStored(t, e.Env, "other", 0, lrpSuspect); sus == nil {
+		t.Fatal("the instance of cell-2 left no suspect")
+	}
+	e.auc.waitCount(t, "lrp:other/0", 2)
+}
+
 func TestConvergeSuspectPromotedWhenCellReturns(t *testing.T) {
 	e := convStart(t)
 	lease := convRegister(t, e.Env, "cell-1")

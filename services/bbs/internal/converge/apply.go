@@ -2,14 +2,15 @@ package converge
 
 // The apply step: a convergence plan's changes (package plan decides them, purely, from a
 // snapshot) are carried out here, each by the core's compare-and-swap transaction for it
-// (core/converge.go), which re-checks on the data it reads the condition the planner saw.
+// (core/converge.go), which re-checks on the data it reads the condition the planner saw; the
+// instances of one lost cell are replaced together, in as few transactions as etcd allows.
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
-	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
@@ -57,15 +58,18 @@ type Applied struct {
 // maxApplyErrors bounds the errors applyPlan returns (the rest are only counted).
 const maxApplyErrors = 10
 
-// applyPlan applies the changes of a convergence plan through c: each transactional change as
-// its own transaction, at most workers at a time (the store group-commits them), then the
+// applyPlan applies the changes of a convergence plan through c: the MarkSuspect changes of
+// each lost cell together, in transactions of at most suspectsPerTxn instances
+// (core.ConvergeSuspectLRPs), every other transactional change as its own transaction; changes
+// of at most workers records in all at a time (the store group-commits them); then the
 // auctions, in one request for instances and one for tasks. It stops starting changes when ctx
 // ends. It returns what it did and the errors of failed changes (at most maxApplyErrors).
 func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers int) (Applied, []error) {
 	var a Applied
 	var starts []core.LRPStart
 	var tasks []*modelsv1.Task
-	var txns []plan.Change
+	var jobs []applyJob
+	suspects := map[string]int{} // cell → its open group in jobs
 	for _, ch := range changes {
 		switch ch := ch.(type) {
 		case plan.AuctionLRP:
@@ -73,37 +77,82 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers
 			a.Reauctioned += len(ch.Indices)
 		case plan.AuctionTask:
 			tasks = append(tasks, ch.Task)
+		case plan.MarkSuspect:
+			cell := ch.Instance.GetCellId()
+			i, ok := suspects[cell]
+			if !ok || len(jobs[i].suspects) == suspectsPerTxn {
+				i = len(jobs)
+				suspects[cell] = i
+				jobs = append(jobs, applyJob{cell: cell})
+			}
+			jobs[i].suspects = append(jobs[i].suspects, ch)
 		default:
-			txns = append(txns, ch)
+			jobs = append(jobs, applyJob{change: ch})
 		}
 	}
+	workers = max(workers, 1)
+	sem := semaphore.NewWeighted(int64(workers))
 	var mu sync.Mutex
 	var errs []error
-	var g errgroup.Group
-	g.SetLimit(max(workers, 1))
-	for _, ch := range txns {
-		if ctx.Err() != nil {
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		w := int64(min(j.weight(), workers))
+		if ctx.Err() != nil || sem.Acquire(ctx, w) != nil {
 			break
 		}
-		g.Go(func() error {
-			n, err := applyChange(ctx, c, ch)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer sem.Release(w)
+			n, err := j.apply(ctx, c)
 			mu.Lock()
 			defer mu.Unlock()
-			*a.counter(ch) += n
+			*a.counter(j.kind()) += n
 			if err != nil {
 				a.Errors++
 				if len(errs) < maxApplyErrors {
 					errs = append(errs, err)
 				}
 			}
-			return nil
-		})
+		}()
 	}
-	_ = g.Wait() // errors are collected above, bounded by maxApplyErrors
+	wg.Wait()
 	c.ActualLRPs.RequestLRPAuctions(starts)
 	c.Tasks.RequestTaskAuctions(tasks)
 	a.TasksReauctioned = len(tasks)
 	return a, errs
+}
+
+// suspectsPerTxn bounds the instances of one lost cell replaced in one transaction: a RUNNING
+// instance writes two records (its SUSPECT copy and its unclaimed slot), so 64 stay within
+// etcd's default of 128 operations per transaction.
+const suspectsPerTxn = 64
+
+// applyJob is one transaction of applyPlan: a transactional change, or a group of MarkSuspect
+// changes of one cell.
+type applyJob struct {
+	change   plan.Change
+	cell     string
+	suspects []plan.MarkSuspect
+}
+
+// weight is how many records the job changes at most, what it takes of applyPlan's workers.
+func (j applyJob) weight() int { return max(len(j.suspects), 1) }
+
+// kind is the change whose count the job adds to.
+func (j applyJob) kind() plan.Change {
+	if j.change == nil {
+		return plan.MarkSuspect{}
+	}
+	return j.change
+}
+
+// apply runs the job's transaction and returns how many records it changed.
+func (j applyJob) apply(ctx context.Context, c *core.Core) (int, error) {
+	if j.change == nil {
+		return c.ActualLRPs.ConvergeSuspectLRPs(ctx, j.cell, j.suspects)
+	}
+	return applyChange(ctx, c, j.change)
 }
 
 // counter is the count a transactional change adds to.
@@ -154,8 +203,6 @@ func applyChange(ctx context.Context, c *core.Core, ch plan.Change) (int, error)
 		return one(c.ActualLRPs.ConvergeExtraLRP(ctx, ch.ProcessGuid, ch.Index))
 	case plan.RestartCrashed:
 		return one(c.ActualLRPs.ConvergeCrashedLRP(ctx, ch.ProcessGuid, ch.Index))
-	case plan.MarkSuspect:
-		return one(c.ActualLRPs.ConvergeSuspectLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance))
 	case plan.UnclaimStale:
 		return one(c.ActualLRPs.ConvergeStaleClaimedLRP(ctx, ch.ProcessGuid, ch.Index, ch.Instance, ch.Deadline))
 	case plan.PromoteSuspect:

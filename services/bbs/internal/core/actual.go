@@ -229,11 +229,33 @@ func (c *ActualLRPs) CrashActualLRP(ctx context.Context, guid string, index int3
 
 // restartIfUnclaimed asks for an UNCLAIMED instance to be placed, in ctx's trace.
 func (c *ActualLRPs) restartIfUnclaimed(ctx context.Context, a *modelsv1.ActualLRP) {
-	if a.GetState() != unclaimed {
-		return
+	c.restartUnclaimed(ctx, []*modelsv1.ActualLRP{a})
+}
+
+// restartUnclaimed asks, in one request, for the UNCLAIMED instances of as to be placed
+// (restartIfUnclaimed for many); the others, and instances whose LRP is gone, are skipped.
+func (c *ActualLRPs) restartUnclaimed(ctx context.Context, as []*modelsv1.ActualLRP) {
+	var starts []LRPStart
+	at := map[string]int{} // process guid → its entry in starts
+	for _, a := range as {
+		if a.GetState() != unclaimed {
+			continue
+		}
+		guid := a.GetKey().GetProcessGuid()
+		i, ok := at[guid]
+		if !ok {
+			sched := c.st.SchedulingInfo(guid)
+			if sched == nil {
+				continue
+			}
+			i = len(starts)
+			at[guid] = i
+			starts = append(starts, LRPStart{SchedulingInfo: sched})
+		}
+		starts[i].Indices = append(starts[i].Indices, a.GetKey().GetIndex())
 	}
-	if sched := c.st.SchedulingInfo(a.GetKey().GetProcessGuid()); sched != nil {
-		c.auctionLRPs(ctx, []LRPStart{{SchedulingInfo: sched, Indices: []int32{a.GetKey().GetIndex()}}})
+	if len(starts) > 0 {
+		c.auctionLRPs(ctx, starts)
 	}
 }
 

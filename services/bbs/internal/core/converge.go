@@ -136,42 +136,55 @@ func (c *ActualLRPs) ConvergeCrashedLRP(ctx context.Context, guid string, index 
 	return true, nil
 }
 
-// ConvergeSuspectLRP handles an ordinary instance held by ik (CLAIMED or RUNNING) whose cell
-// has no presence: a RUNNING one is kept as a SUSPECT copy (still routed) and the slot is
-// unclaimed for a replacement, in one transaction; a CLAIMED one is only unclaimed. The
-// replacement is sent for placement. It reports whether the instance was handled.
-func (c *ActualLRPs) ConvergeSuspectLRP(ctx context.Context, guid string, index int32, ik *modelsv1.ActualLRPInstanceKey) (bool, error) {
-	next, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) (*modelsv1.ActualLRP, error) {
-		a, err := t.ActualLRP(guid, index, ordinary)
-		if err != nil || a == nil {
-			return nil, err
-		}
-		if s := a.GetState(); (s != claimed && s != running) || !sameInstance(a.GetInstanceKey(), ik) {
-			return nil, nil
-		}
-		if cell, err := t.Cell(ik.GetCellId()); err != nil || cell != nil {
+// ConvergeSuspectLRPs handles instances of one cell without presence, cellID, in one
+// transaction: each ordinary instance of marks still held by the instance the plan saw (CLAIMED
+// or RUNNING on cellID) is replaced. A RUNNING one is kept as a SUSPECT copy (still routed) and
+// its slot is unclaimed for a replacement; a CLAIMED one is only unclaimed. An instance that
+// changed meanwhile is left as it is, and nothing changes if the cell is back. The replacements
+// are sent for placement in one request. It returns how many instances were handled.
+//
+// One transaction per lost cell's instances (the converger splits a cell's marks into groups
+// that fit etcd's operation limit) rather than one per instance: a lost cell of 50 instances
+// costs one read of its presence, one commit and one auction request instead of 50 of each.
+func (c *ActualLRPs) ConvergeSuspectLRPs(ctx context.Context, cellID string, marks []plan.MarkSuspect) (int, error) {
+	nexts, _, err := store.UpdateValue(ctx, c.st, func(t *store.Txn) ([]*modelsv1.ActualLRP, error) {
+		if cell, err := t.Cell(cellID); err != nil || cell != nil {
 			return nil, err // the cell is back
 		}
-		if a.GetState() == running {
-			sus := clone(a)
-			sus.Presence = suspect
-			sus.ModificationTag = bump(a.GetModificationTag())
-			if err := putActual(t, sus); err != nil {
+		var nexts []*modelsv1.ActualLRP
+		for _, m := range marks {
+			if m.Instance.GetCellId() != cellID {
+				continue
+			}
+			a, err := t.ActualLRP(m.ProcessGuid, m.Index, ordinary)
+			if err != nil {
 				return nil, err
 			}
+			if s := a.GetState(); a == nil || (s != claimed && s != running) || !sameInstance(a.GetInstanceKey(), m.Instance) {
+				continue
+			}
+			if a.GetState() == running {
+				sus := clone(a)
+				sus.Presence = suspect
+				sus.ModificationTag = bump(a.GetModificationTag())
+				if err := putActual(t, sus); err != nil {
+					return nil, err
+				}
+			}
+			next := c.unclaim(a)
+			next.PlacementError = nil
+			if err := putActual(t, next); err != nil {
+				return nil, err
+			}
+			nexts = append(nexts, next)
 		}
-		next := c.unclaim(a)
-		next.PlacementError = nil
-		return next, putActual(t, next)
+		return nexts, nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("converge suspect %s: %w", describe(guid, index), err)
+		return 0, fmt.Errorf("converge suspects of cell %s (%d instances): %w", cellID, len(marks), err)
 	}
-	if next == nil {
-		return false, nil
-	}
-	c.restartIfUnclaimed(ctx, next)
-	return true, nil
+	c.restartUnclaimed(ctx, nexts)
+	return len(nexts), nil
 }
 
 // ConvergeStaleClaimedLRP unclaims the ordinary instance guid/index when it is still CLAIMED by
