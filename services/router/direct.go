@@ -124,7 +124,7 @@ func (p *proxy) roundTrip(w http.ResponseWriter, req *http.Request, bc *backendC
 		return nil, fmt.Errorf("write request: %w", err)
 	}
 	if p.responseTimeout > 0 {
-		_ = bc.conn.SetReadDeadline(time.Now().Add(p.responseTimeout))
+		bc.setReadDeadline(time.Now().Add(p.responseTimeout))
 	}
 	for {
 		// Peek first: ReadResponse turns a connection closed before any byte (io.EOF here,
@@ -155,7 +155,7 @@ func (p *proxy) roundTrip(w http.ResponseWriter, req *http.Request, bc *backendC
 			continue
 		}
 		if p.responseTimeout > 0 {
-			_ = bc.conn.SetReadDeadline(time.Time{})
+			bc.setReadDeadline(time.Time{})
 		}
 		return resp, nil
 	}
@@ -356,6 +356,14 @@ type backendConn struct {
 	bw        *bufio.Writer
 	idleSince time.Time
 	stop      func() bool // unregisters the current request's abort; false once it ran
+	// readDeadline is the read deadline as last set through setReadDeadline (zero: none).
+	readDeadline time.Time
+}
+
+// setReadDeadline sets the connection's read deadline to t (none when zero).
+func (c *backendConn) setReadDeadline(t time.Time) {
+	c.readDeadline = t
+	_ = c.conn.SetReadDeadline(t)
 }
 
 // abort interrupts the connection's reads and writes (the client went away).

@@ -381,3 +381,68 @@ func TestLoopShutdownTimeoutEndsStuckExchanges(t *testing.T) {
 		t.Fatal("a complete answer from a backend that never finished")
 	}
 }
+
+// TestLoopWaitsAfterAFastAnswer: the read deadlines the loop keeps between requests of a busy
+// connection (setReadDeadline, waitHead) still end a wait. On one client connection, and so on
+// one backend connection, a fast answer is followed by a slow request: the client leaving is
+// noticed and the backend's request cancelled within the check interval, and, with a response
+// timeout shorter than the interval, the slow request is answered 502 once it passes.
+func TestLoopWaitsAfterAFastAnswer(t *testing.T) {
+	canceled := make(chan struct{}, 4)
+	b := newBackend(t, "b")
+	b.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/fast" {
+			_, _ = io.WriteString(w, "fast")
+			return
+		}
+		select {
+		case <-time.After(10 * time.Second):
+		case <-r.Context().Done():
+			canceled <- struct{}{}
+		}
+	})
+	fast := func(c *rawClient) {
+		t.Helper()
+		c.send("GET /fast HTTP/1.1\r\nHost: app.example.com\r\n\r\n")
+		if resp, body := c.read("GET"); resp.StatusCode != 200 || body != "fast" {
+			t.Fatalf("fast: %d %q", resp.StatusCode, body)
+		}
+	}
+
+	t.Run("client leaves", func(t *testing.T) {
+		r := loopRouter(t, b.addr())
+		c := dialRaw(t, r.HTTPAddr().String())
+		fast(c)
+		fast(c)
+		c.send("GET /slow HTTP/1.1\r\nHost: app.example.com\r\n\r\n")
+		time.Sleep(50 * time.Millisecond)
+		left := time.Now()
+		c.c.Close()
+		select {
+		case <-canceled:
+			t.Logf("backend request cancelled %v after the client left", time.Since(left).Round(time.Millisecond))
+		case <-time.After(5 * time.Second):
+			t.Fatal("the backend request was not cancelled after the client left")
+		}
+	})
+
+	t.Run("response timeout", func(t *testing.T) {
+		fake := startFake(t, "127.0.0.1:0", "t1", httpRoute("app.example.com", false, b.addr()))
+		cfg := testConfig(fake.addr)
+		cfg.BackendResponseTimeout = Duration(200 * time.Millisecond)
+		r := startRouter(t, cfg)
+		waitSynced(t, r)
+		c := dialRaw(t, r.HTTPAddr().String())
+		fast(c)
+		fast(c)
+		sent := time.Now()
+		c.send("GET /slow HTTP/1.1\r\nHost: app.example.com\r\n\r\n")
+		resp, _ := c.read("GET")
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("slow request answered %d, want 502 after the response timeout", resp.StatusCode)
+		}
+		if waited := time.Since(sent); waited < 200*time.Millisecond {
+			t.Fatalf("answered 502 after %v, before the 200ms response timeout", waited)
+		}
+	})
+}

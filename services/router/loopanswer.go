@@ -131,14 +131,16 @@ func (c *clientConn) roundTrip(bc *backendConn, a *answer) (*http.Response, erro
 			continue
 		}
 		if resp.Body != http.NoBody && (resp.ContentLength < 0 || int64(bc.br.Buffered()) < resp.ContentLength) {
-			_ = bc.conn.SetReadDeadline(time.Time{}) // the body may take its time
+			bc.setReadDeadline(time.Time{}) // the body may take its time
 		}
 		return resp, nil
 	}
 }
 
 // waitHead waits until the first byte of an answer is buffered on bc, until deadline (none
-// when zero), checking every clientCheckInterval from now whether the client left.
+// when zero), checking whether the client left every clientCheckInterval from now, or sooner:
+// a check that an earlier exchange on bc set and that falls in the second half of the interval
+// is kept, which saves a runtime timer update per request on a busy connection.
 func (c *clientConn) waitHead(bc *backendConn, now, deadline time.Time) error {
 	if bc.br.Buffered() > 0 {
 		return nil
@@ -148,7 +150,11 @@ func (c *clientConn) waitHead(bc *backendConn, now, deadline time.Time) error {
 		if !deadline.IsZero() && deadline.Before(check) {
 			check = deadline
 		}
-		_ = bc.conn.SetReadDeadline(check)
+		if kept := bc.readDeadline; kept.After(now.Add(clientCheckInterval/2)) && !kept.After(check) {
+			check = kept
+		} else {
+			bc.setReadDeadline(check)
+		}
 		// Peek first: ReadResponse turns a connection closed before any byte (io.EOF here,
 		// the sign of a stale connection) into io.ErrUnexpectedEOF.
 		_, err := bc.br.Peek(1)

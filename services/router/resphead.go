@@ -119,7 +119,7 @@ func (c *clientConn) writeParsed(h *respHead, bc *backendConn, a *answer) bool {
 		return false
 	}
 	if n > int64(bc.br.Buffered()) {
-		_ = bc.conn.SetReadDeadline(time.Time{}) // the body may take its time
+		bc.setReadDeadline(time.Time{}) // the body may take its time
 	}
 	if n > 0 {
 		if _, err := io.CopyN(c.bw, bc.br, n); err != nil {

@@ -63,7 +63,7 @@ const maxApplyErrors = 10
 // (core.ConvergeSuspectLRPs), every other transactional change as its own transaction; changes
 // of at most workers records in all at a time (the store group-commits them); then the
 // auctions, in one request for instances and one for tasks. It stops starting changes when ctx
-// ends. It returns what it did and the errors of failed changes (at most maxApplyErrors).
+// ends. A group that fails counts each of its changes as failed. It returns what it did and the errors of failed changes (at most maxApplyErrors).
 func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers int) (Applied, []error) {
 	var a Applied
 	var starts []core.LRPStart
@@ -109,7 +109,7 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers
 			defer mu.Unlock()
 			*a.counter(j.kind()) += n
 			if err != nil {
-				a.Errors++
+				a.Errors += j.weight()
 				if len(errs) < maxApplyErrors {
 					errs = append(errs, err)
 				}
@@ -136,7 +136,8 @@ type applyJob struct {
 	suspects []plan.MarkSuspect
 }
 
-// weight is how many records the job changes at most, what it takes of applyPlan's workers.
+// weight is how many of applyPlan's workers the job takes, and how many changes fail with it:
+// one per instance of a group, one for any other change.
 func (j applyJob) weight() int { return max(len(j.suspects), 1) }
 
 // kind is the change whose count the job adds to.
