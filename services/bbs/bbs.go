@@ -264,10 +264,11 @@ type Service struct {
 type Option func(*options)
 
 type options struct {
-	now      func() time.Time
-	manual   bool
-	listener net.Listener
-	cells    CellClient
+	now            func() time.Time
+	manual         bool
+	listener       net.Listener
+	cells          CellClient
+	suspectsPerTxn int
 }
 
 // CellClient is how the BBS asks a cell's rep to stop an instance or cancel a task (see
@@ -286,6 +287,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // WithManualConvergence runs no convergence loop and campaigns for no leadership: the caller
 // drives convergence itself (the package's tests, through export_test.go).
 func WithManualConvergence() Option { return func(o *options) { o.manual = true } }
+
+// WithSuspectsPerTransaction sets how many instances of one lost cell convergence replaces in
+// one transaction (default 64; 1 replaces each in its own transaction, as before decision 0050),
+// for the benchmark that compares the two.
+func WithSuspectsPerTransaction(n int) Option { return func(o *options) { o.suspectsPerTxn = n } }
 
 // WithListener makes the BBS serve its API on l, bound by the caller, instead of listening on
 // listen_address (which then only names the address): callers that must know the address
@@ -403,6 +409,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		DrainTimeout:         time.Duration(cfg.DrainTimeout),
 		Logger:               logger.Named("converge"),
 		Metrics:              convergeMetrics,
+		SuspectsPerTxn:       o.suspectsPerTxn,
 	})
 	svc := &Service{cfg: cfg, log: logger, store: st, core: c, callbacks: callbacks, server: server, background: coreCfg.Background,
 		reps: repPool, auctioneer: auctioneer, transformers: transformers,

@@ -23,6 +23,7 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
+	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // The benchmarks run a real BBS on loopback gRPC over an embedded etcd with fsync on, the way
@@ -533,4 +534,75 @@ func subscribe(ctx context.Context, c bbsv1.BBSServiceClient, ready chan<- struc
 		}
 	}
 	return out, nil
+}
+
+// BenchmarkCellLossPass measures convergence's cell-loss pass alone: 100 cells hold 100 RUNNING
+// instances each; half the cells lose their presence, and one ConvergeCells pass replaces
+// their 5,000 instances (a SUSPECT copy and an unclaimed slot each). It compares a transaction
+// per instance (txn=1, as before decision 0050) with up to 64 instances of a cell per
+// transaction (txn=64, the default); there is no auctioneer, so only the BBS and etcd work.
+func BenchmarkCellLossPass(b *testing.B) {
+	const cells, perCell, lost = 100, 100, 50
+	for _, perTxn := range []int{1, 64} {
+		b.Run(fmt.Sprintf("txn=%d", perTxn), func(b *testing.B) {
+			var elapsed time.Duration
+			for range b.N {
+				b.StopTimer()
+				env := bbstest.StartOnWith(b, startFsyncEtcd(b), []bbs.Option{bbs.WithManualConvergence(), bbs.WithSuspectsPerTransaction(perTxn)})
+				ctx := benchCtx(b)
+				leases := make([]clientv3.LeaseID, cells)
+				for i := range cells {
+					lease, err := env.Etcd.Grant(ctx, 60)
+					if err != nil {
+						b.Fatal(err)
+					}
+					cell, _ := proto.Marshal(&modelsv1.CellPresence{CellId: fmt.Sprintf("cell-%03d", i), RepAddress: "127.0.0.1:1", Zone: "z1",
+						Capacity: &modelsv1.CellCapacity{MemoryMb: 1 << 20, DiskMb: 1 << 20, Containers: 1000}})
+					if _, err := env.Etcd.Put(ctx, store.CellKey(fmt.Sprintf("cell-%03d", i)), string(cell), clientv3.WithLease(lease.ID)); err != nil {
+						b.Fatal(err)
+					}
+					leases[i] = lease.ID
+				}
+				clients := dialBBS(b, env.Addr, benchConns)
+				guids := benchGuids("loss", 0, cells*perCell/10)
+				if err := desireAll(ctx, clients, guids, 10); err != nil {
+					b.Fatal(err)
+				}
+				// Instance i runs on cell i % cells, so every LRP spreads over ten cells.
+				err := parallel(cells*perCell, benchWorkers, func(w, i int) error {
+					c := clients[w%len(clients)]
+					guid, index := guids[i/10], int32(i%10)
+					ik := &modelsv1.ActualLRPInstanceKey{InstanceGuid: fmt.Sprintf("%s-%d", guid, index), CellId: fmt.Sprintf("cell-%03d", i%cells)}
+					if _, err := c.ClaimActualLRP(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik}); err != nil {
+						return err
+					}
+					_, err := c.StartActualLRP(ctx, &bbsv1.StartActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, NetInfo: benchNetInfo, Routable: true})
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range lost {
+					if _, err := env.Etcd.Revoke(ctx, leases[i]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				testkit.Eventually(b, time.Minute, func() bool {
+					resp, err := env.Client.Cells(ctx, &bbsv1.CellsRequest{})
+					return err == nil && len(resp.GetCells()) == cells-lost
+				}, "the BBS sees the lost cells gone")
+
+				b.StartTimer()
+				start := time.Now()
+				r, err := env.Service.Converger().ConvergeCells(ctx)
+				elapsed += time.Since(start)
+				b.StopTimer()
+				if err != nil || r.Suspected != lost*perCell {
+					b.Fatalf("pass: %+v, %v; want %d instances replaced", r, err, lost*perCell)
+				}
+			}
+			b.ReportMetric(float64(b.N*lost*perCell)/elapsed.Seconds(), "instances/s")
+			b.ReportMetric(elapsed.Seconds()*1000/float64(b.N), "ms/pass")
+		})
+	}
 }

@@ -59,12 +59,12 @@ type Applied struct {
 const maxApplyErrors = 10
 
 // applyPlan applies the changes of a convergence plan through c: the MarkSuspect changes of
-// each lost cell together, in transactions of at most suspectsPerTxn instances
+// each lost cell together, in transactions of at most perTxn instances
 // (core.ConvergeSuspectLRPs), every other transactional change as its own transaction; changes
 // of at most workers records in all at a time (the store group-commits them); then the
 // auctions, in one request for instances and one for tasks. It stops starting changes when ctx
 // ends. A group that fails counts each of its changes as failed. It returns what it did and the errors of failed changes (at most maxApplyErrors).
-func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers int) (Applied, []error) {
+func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers, perTxn int) (Applied, []error) {
 	var a Applied
 	var starts []core.LRPStart
 	var tasks []*modelsv1.Task
@@ -80,7 +80,7 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers
 		case plan.MarkSuspect:
 			cell := ch.Instance.GetCellId()
 			i, ok := suspects[cell]
-			if !ok || len(jobs[i].suspects) == suspectsPerTxn {
+			if !ok || len(jobs[i].suspects) >= perTxn {
 				i = len(jobs)
 				suspects[cell] = i
 				jobs = append(jobs, applyJob{cell: cell})
@@ -123,10 +123,10 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers
 	return a, errs
 }
 
-// suspectsPerTxn bounds the instances of one lost cell replaced in one transaction: a RUNNING
-// instance writes two records (its SUSPECT copy and its unclaimed slot), so 64 stay within
-// etcd's default of 128 operations per transaction.
-const suspectsPerTxn = 64
+// DefaultSuspectsPerTxn is how many instances of one lost cell one transaction replaces by
+// default: a RUNNING instance writes two records (its SUSPECT copy and its unclaimed slot), so
+// 64 stay within etcd's default of 128 operations per transaction.
+const DefaultSuspectsPerTxn = 64
 
 // applyJob is one transaction of applyPlan: a transactional change, or a group of MarkSuspect
 // changes of one cell.

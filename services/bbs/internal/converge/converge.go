@@ -57,6 +57,9 @@ type Config struct {
 	Logger hclog.Logger
 	// Metrics records each pass; nil records nothing.
 	Metrics *Metrics
+	// SuspectsPerTxn is the most instances of one lost cell that one transaction replaces
+	// (default 64, DefaultSuspectsPerTxn; 1 replaces each in its own, as before decision 0050).
+	SuspectsPerTxn int
 }
 
 // Report is what one pass found (plan.Found) and did (Applied).
@@ -116,6 +119,9 @@ func New(c *core.Core, cache Cache, cfg Config) *Converger {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.SuspectsPerTxn <= 0 {
+		cfg.SuspectsPerTxn = DefaultSuspectsPerTxn
+	}
 	return &Converger{core: c, st: cache, cfg: cfg, log: cfg.Logger}
 }
 
@@ -167,7 +173,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		Claimed:       c.cfg.ClaimedTimeout,
 		Drain:         c.cfg.DrainTimeout,
 	})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers, c.cfg.SuspectsPerTxn)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
@@ -191,7 +197,7 @@ func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
 	scheds, _ := c.st.SchedulingInfos(store.ListFilter{})
 	tasks, _ := c.st.Tasks(store.ListFilter{})
 	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: actuals, Tasks: tasks, Cells: cells, Now: c.cfg.Now()})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, workers)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, workers, c.cfg.SuspectsPerTxn)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observeRun(r)
 	if len(errs) > 0 {
