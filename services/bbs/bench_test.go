@@ -23,7 +23,6 @@ import (
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs"
 	"github.com/gavel-sched/gavel/services/bbs/bbstest"
-	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
 // The benchmarks run a real BBS on loopback gRPC over an embedded etcd with fsync on, the way
@@ -552,16 +551,8 @@ func BenchmarkCellLossPass(b *testing.B) {
 				ctx := benchCtx(b)
 				leases := make([]clientv3.LeaseID, cells)
 				for i := range cells {
-					lease, err := env.Etcd.Grant(ctx, 60)
-					if err != nil {
-						b.Fatal(err)
-					}
-					cell, _ := proto.Marshal(&modelsv1.CellPresence{CellId: fmt.Sprintf("cell-%03d", i), RepAddress: "127.0.0.1:1", Zone: "z1",
+					leases[i] = domRegisterCell(b, env, &modelsv1.CellPresence{CellId: fmt.Sprintf("cell-%03d", i), RepAddress: "127.0.0.1:1", Zone: "z1",
 						Capacity: &modelsv1.CellCapacity{MemoryMb: 1 << 20, DiskMb: 1 << 20, Containers: 1000}})
-					if _, err := env.Etcd.Put(ctx, store.CellKey(fmt.Sprintf("cell-%03d", i)), string(cell), clientv3.WithLease(lease.ID)); err != nil {
-						b.Fatal(err)
-					}
-					leases[i] = lease.ID
 				}
 				clients := dialBBS(b, env.Addr, benchConns)
 				guids := benchGuids("loss", 0, cells*perCell/10)

@@ -16,7 +16,7 @@ import (
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx

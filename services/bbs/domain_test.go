@@ -152,7 +152,7 @@ func TestDomainValidation(t *testing.T) {
 }
 
 // domRegisterCell writes a rep's presence under a fresh lease, as a rep does.
-func domRegisterCell(t *testing.T, env *bbstest.Env, cell *modelsv1.CellPresence) clientv3.LeaseID {
+func domRegisterCell(t testing.TB, env *bbstest.Env, cell *modelsv1.CellPresence) clientv3.LeaseID {
 	t.Helper()
 	ctx := ctxT(t)
 	lease, err := env.Etcd.Grant(ctx, 30)

@@ -659,8 +659,8 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(&b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
 		ms(r.recoverSteps[0][0]), ms(r.recoverSteps[0][1]), ms(r.recoverSteps[1][0]), ms(r.recoverSteps[1][1]), ms(r.recoverSteps[2][0]), ms(r.recoverSteps[2][1]), r.movedTwice)
 	if r.burstRate > 0 && r.lostSlots > 0 {
-		fmt.Fprintf(&b, "            bound: placing %d instances at this run's burst rate (%.0f/s) takes %s; within 5 s needs %.0f/s\n",
-			r.lostSlots, r.burstRate, (time.Duration(float64(r.lostSlots) / r.burstRate * float64(time.Second))).Round(100*time.Millisecond), float64(r.lostSlots)/5)
+		fmt.Fprintf(&b, "            bound: placing %d instances at this run's burst rate (%.0f/s) takes %.1fs; within 5 s needs %.0f/s\n",
+			r.lostSlots, r.burstRate, float64(r.lostSlots)/r.burstRate, float64(r.lostSlots)/5)
 	}
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  harness:  peak RSS %.0f MiB (this process: the clients, the observer and the report)\n", float64(r.peakRSS)/(1<<20))
