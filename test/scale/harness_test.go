@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"sort"
 	"strconv"
@@ -54,6 +55,9 @@ type runConfig struct {
 	StreamRate int
 	// LossFraction is the fraction of cells lost at full size.
 	LossFraction float64
+	// SmallLossFraction, as deployed, is the fraction of cells lost first, alone: the last sim
+	// host holds exactly that many (at least two). Zero: no such phase.
+	SmallLossFraction float64
 	// CellsPerHost is how many cells share one simulated host (one presence connection);
 	// losing a host loses all its cells.
 	CellsPerHost int
@@ -107,11 +111,7 @@ type report struct {
 	listMedian, listMax    time.Duration
 	routeP50, routeP99     time.Duration
 	routeN, routeMissing   int
-	lostCells, lostSlots   int
-	recoverFromExpiry      time.Duration
-	recoverP50, recoverMax time.Duration       // per instance, from its own cell's disappearance
-	recoverSteps           [3][2]time.Duration // p50 and max of: → UNCLAIMED, → CLAIMED, → RUNNING
-	movedTwice             int                 // lost instances re-placed onto another lost cell first
+	smallLoss, loss        lossResult // the first, small loss (as deployed) and the LossFraction one
 	peakRSS, peakHeap      uint64
 	stranded, duplicates   int
 	healthyLost            []string
@@ -437,52 +437,22 @@ func run(t testing.TB, cfg runConfig) *report {
 		}
 	}
 
-	// Cell loss: cut whole simulated hosts until a tenth of the cells are gone; their leases
-	// expire and every instance they held must run elsewhere.
+	// Cell loss. As deployed with SmallLossFraction, the last sim host holds that fraction of
+	// the cells and is lost first, alone (the 1% goal); then whole hosts from the end are cut
+	// until LossFraction of the cells are newly gone (the 10% goal). Their leases expire and
+	// every instance they held must run elsewhere.
 	lost := map[string]bool{}
-	for h := tg.Hosts() - 1; h >= 0 && float64(len(lost)) < cfg.LossFraction*float64(cfg.Cells); h-- {
-		for _, id := range tg.HostCells(h) {
-			lost[id] = true
-		}
-		tg.LoseHost(t, h)
+	nextHost := tg.Hosts() - 1
+	if cfg.Deployed && smallLossCells(cfg) > 0 {
+		r.smallLoss = loseHosts(t, ctx, cfg, tg, obs, lost, &nextHost, 1)
 	}
-	slots := obs.slotsOn(lost)
-	r.lostCells, r.lostSlots = len(lost), len(slots)
-	lossStart := time.Now()
-	waitUntil(t, cfg.PhaseTimeout+2*cfg.LeaseTTL, "every lost cell disappeared and its instances run elsewhere", func() (bool, string) {
-		gone := 0
-		for id := range obs.disappearedCells() {
-			if lost[id] {
-				gone++
-			}
-		}
-		left := obs.notMoved(slots, lost)
-		state := fmt.Sprintf("%d/%d cells disappeared, %d/%d instances not yet running elsewhere", gone, len(lost), len(left), len(slots))
-		if len(left) > 0 && time.Since(lossStart) > cfg.PhaseTimeout {
-			// About to time out: what the BBS holds for the first few, against what the
-			// observer saw on the event stream.
-			state += "; the BBS has " + describeSlots(ctx, tg.BBS(), left[:min(len(left), 5)])
-		}
-		return len(left) == 0 && gone == len(lost), state
-	})
-	recovered := time.Now()
-	var firstExpiry time.Time
-	for id, at := range obs.disappearedCells() {
-		if lost[id] && (firstExpiry.IsZero() || at.Before(firstExpiry)) {
-			firstExpiry = at
-		}
+	r.loss = loseHosts(t, ctx, cfg, tg, obs, lost, &nextHost, cfg.LossFraction*float64(cfg.Cells))
+	for id := range obs.disappearedCells() {
 		if !lost[id] {
 			r.healthyLost = append(r.healthyLost, id)
 		}
 	}
 	sort.Strings(r.healthyLost)
-	r.recoverFromExpiry = recovered.Sub(firstExpiry)
-	rec, steps := obs.recoverySteps(slots, slots)
-	r.movedTwice = obs.movedTwice(slots, lost)
-	r.recoverP50, r.recoverMax = percentile(rec, 50), percentile(rec, 100)
-	for i, st := range steps {
-		r.recoverSteps[i] = [2]time.Duration{percentile(st, 50), percentile(st, 100)}
-	}
 
 	// Correctness at full size.
 	r.stranded, r.duplicates = audit(t, ctx, tg, lost, r.burstN+r.streamN)
@@ -495,6 +465,77 @@ func run(t testing.TB, cfg runConfig) *report {
 		t.Fatalf("observer: %v", err)
 	}
 	return r
+}
+
+// lossResult is what one cell-loss phase measured.
+type lossResult struct {
+	cells, slots int
+	fromExpiry   time.Duration       // from the first expiry seen to every instance running elsewhere
+	p50, max     time.Duration       // per instance, from its own cell's disappearance
+	steps        [3][2]time.Duration // p50 and max of: → UNCLAIMED, → CLAIMED, → RUNNING
+	movedTwice   int                 // lost instances re-placed onto another lost cell first
+}
+
+// loseHosts cuts whole hosts from *next downwards until at least want cells are newly lost,
+// adds them to lost, and waits until each has disappeared and every instance it held runs
+// elsewhere.
+func loseHosts(t testing.TB, ctx context.Context, cfg runConfig, tg target, obs *observer, lost map[string]bool, next *int, want float64) lossResult {
+	t.Helper()
+	phase := map[string]bool{}
+	for ; *next >= 0 && float64(len(phase)) < want; *next-- {
+		for _, id := range tg.HostCells(*next) {
+			phase[id], lost[id] = true, true
+		}
+		tg.LoseHost(t, *next)
+	}
+	slots := obs.slotsOn(phase)
+	res := lossResult{cells: len(phase), slots: len(slots)}
+	start := time.Now()
+	waitUntil(t, cfg.PhaseTimeout+2*cfg.LeaseTTL, "every lost cell disappeared and its instances run elsewhere", func() (bool, string) {
+		gone := 0
+		for id := range obs.disappearedCells() {
+			if phase[id] {
+				gone++
+			}
+		}
+		left := obs.notMoved(slots, lost)
+		state := fmt.Sprintf("%d/%d cells disappeared, %d/%d instances not yet running elsewhere", gone, len(phase), len(left), len(slots))
+		if len(left) > 0 && time.Since(start) > cfg.PhaseTimeout {
+			// About to time out: what the BBS holds for the first few, against what the
+			// observer saw on the event stream.
+			state += "; the BBS has " + describeSlots(ctx, tg.BBS(), left[:min(len(left), 5)])
+		}
+		return len(left) == 0 && gone == len(phase), state
+	})
+	recovered := time.Now()
+	var firstExpiry time.Time
+	for id, at := range obs.disappearedCells() {
+		if phase[id] && (firstExpiry.IsZero() || at.Before(firstExpiry)) {
+			firstExpiry = at
+		}
+	}
+	res.fromExpiry = recovered.Sub(firstExpiry)
+	rec, steps := obs.recoverySteps(slots, slots)
+	res.movedTwice = obs.movedTwice(slots, lost)
+	res.p50, res.max = percentile(rec, 50), percentile(rec, 100)
+	for i, st := range steps {
+		res.steps[i] = [2]time.Duration{percentile(st, 50), percentile(st, 100)}
+	}
+	return res
+}
+
+// smallLossCells is how many cells the first, small loss cuts as deployed (the last sim host
+// holds exactly these): SmallLossFraction of the cells, at least two (a sim host's least), or
+// 0 when there is no such phase.
+func smallLossCells(cfg runConfig) int {
+	if cfg.SmallLossFraction <= 0 {
+		return 0
+	}
+	n := max(2, int(math.Ceil(cfg.SmallLossFraction*float64(cfg.Cells))))
+	if n >= cfg.Cells {
+		return 0
+	}
+	return n
 }
 
 // audit lists every instance and asks every live cell what it holds: stranded are desired
@@ -654,14 +695,10 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
-	fmt.Fprintf(&b, "  loss:     %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
-		r.lostCells, r.lostSlots, ms(r.recoverP50), ms(r.recoverMax), r.recoverFromExpiry.Round(time.Millisecond))
-	fmt.Fprintf(&b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
-		ms(r.recoverSteps[0][0]), ms(r.recoverSteps[0][1]), ms(r.recoverSteps[1][0]), ms(r.recoverSteps[1][1]), ms(r.recoverSteps[2][0]), ms(r.recoverSteps[2][1]), r.movedTwice)
-	if r.burstRate > 0 && r.lostSlots > 0 {
-		fmt.Fprintf(&b, "            bound: placing %d instances at this run's burst rate (%.0f/s) takes %.1fs; within 5 s needs %.0f/s\n",
-			r.lostSlots, r.burstRate, float64(r.lostSlots)/r.burstRate, float64(r.lostSlots)/5)
+	if r.smallLoss.cells > 0 {
+		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, 2)
 	}
+	r.loss.print(&b, fmt.Sprintf("loss %s:", share(r.loss.cells, r.cfg.Cells)), r.burstRate, 5)
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  harness:  peak RSS %.0f MiB (this process: the clients, the observer and the report)\n", float64(r.peakRSS)/(1<<20))
 	} else {
@@ -703,6 +740,25 @@ func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
 		used += u.cpu
 	}
 	fmt.Fprintf(b, "; %.0f%% of the machine's %.0f cores\n", 100*used.Seconds()/(cores*wall.Seconds()), cores)
+}
+
+// share is n of all as a percentage, rounded to a tenth.
+func share(n, all int) string {
+	return strconv.FormatFloat(100*float64(n)/float64(max(all, 1)), 'f', -1, 64) + "%"
+}
+
+// print writes one loss phase's lines under label; goal is the phase's goal in seconds, for the
+// bound line (the placement rate recovering within it takes).
+func (l lossResult) print(b *strings.Builder, label string, burstRate float64, goal float64) {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
+	fmt.Fprintf(b, "  %-9s %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
+		label, l.cells, l.slots, ms(l.p50), ms(l.max), l.fromExpiry.Round(time.Millisecond))
+	fmt.Fprintf(b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
+		ms(l.steps[0][0]), ms(l.steps[0][1]), ms(l.steps[1][0]), ms(l.steps[1][1]), ms(l.steps[2][0]), ms(l.steps[2][1]), l.movedTwice)
+	if burstRate > 0 && l.slots > 0 {
+		fmt.Fprintf(b, "            bound: placing %d instances at this run's burst rate (%.0f/s) takes %.1fs; within %.0f s needs %.0f/s\n",
+			l.slots, burstRate, float64(l.slots)/burstRate, goal, float64(l.slots)/goal)
+	}
 }
 
 // printInProcess writes what only an in-process run measures: the auctioneer's and the BBS

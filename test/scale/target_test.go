@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,15 +115,36 @@ type deployed struct {
 // hostID is the cell-id prefix of sim host h.
 func hostID(h int) string { return fmt.Sprintf("rack-%03d", h) }
 
+// hostSizes is how many cells each sim host runs: hosts of perHost, with the one that holds
+// the rest first (so that the hosts lost from the end are whole), then, when small is not 0, a
+// last host of exactly small cells (the first, small loss). A host never runs a single cell
+// when it can be avoided.
+func hostSizes(cells, perHost, small int) []int {
+	n := cells - small
+	var sizes []int
+	if rest := n % perHost; rest > 0 {
+		sizes = append(sizes, rest)
+	}
+	for range n / perHost {
+		sizes = append(sizes, perHost)
+	}
+	if len(sizes) > 1 && sizes[0] == 1 {
+		sizes = append([]int{perHost + 1}, sizes[2:]...)
+	}
+	if small > 0 {
+		sizes = append(sizes, small)
+	}
+	return sizes
+}
+
 // startDeployed starts the processes of a deployed run under dir and waits until every cell
 // is registered and the auctioneer leads.
 func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	t.Helper()
 	perHost := max(cfg.CellsPerHost, 2) // a sim host runs at least two cells
 	d := &deployed{usageAtLoss: map[int]procUsage{}, profileDir: cfg.ProfileDir, lastProgress: time.Now(), registered: map[string]bool{}}
-	for first := 0; first < cfg.Cells; first += perHost {
+	for _, n := range hostSizes(cfg.Cells, perHost, smallLossCells(cfg)) {
 		h := len(d.hostCells)
-		n := min(perHost, cfg.Cells-first)
 		cells := make([]string, n)
 		for i := range cells {
 			cells[i] = rep.SimCellID(hostID(h), i)
@@ -452,6 +474,25 @@ func (d *deployed) saveRunFiles() {
 		resp.Body.Close()
 		if err == nil {
 			_ = os.WriteFile(filepath.Join(d.profileDir, m[0]+".metrics"), b, 0o644)
+		}
+	}
+}
+
+// TestHostSizes checks the deployed layout: every cell on one host, whole hosts of perHost
+// lost from the end, the small loss's host last, no host of a single cell.
+func TestHostSizes(t *testing.T) {
+	for _, tc := range []struct {
+		cells, perHost, small int
+		want                  []int
+	}{
+		{5000, 100, 50, append(append([]int{50}, slices.Repeat([]int{100}, 49)...), 50)},
+		{1000, 100, 10, append(append([]int{90}, slices.Repeat([]int{100}, 9)...), 10)},
+		{5000, 100, 0, slices.Repeat([]int{100}, 50)},
+		{20, 5, 2, []int{3, 5, 5, 5, 2}},
+		{501, 100, 0, append([]int{101}, slices.Repeat([]int{100}, 4)...)},
+	} {
+		if got := hostSizes(tc.cells, tc.perHost, tc.small); !slices.Equal(got, tc.want) {
+			t.Errorf("hostSizes(%d, %d, %d) = %v, want %v", tc.cells, tc.perHost, tc.small, got, tc.want)
 		}
 	}
 }
