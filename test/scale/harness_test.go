@@ -1,9 +1,11 @@
-// Package scale is Gavel's scale harness: an embedded etcd, the BBS, the auctioneer, the
-// route-emitter and many simulated cells in one process, driven through the public APIs as
+// Package scale is Gavel's scale harness: etcd, the BBS, the auctioneer, the route-emitter and
+// many simulated cells, each service its own process over mutual TLS with the cells in sim
+// hosts (as deployed) or all in one process over plaintext, driven through the public APIs as
 // clients would. It desires work as a burst and as a steady stream, lists it at full size,
-// loses a tenth of the cells, checks that nothing is stranded or running twice, and prints a
-// report next to the etcd ceiling measured in the same run. `make bench-scale` runs it at
-// full size; TestScaleQuick runs a small size in `make test`.
+// loses 1% of the cells (as deployed) and then a tenth, checks that nothing is stranded or
+// running twice, and prints a report next to the etcd ceiling measured in the same run.
+// `make bench-scale` runs it at full size; TestScaleQuick and TestScaleDeployedQuick run small
+// sizes in `make test`.
 package scale
 
 import (
@@ -26,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gavel-sched/gavel/internal/devcluster"
 	"github.com/gavel-sched/gavel/pkg/bbsclient"
@@ -109,6 +112,8 @@ type report struct {
 
 	listN                  int
 	listMedian, listMax    time.Duration
+	listRawMedian          time.Duration // the same list, its response taken undecoded
+	listBytes              int           // the list's response, in bytes
 	routeP50, routeP99     time.Duration
 	routeN, routeMissing   int
 	smallLoss, loss        lossResult // the first, small loss (as deployed) and the LossFraction one
@@ -416,8 +421,9 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.routeN = len(lat)
 	r.routeP50, r.routeP99 = percentile(lat, 50), percentile(lat, 99)
 
-	// Reads at full size.
-	var lists []time.Duration
+	// Reads at full size: five lists, each followed by one whose response is taken undecoded,
+	// which splits a list's time between the BBS and the wire and the client's decoding.
+	var lists, raw []time.Duration
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
 		resp, err := tg.BBS().ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
@@ -426,8 +432,14 @@ func run(t testing.TB, cfg runConfig) *report {
 		}
 		lists = append(lists, time.Since(t0))
 		r.listN = len(resp.GetActualLrps())
+		t0 = time.Now()
+		if _, err := tg.BBS().ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodec(undecoded{&r.listBytes})); err != nil {
+			t.Fatalf("ActualLRPs at full size, undecoded: %v", err)
+		}
+		raw = append(raw, time.Since(t0))
 	}
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
+	r.listRawMedian = percentile(raw, 50)
 	if ip != nil {
 		r.heapShares = heapByOwner()
 	}
@@ -465,6 +477,22 @@ func run(t testing.TB, cfg runConfig) *report {
 		t.Fatalf("observer: %v", err)
 	}
 	return r
+}
+
+// undecoded is a gRPC codec that takes a response's bytes without decoding them (it records
+// their number in *size): the list timed with it is the BBS and the wire without the client.
+type undecoded struct{ size *int }
+
+// Name implements encoding.Codec: it stands in for the proto codec it replaces.
+func (undecoded) Name() string { return "proto" }
+
+// Marshal implements encoding.Codec for the request, as the proto codec does.
+func (undecoded) Marshal(v any) ([]byte, error) { return proto.Marshal(v.(proto.Message)) }
+
+// Unmarshal implements encoding.Codec: it records the response's size and leaves it undecoded.
+func (u undecoded) Unmarshal(data []byte, _ any) error {
+	*u.size = len(data)
+	return nil
 }
 
 // lossResult is what one cell-loss phase measured.
@@ -693,7 +721,8 @@ func (r *report) print(w io.Writer) {
 	} else {
 		r.printInProcess(&b)
 	}
-	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls)\n", r.listN, ms(r.listMedian), ms(r.listMax))
+	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls); the same %.1f MB taken undecoded (the BBS and the wire): median %s, so the client's decoding is about %s\n",
+		r.listN, ms(r.listMedian), ms(r.listMax), float64(r.listBytes)/1e6, ms(r.listRawMedian), ms(max(r.listMedian-r.listRawMedian, 0)))
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	if r.smallLoss.cells > 0 {
 		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, 2)

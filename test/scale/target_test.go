@@ -143,6 +143,11 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	t.Helper()
 	perHost := max(cfg.CellsPerHost, 2) // a sim host runs at least two cells
 	d := &deployed{usageAtLoss: map[int]procUsage{}, profileDir: cfg.ProfileDir, lastProgress: time.Now(), registered: map[string]bool{}}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range hostSizes(cfg.Cells, perHost, smallLossCells(cfg)) {
 		h := len(d.hostCells)
 		cells := make([]string, n)
