@@ -145,6 +145,10 @@ type Runner struct {
 	mu       sync.Mutex
 	states   map[string]knownState // by cell id, with StateMaxAge
 	starting int                   // the containers starting across cells after the last round
+	// cells and cellsRev are the last list of cells the BBS sent and its revision: the next
+	// listing asks whether it changed and decodes it again only when it did.
+	cells    []*modelsv1.CellPresence
+	cellsRev int64
 }
 
 // knownState is the last state a cell answered, from State or Perform.
@@ -190,14 +194,27 @@ func (r *Runner) Connect(ctx context.Context) error {
 }
 
 // listCells lists the registered cells from the BBS within BBSTimeout (an error wraps
-// ErrListCells) and has the reps close the connections of cells that are not among them.
+// ErrListCells) and has the reps close the connections of cells that are not among them. It
+// sends the revision of the last list it holds: a BBS that finds the cells unchanged since then
+// answers without them, and that list stands (the reps' connections then need no change).
 func (r *Runner) listCells(ctx context.Context) ([]*modelsv1.CellPresence, error) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
-	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{})
+	r.mu.Lock()
+	held, known := r.cells, r.cellsRev
+	r.mu.Unlock()
+	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{KnownRevision: known})
 	if err != nil {
 		return nil, fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
 	}
+	if listed.GetUnchanged() && known != 0 {
+		return held, nil
+	}
+	r.mu.Lock()
+	if listed.GetRevision() >= r.cellsRev { // a concurrent listing may have brought a later one
+		r.cells, r.cellsRev = listed.GetCells(), listed.GetRevision()
+	}
+	r.mu.Unlock()
 	if r.retain != nil {
 		r.retain(listed.GetCells())
 	}

@@ -27,19 +27,28 @@ import (
 	"github.com/gavel-sched/gavel/services/auctioneer/internal/placement"
 )
 
-// fakeBBS lists fixed cells and records placement failures.
+// fakeBBS lists fixed cells and records placement failures. With rev set it answers a listing
+// that knows rev as unchanged, as the BBS does, and records the revisions it was asked about.
 type fakeBBS struct {
 	cells    []*modelsv1.CellPresence
 	cellsErr error
+	rev      int64
 	mu       sync.Mutex
+	known    []int64
 	failed   map[string]*modelsv1.PlacementError // "guid/index" or "task:guid"
 }
 
-func (b *fakeBBS) Cells(context.Context, *bbsv1.CellsRequest, ...grpc.CallOption) (*bbsv1.CellsResponse, error) {
+func (b *fakeBBS) Cells(_ context.Context, in *bbsv1.CellsRequest, _ ...grpc.CallOption) (*bbsv1.CellsResponse, error) {
 	if b.cellsErr != nil {
 		return nil, b.cellsErr
 	}
-	return &bbsv1.CellsResponse{Cells: b.cells}, nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.known = append(b.known, in.GetKnownRevision())
+	if b.rev > 0 && in.GetKnownRevision() == b.rev {
+		return &bbsv1.CellsResponse{Revision: b.rev, Unchanged: true}, nil
+	}
+	return &bbsv1.CellsResponse{Cells: b.cells, Revision: b.rev}, nil
 }
 
 func (b *fakeBBS) FailActualLRP(_ context.Context, in *bbsv1.FailActualLRPRequest, _ ...grpc.CallOption) (*bbsv1.FailActualLRPResponse, error) {
@@ -197,6 +206,45 @@ func TestRoundPlacesAndReports(t *testing.T) {
 	}
 	if got := failures(bbs); !equalMaps(got, want) {
 		t.Fatalf("failures %v\nwant %v", got, want)
+	}
+}
+
+// TestRoundKeepsAnUnchangedCellList checks that a round sends the revision of the cell list it
+// holds and places over that list when the BBS answers unchanged, and takes a new list when
+// the cells changed.
+func TestRoundKeepsAnUnchangedCellList(t *testing.T) {
+	bbs, reps := env(t)
+	bbs.rev = 7
+	r := NewRunner(bbs, reps, Config{}, logtest.New(t))
+	round := func(guid string) Result {
+		t.Helper()
+		res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart(guid, 128, 0)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Placed) != 1 {
+			t.Fatalf("round of %s: placed %v, failed %v over %d cells", guid, res.Placed, res.Failed, res.Cells)
+		}
+		return res
+	}
+	round("first")
+	if res := round("second"); res.Cells != 2 {
+		t.Fatalf("the unchanged list gave %d cells, want 2", res.Cells)
+	}
+	bbs.mu.Lock()
+	bbs.rev = 9
+	bbs.cells = append(bbs.cells, &modelsv1.CellPresence{CellId: "c", RepAddress: "c:1", Zone: "z3"})
+	bbs.mu.Unlock()
+	state := proto.Clone(reps["a:1"].state).(*repv1.StateResponse)
+	state.CellId, state.Zone = "c", "z3"
+	reps["c:1"] = &fakeRep{state: state}
+	if res := round("third"); res.Cells != 3 {
+		t.Fatalf("the changed list gave %d cells, want 3", res.Cells)
+	}
+	bbs.mu.Lock()
+	defer bbs.mu.Unlock()
+	if want := []int64{0, 7, 7}; !slices.Equal(bbs.known, want) {
+		t.Fatalf("rounds asked for the cells knowing revisions %v, want %v", bbs.known, want)
 	}
 }
 

@@ -26,6 +26,7 @@ type Cache interface {
 	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
 	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
 	Cells() ([]*modelsv1.CellPresence, int64)
+	CellsSince(known int64) ([]*modelsv1.CellPresence, int64, bool)
 	Subscribe(ctx context.Context, since int64, f store.EventFilter, bookmarkEvery time.Duration, send func(*bbsv1.SubscribeToEventsResponse) error) error
 }
 
@@ -321,9 +322,9 @@ func (s *Server) DeleteTask(ctx context.Context, r *bbsv1.DeleteTaskRequest) (*b
 }
 
 // Cells implements bbsv1.BBSServiceServer.
-func (s *Server) Cells(context.Context, *bbsv1.CellsRequest) (*bbsv1.CellsResponse, error) {
-	cells, rev := s.cache.Cells()
-	return &bbsv1.CellsResponse{Cells: cells, Revision: rev}, nil
+func (s *Server) Cells(_ context.Context, r *bbsv1.CellsRequest) (*bbsv1.CellsResponse, error) {
+	cells, rev, unchanged := s.cache.CellsSince(r.GetKnownRevision())
+	return &bbsv1.CellsResponse{Cells: cells, Revision: rev, Unchanged: unchanged}, nil
 }
 
 // Tags implements bbsv1.BBSServiceServer.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -38,6 +39,12 @@ type state struct {
 	cells   map[string]item
 	ports   map[string]item // "<protocol>/<port>" → owner
 	routes  map[string]item // emitter id → revision published
+
+	// cellsRev is the revision at which a cell last registered, changed or disappeared (the
+	// revision listed at, for a state listed whole); cellsSorted is the cells ordered by id,
+	// built by the first reader after a change (nil until then).
+	cellsRev    int64
+	cellsSorted atomic.Pointer[[]*modelsv1.CellPresence]
 }
 
 func newState() *state {
@@ -99,6 +106,9 @@ func (s *state) set(k parsedKey, it item) {
 	if t := s.table(k); t != nil {
 		t[k.id] = it
 	}
+	if k.kind == kindCell {
+		s.cellsSorted.Store(nil)
+	}
 }
 
 func (s *state) del(k parsedKey) {
@@ -112,6 +122,9 @@ func (s *state) del(k parsedKey) {
 	}
 	if t := s.table(k); t != nil {
 		delete(t, k.id)
+	}
+	if k.kind == kindCell {
+		s.cellsSorted.Store(nil)
 	}
 }
 

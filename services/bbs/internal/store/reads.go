@@ -193,14 +193,39 @@ func (s *Store) Domain(name string) (*modelsv1.Domain, int64) {
 	return it.msg.(*modelsv1.Domain), it.lease
 }
 
-// Cells lists registered cells ordered by id, with the revision read.
+// Cells lists registered cells ordered by id, with the revision read. The list is shared
+// with other readers until the cells change: it must not be modified.
 func (s *Store) Cells() ([]*modelsv1.CellPresence, int64) {
-	return readAt(s, func(st *state) (out []*modelsv1.CellPresence) {
-		for _, id := range sortedKeys(st.cells) {
-			out = append(out, st.cells[id].msg.(*modelsv1.CellPresence))
+	return readAt(s, sortedCells)
+}
+
+// CellsSince is Cells for a caller holding the list read at known: unchanged is true (and
+// cells nil) when no cell registered, changed or disappeared after known, and known is not
+// past what the cache has seen (a lagging or restored store lists).
+func (s *Store) CellsSince(known int64) (cells []*modelsv1.CellPresence, rev int64, unchanged bool) {
+	s.cache.read(func(st *state, r int64) {
+		rev = r
+		if known > 0 && st.cellsRev <= known && known <= r {
+			unchanged = true
+			return
 		}
-		return out
+		cells = sortedCells(st)
 	})
+	return cells, rev, unchanged
+}
+
+// sortedCells is st's cells ordered by id, built once per change of the cells (concurrent
+// readers may both build it; either result is the same).
+func sortedCells(st *state) []*modelsv1.CellPresence {
+	if p := st.cellsSorted.Load(); p != nil {
+		return *p
+	}
+	out := make([]*modelsv1.CellPresence, 0, len(st.cells))
+	for _, id := range sortedKeys(st.cells) {
+		out = append(out, st.cells[id].msg.(*modelsv1.CellPresence))
+	}
+	st.cellsSorted.Store(&out)
+	return out
 }
 
 // Cell returns a registered cell (nil when absent).

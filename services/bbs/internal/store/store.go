@@ -232,6 +232,7 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 		}
 		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+	st.cellsRev = rev
 	s.cache.mu.Lock()
 	s.cache.st = st
 	s.links.reset(st)
@@ -322,6 +323,9 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 		old, had := st.get(k)
 		if had {
 			c.before = old.msg
+		}
+		if k.kind == kindCell {
+			st.cellsRev = rev
 		}
 		if after != nil {
 			st.set(k, item{msg: after, modRev: d.modRev, lease: d.lease, label: d.label})

@@ -32,8 +32,10 @@ func (v Validator) Request(req any) error {
 	case *bbsv1.UpsertDomainRequest:
 		e.Merge("domain", models.ValidateDomain("domain", r.GetDomain()))
 		nonNegative(e, "ttl_seconds", r.GetTtlSeconds())
-	case *bbsv1.DomainsRequest, *bbsv1.CellsRequest, *bbsv1.TagsRequest:
+	case *bbsv1.DomainsRequest, *bbsv1.TagsRequest:
 		// No fields.
+	case *bbsv1.CellsRequest:
+		nonNegative(e, "known_revision", r.GetKnownRevision())
 
 	case *bbsv1.DesireLRPRequest:
 		e.Merge("desired_lrp", models.ValidateDesiredLRP("desired_lrp", r.GetDesiredLrp(), v.Limits))

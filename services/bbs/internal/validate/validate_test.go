@@ -190,6 +190,8 @@ func requestCases() []requestCase {
 		{"delete task bad", &bbsv1.DeleteTaskRequest{}, []string{"task_guid"}},
 
 		{"cells", &bbsv1.CellsRequest{}, nil},
+		{"cells since", &bbsv1.CellsRequest{KnownRevision: 42}, nil},
+		{"cells since bad", &bbsv1.CellsRequest{KnownRevision: -1}, []string{"known_revision"}},
 		{"tags", &bbsv1.TagsRequest{}, nil},
 		{"resolve links", &bbsv1.ResolveLinksRequest{ProcessGuid: "web-1"}, nil},
 		{"resolve links bad", &bbsv1.ResolveLinksRequest{}, []string{"process_guid"}},

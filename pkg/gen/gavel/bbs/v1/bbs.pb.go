@@ -3506,7 +3506,12 @@ func (*DeleteTaskResponse) Descriptor() ([]byte, []int) {
 
 // CellsRequest is the request of Cells.
 type CellsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// KnownRevision, when set, is the revision of a CellsResponse the caller holds: if no cell
+	// registered, changed or disappeared after it, the answer says unchanged and lists no cells
+	// (a caller that lists the cells often, such as the auctioneer's rounds, then decodes the
+	// list only when it changed). 0 always lists.
+	KnownRevision int64 `protobuf:"varint,1,opt,name=known_revision,json=knownRevision,proto3" json:"known_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3541,13 +3546,23 @@ func (*CellsRequest) Descriptor() ([]byte, []int) {
 	return file_gavel_bbs_v1_bbs_proto_rawDescGZIP(), []int{66}
 }
 
+func (x *CellsRequest) GetKnownRevision() int64 {
+	if x != nil {
+		return x.KnownRevision
+	}
+	return 0
+}
+
 // CellsResponse is the answer of Cells.
 type CellsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Cells are the registered cells, ordered by cell id.
+	// Cells are the registered cells, ordered by cell id (none when unchanged).
 	Cells []*v1.CellPresence `protobuf:"bytes,1,rep,name=cells,proto3" json:"cells,omitempty"`
 	// Revision is the store revision the list was read at.
-	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Unchanged is set when the request's known_revision is still current: the cells are those
+	// of that answer, and revision is the later revision this was read at.
+	Unchanged     bool `protobuf:"varint,3,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3594,6 +3609,13 @@ func (x *CellsResponse) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *CellsResponse) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
+	}
+	return false
 }
 
 // TagsRequest is the request of Tags.
@@ -4649,11 +4671,13 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x15ResolvingTaskResponse\"0\n" +
 	"\x11DeleteTaskRequest\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\"\x14\n" +
-	"\x12DeleteTaskResponse\"\x0e\n" +
-	"\fCellsRequest\"`\n" +
+	"\x12DeleteTaskResponse\"5\n" +
+	"\fCellsRequest\x12%\n" +
+	"\x0eknown_revision\x18\x01 \x01(\x03R\rknownRevision\"~\n" +
 	"\rCellsResponse\x123\n" +
 	"\x05cells\x18\x01 \x03(\v2\x1d.gavel.models.v1.CellPresenceR\x05cells\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"\r\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
+	"\tunchanged\x18\x03 \x01(\bR\tunchanged\"\r\n" +
 	"\vTagsRequest\"\"\n" +
 	"\fTagsResponse\x12\x12\n" +
 	"\x04tags\x18\x01 \x03(\tR\x04tags\"Y\n" +
