@@ -773,7 +773,7 @@ func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
 
 // share is n of all as a percentage, rounded to a tenth.
 func share(n, all int) string {
-	return strconv.FormatFloat(100*float64(n)/float64(max(all, 1)), 'f', -1, 64) + "%"
+	return strconv.FormatFloat(math.Round(1000*float64(n)/float64(max(all, 1)))/10, 'f', -1, 64) + "%"
 }
 
 // print writes one loss phase's lines under label; goal is the phase's goal in seconds, for the

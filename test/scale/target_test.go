@@ -501,3 +501,15 @@ func TestHostSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestShare checks the loss lines' share of the cells, rounded to a tenth of a per cent.
+func TestShare(t *testing.T) {
+	for _, tc := range []struct {
+		n, all int
+		want   string
+	}{{50, 5000, "1%"}, {500, 5000, "10%"}, {5, 20, "25%"}, {7, 300, "2.3%"}, {1, 0, "100%"}} {
+		if got := share(tc.n, tc.all); got != tc.want {
+			t.Errorf("share(%d, %d) = %q, want %q", tc.n, tc.all, got, tc.want)
+		}
+	}
+}
