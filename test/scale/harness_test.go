@@ -692,7 +692,6 @@ func (r *report) print(w io.Writer) {
 		}
 		return fmt.Sprintf("%.1f%%", 100*v/of)
 	}
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
 	var b strings.Builder
 	mode := "in process, plaintext (every service and cell in this process)"
 	if r.cfg.Deployed {
@@ -771,6 +770,9 @@ func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
 	fmt.Fprintf(b, "; %.0f%% of the machine's %.0f cores\n", 100*used.Seconds()/(cores*wall.Seconds()), cores)
 }
 
+// ms formats d in milliseconds, to a tenth, for the report.
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
+
 // share is n of all as a percentage, rounded to a tenth.
 func share(n, all int) string {
 	return strconv.FormatFloat(math.Round(1000*float64(n)/float64(max(all, 1)))/10, 'f', -1, 64) + "%"
@@ -779,7 +781,6 @@ func share(n, all int) string {
 // print writes one loss phase's lines under label; goal is the phase's goal in seconds, for the
 // bound line (the placement rate recovering within it takes).
 func (l lossResult) print(b *strings.Builder, label string, burstRate float64, goal float64) {
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
 	fmt.Fprintf(b, "  %-9s %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
 		label, l.cells, l.slots, ms(l.p50), ms(l.max), l.fromExpiry.Round(time.Millisecond))
 	fmt.Fprintf(b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",

@@ -194,9 +194,10 @@ func (r *Runner) Connect(ctx context.Context) error {
 }
 
 // listCells lists the registered cells from the BBS within BBSTimeout (an error wraps
-// ErrListCells) and has the reps close the connections of cells that are not among them. It
-// sends the revision of the last list it holds: a BBS that finds the cells unchanged since then
-// answers without them, and that list stands (the reps' connections then need no change).
+// ErrListCells); a new list drops the known states of cells not among them and has the reps
+// close their connections. It sends the revision of the last list it holds: a BBS that finds
+// the cells unchanged since then answers without them, and that list stands (no state or
+// connection then belongs to a departed cell).
 func (r *Runner) listCells(ctx context.Context) ([]*modelsv1.CellPresence, error) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
@@ -215,6 +216,7 @@ func (r *Runner) listCells(ctx context.Context) ([]*modelsv1.CellPresence, error
 		r.cells, r.cellsRev = listed.GetCells(), listed.GetRevision()
 	}
 	r.mu.Unlock()
+	r.keepStatesOf(listed.GetCells())
 	if r.retain != nil {
 		r.retain(listed.GetCells())
 	}
@@ -276,7 +278,6 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 	if err != nil {
 		return res, err
 	}
-	r.keepStatesOf(presences)
 
 	res.Timings.ListCells = time.Since(start)
 	mark := time.Now()
