@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/gavel-sched/gavel/pkg/authz"
 	"github.com/gavel-sched/gavel/pkg/config"
@@ -394,6 +395,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 		grpcx.WithStreamInterceptors(authorizer.Stream(), rpcerr.StreamServerInterceptor(rpcerr.WithLogger(logger.Named("grpc")))),
 		grpcx.WithValidator(func(req any) error { return rpcerr.ToStatus(v.Request(req)) }),
 		grpcx.WithMetrics(registry),
+		grpcx.WithServerOptions(grpc.ForceServerCodecV2(api.Codec())),
 	)
 	if err != nil {
 		_ = transformers.Close()

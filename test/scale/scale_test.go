@@ -19,7 +19,7 @@ var (
 	flagLoss         = flag.Float64("loss", 0.10, "fraction of cells lost at full size")
 	flagSmallLoss    = flag.Float64("small-loss", 0.01, "as deployed: fraction of cells lost first, alone, before -loss (the last sim host holds them; 0: no such phase)")
 	flagCellsPerHost = flag.Int("cells-per-host", 0, "cells per host: per sim host process as deployed (default 100), per shared etcd connection in process (default 10); losing a host loses all its cells")
-	flagProfileDir   = flag.String("profile-dir", "", "as deployed: write each process's CPU profile of the run to DIR/NAME.cpu (DIR made if missing) and each service's final metrics to DIR/NAME.metrics (in process: use go test's -cpuprofile)")
+	flagProfileDir   = flag.String("profile-dir", "", "as deployed: write each process's CPU profile of the run to DIR/NAME.cpu and its heap profile at exit to DIR/NAME.heap (DIR made if missing) and each service's final metrics to DIR/NAME.metrics (in process: use go test's -cpuprofile)")
 	flagInProcess    = flag.Bool("in-process", false, "run every service and cell in this process over plaintext (for profiles, and the cost of TLS and process boundaries) instead of as deployed")
 	flagLeaseTTL     = flag.Duration("lease-ttl", 10*time.Second, "cells' presence TTL")
 	flagStartLatency = flag.Duration("start-latency", 10*time.Millisecond, "simulated container start time")

@@ -326,13 +326,16 @@ func (d *deployed) awaitHostsRegistered(t testing.TB, cfg runConfig, last int) {
 	})
 }
 
-// profileEnv is the environment that makes process name write its CPU profile into
-// cfg.ProfileDir (servicemain.CPUProfileEnv), or none without one.
+// profileEnv is the environment that makes process name write its CPU and heap profiles into
+// cfg.ProfileDir (servicemain.CPUProfileEnv, HeapProfileEnv), or none without one.
 func (cfg runConfig) profileEnv(name string) []string {
 	if cfg.ProfileDir == "" {
 		return nil
 	}
-	return []string{servicemain.CPUProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".cpu")}
+	return []string{
+		servicemain.CPUProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".cpu"),
+		servicemain.HeapProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".heap"),
+	}
 }
 
 // binaryOf is the binary a deployed service runs.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,12 +17,25 @@ import (
 )
 
 // item is one cached record: the decoded value (never mutated once cached), its etcd
-// revisions, and the label of the key it is sealed under in etcd ("" when stored clear).
+// revisions, and the label of the key it is sealed under in etcd ("" when stored clear). An
+// instance record also keeps raw, its value as stored (never sealed: its protobuf encoding),
+// which lists send as it is.
 type item struct {
 	msg    proto.Message
 	modRev int64
 	lease  int64
 	label  string
+	raw    []byte
+}
+
+// rawOf is what an item of kind keeps of its stored value: for an instance record stored
+// clear (label ""), a copy of its encoding (the etcd client's buffer is not the cache's to
+// keep); nothing otherwise, and a list marshals such a record again.
+func rawOf(kd kind, label string, value []byte) []byte {
+	if kd != kindActual || label != "" {
+		return nil
+	}
+	return bytes.Clone(value)
 }
 
 type slot struct {

@@ -1,8 +1,10 @@
 package store
 
 import (
+	"fmt"
 	"sort"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -115,38 +117,78 @@ func (s *Store) ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv
 // ActualLRPs lists instance records ordered by guid, index and presence, with the revision read.
 func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
 	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {
-		guids := candidates(&f, st.actual)
-		if f.CellID == "" && f.Domain == "" && f.Selector.Empty() && f.Index == nil {
-			n := 0
-			for _, g := range guids {
-				n += len(st.actual[g])
-			}
+		if n := allActual(st, &f); n > 0 {
 			out = make([]*modelsv1.ActualLRP, 0, n)
 		}
-		for _, g := range guids {
-			if !f.Selector.Empty() {
-				sched, ok := st.sched[g]
-				if !ok || !f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels()) {
-					continue
-				}
-			}
-			m := st.actual[g]
-			for _, sl := range sortedSlots(m) {
-				a := m[sl].msg.(*modelsv1.ActualLRP)
-				if f.Domain != "" && a.GetKey().GetDomain() != f.Domain {
-					continue
-				}
-				if f.CellID != "" && a.GetInstanceKey().GetCellId() != f.CellID {
-					continue
-				}
-				if f.Index != nil && sl.index != *f.Index {
-					continue
-				}
-				out = append(out, a)
-			}
-		}
+		eachActual(st, &f, func(it item) { out = append(out, it.msg.(*modelsv1.ActualLRP)) })
 		return out
 	})
+}
+
+// ActualLRPsEncoded is ActualLRPs with each record as it is stored and sent: its protobuf
+// encoding, kept by the cache, so that a list is answered without marshalling every record
+// again (docs/decisions/0053-actual-list-encoded-once.md). The slices are shared and must not
+// be modified.
+func (s *Store) ActualLRPsEncoded(f ListFilter) ([][]byte, int64, error) {
+	var err error
+	out, rev := readAt(s, func(st *state) (out [][]byte) {
+		if n := allActual(st, &f); n > 0 {
+			out = make([][]byte, 0, n)
+		}
+		eachActual(st, &f, func(it item) {
+			raw := it.raw
+			if raw == nil && err == nil { // kept by no item today: instance records are stored clear
+				raw, err = proto.Marshal(it.msg)
+			}
+			out = append(out, raw)
+		})
+		return out
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("encode an instance record: %w", err)
+	}
+	return out, rev, nil
+}
+
+// allActual is the number of instance records when f selects them all, else 0 (a list's
+// capacity); st is read-locked.
+func allActual(st *state, f *ListFilter) int {
+	if f.Guids != nil || f.CellID != "" || f.Domain != "" || !f.Selector.Empty() || f.Index != nil {
+		return 0
+	}
+	n := 0
+	for _, m := range st.actual {
+		n += len(m)
+	}
+	return n
+}
+
+// eachActual calls fn with every instance record f selects, ordered by guid, index and
+// presence; st is read-locked.
+func eachActual(st *state, f *ListFilter, fn func(it item)) {
+	for _, g := range candidates(f, st.actual) {
+		if !f.Selector.Empty() {
+			sched, ok := st.sched[g]
+			if !ok || !f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels()) {
+				continue
+			}
+		}
+		m := st.actual[g]
+		for _, sl := range sortedSlots(m) {
+			it := m[sl]
+			a := it.msg.(*modelsv1.ActualLRP)
+			if f.Domain != "" && a.GetKey().GetDomain() != f.Domain {
+				continue
+			}
+			if f.CellID != "" && a.GetInstanceKey().GetCellId() != f.CellID {
+				continue
+			}
+			if f.Index != nil && sl.index != *f.Index {
+				continue
+			}
+			fn(it)
+		}
+	}
 }
 
 // Tasks lists tasks ordered by guid, with the revision read.

@@ -259,7 +259,7 @@ func (s *Store) load(st *state, kv *mvccpb.KeyValue) error {
 		s.log.Error("skipping undecodable record", "key", string(kv.Key), "error", err)
 		return nil
 	}
-	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease, label: label})
+	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease, label: label, raw: rawOf(k.kind, label, kv.Value)})
 	return nil
 }
 
@@ -328,7 +328,7 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 			st.cellsRev = rev
 		}
 		if after != nil {
-			st.set(k, item{msg: after, modRev: d.modRev, lease: d.lease, label: d.label})
+			st.set(k, item{msg: after, modRev: d.modRev, lease: d.lease, label: d.label, raw: d.raw})
 		} else {
 			st.del(k)
 			if k.kind == kindCell {
@@ -419,6 +419,7 @@ type decodedEvent struct {
 	label  string
 	modRev int64
 	lease  int64
+	raw    []byte // what the cache keeps of the value (rawOf)
 }
 
 // decodeEvent parses a watch event's key and, for a put, its new value. ok is false for keys
@@ -441,5 +442,6 @@ func (s *Store) decodeEvent(ev *clientv3.Event) (d decodedEvent, ok bool, err er
 		s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
 		return d, false, nil
 	}
+	d.raw = rawOf(k.kind, d.label, ev.Kv.Value)
 	return d, true, nil
 }
