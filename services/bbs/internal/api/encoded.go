@@ -19,13 +19,15 @@ var actualLRPsField = (&bbsv1.ActualLRPsResponse{}).ProtoReflect().Descriptor().
 // decoded records gives, field for field, and a client decodes it as such; the BBS only copies
 // bytes instead of marshalling every record again
 // (docs/decisions/0053-actual-list-encoded-once.md), and Codec sends those bytes without
-// copying them again. Only for sending: in this process the records are not in ActualLrps.
+// copying them again. The buffer is taken from gRPC's buffer pool, to which Codec hands it back
+// once sent, as gRPC does with the buffers its own codec marshals into. Only for sending, once:
+// in this process the records are not in ActualLrps.
 func actualLRPsResponse(records [][]byte, rev int64) *bbsv1.ActualLRPsResponse {
 	n := 0
 	for _, r := range records {
 		n += protowire.SizeTag(actualLRPsField) + protowire.SizeBytes(len(r))
 	}
-	buf := make([]byte, 0, n)
+	buf := (*mem.DefaultBufferPool().Get(n))[:0]
 	for _, r := range records {
 		buf = protowire.AppendTag(buf, actualLRPsField, protowire.BytesType)
 		buf = protowire.AppendBytes(buf, r)
@@ -39,7 +41,8 @@ func actualLRPsResponse(records [][]byte, rev int64) *bbsv1.ActualLRPsResponse {
 
 // Codec is the BBS server's protobuf codec: gRPC's own, except that a list answer built by
 // actualLRPsResponse is sent as its revision followed by its encoded records, the buffer as it
-// is, instead of being copied into one more buffer of the list's size.
+// is, instead of being copied into one more buffer of the list's size; the transport returns
+// that buffer to gRPC's pool when it has written it.
 func Codec() encoding.CodecV2 { return listCodec{encoding.GetCodecV2(grpcproto.Name)} }
 
 type listCodec struct{ encoding.CodecV2 }
@@ -54,5 +57,6 @@ func (c listCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mem.BufferSlice{mem.SliceBuffer(head), mem.SliceBuffer(r.ProtoReflect().GetUnknown())}, nil
+	records := []byte(r.ProtoReflect().GetUnknown())
+	return mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(&records, mem.DefaultBufferPool())}, nil
 }
