@@ -79,9 +79,11 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 		// W3C trace context out on every call, and a client span when tracing is on, except for
 		// the calls recorded by their server span alone (tracing.ClientSpan).
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(clientSpan))),
-		// A connection holds a write buffer only while it writes: the auctioneer keeps a mostly
-		// idle connection to every cell's rep (as NewServer's servers do for their callers).
+		// A connection holds a write buffer only while it writes, and reads through a buffer of
+		// one TLS record: the auctioneer keeps a mostly idle connection to every cell's rep (as
+		// NewServer's servers do for their callers).
 		grpc.WithSharedWriteBuffer(true),
+		grpc.WithReadBufferSize(ReadBufferSize),
 	}
 	if cfg.KeepaliveTime > 0 {
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{
