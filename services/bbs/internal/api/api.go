@@ -24,7 +24,7 @@ type Cache interface {
 	DesiredLRPs(f store.ListFilter) ([]*modelsv1.DesiredLRP, int64)
 	SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64)
 	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
-	ActualLRPsEncoded(f store.ListFilter) ([][]byte, int64, error)
+	ActualLRPsEncoded(f store.ListFilter) ([][]byte, int64)
 	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
 	Cells() ([]*modelsv1.CellPresence, int64)
 	CellsSince(known int64) ([]*modelsv1.CellPresence, int64, bool)
@@ -148,11 +148,7 @@ func (s *Server) ActualLRPs(_ context.Context, r *bbsv1.ActualLRPsRequest) (*bbs
 		idx := r.GetIndex()
 		f.Index = &idx
 	}
-	records, rev, err := s.cache.ActualLRPsEncoded(f)
-	if err != nil {
-		return nil, err
-	}
-	return actualLRPsResponse(records, rev), nil
+	return actualLRPsResponse(s.cache.ActualLRPsEncoded(f)), nil
 }
 
 // ClaimActualLRP implements bbsv1.BBSServiceServer.

@@ -50,13 +50,16 @@ type listCodec struct{ encoding.CodecV2 }
 // Marshal implements encoding.CodecV2.
 func (c listCodec) Marshal(v any) (mem.BufferSlice, error) {
 	r, ok := v.(*bbsv1.ActualLRPsResponse)
-	if !ok || len(r.GetActualLrps()) > 0 || len(r.ProtoReflect().GetUnknown()) == 0 {
+	if !ok || len(r.GetActualLrps()) > 0 {
+		return c.CodecV2.Marshal(v)
+	}
+	records := []byte(r.ProtoReflect().GetUnknown())
+	if len(records) == 0 {
 		return c.CodecV2.Marshal(v)
 	}
 	head, err := proto.Marshal(&bbsv1.ActualLRPsResponse{Revision: r.GetRevision()})
 	if err != nil {
 		return nil, err
 	}
-	records := []byte(r.ProtoReflect().GetUnknown())
 	return mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(&records, mem.DefaultBufferPool())}, nil
 }

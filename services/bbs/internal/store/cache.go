@@ -18,24 +18,14 @@ import (
 
 // item is one cached record: the decoded value (never mutated once cached), its etcd
 // revisions, and the label of the key it is sealed under in etcd ("" when stored clear). An
-// instance record also keeps raw, its value as stored (never sealed: its protobuf encoding),
-// which lists send as it is.
+// instance record also keeps raw, its protobuf encoding as read from etcd, which lists send as
+// it is.
 type item struct {
 	msg    proto.Message
 	modRev int64
 	lease  int64
 	label  string
 	raw    []byte
-}
-
-// rawOf is what an item of kind keeps of its stored value: for an instance record stored
-// clear (label ""), a copy of its encoding (the etcd client's buffer is not the cache's to
-// keep); nothing otherwise, and a list marshals such a record again.
-func rawOf(kd kind, label string, value []byte) []byte {
-	if kd != kindActual || label != "" {
-		return nil
-	}
-	return bytes.Clone(value)
 }
 
 type slot struct {
@@ -175,18 +165,29 @@ func sealed(kd kind) bool { return kd == kindRun || kd == kindTask }
 // label the keyring lacks, a value that does not authenticate) is an error for which
 // sealingFailure is true; the store cannot serve without that record.
 func (s *Store) decode(key string, k parsedKey, value []byte) (proto.Message, string, error) {
-	m := newMessage(k)
+	m, _, label, err := s.decodeKept(key, k, value)
+	return m, label, err
+}
+
+// decodeKept is decode for a record the cache keeps: it also returns what the item keeps of
+// the record's encoding, a copy of an instance record's opened value (the etcd client's
+// buffer is not the cache's to keep), nil for other kinds.
+func (s *Store) decodeKept(key string, k parsedKey, value []byte) (m proto.Message, raw []byte, label string, err error) {
+	m = newMessage(k)
 	if m == nil {
-		return nil, "", nil
+		return nil, nil, "", nil
 	}
 	plain, label, err := s.opts.Keyring.Open(key, value)
 	if err != nil {
-		return nil, label, fmt.Errorf("open %s: %w", key, err)
+		return nil, nil, label, fmt.Errorf("open %s: %w", key, err)
 	}
 	if err := proto.Unmarshal(plain, m); err != nil {
-		return nil, label, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
+		return nil, nil, label, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
 	}
-	return m, label, nil
+	if k.kind == kindActual {
+		raw = bytes.Clone(plain)
+	}
+	return m, raw, label, nil
 }
 
 // encode marshals msg for key, sealed under the active key when its kind carries user data.

@@ -1,10 +1,8 @@
 package store
 
 import (
-	"fmt"
 	"sort"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -129,25 +127,14 @@ func (s *Store) ActualLRPs(f ListFilter) ([]*modelsv1.ActualLRP, int64) {
 // encoding, kept by the cache, so that a list is answered without marshalling every record
 // again (docs/decisions/0053-actual-list-encoded-once.md). The slices are shared and must not
 // be modified.
-func (s *Store) ActualLRPsEncoded(f ListFilter) ([][]byte, int64, error) {
-	var err error
-	out, rev := readAt(s, func(st *state) (out [][]byte) {
+func (s *Store) ActualLRPsEncoded(f ListFilter) ([][]byte, int64) {
+	return readAt(s, func(st *state) (out [][]byte) {
 		if n := allActual(st, &f); n > 0 {
 			out = make([][]byte, 0, n)
 		}
-		eachActual(st, &f, func(it item) {
-			raw := it.raw
-			if raw == nil && err == nil { // kept by no item today: instance records are stored clear
-				raw, err = proto.Marshal(it.msg)
-			}
-			out = append(out, raw)
-		})
+		eachActual(st, &f, func(it item) { out = append(out, it.raw) })
 		return out
 	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("encode an instance record: %w", err)
-	}
-	return out, rev, nil
 }
 
 // allActual is the number of instance records when f selects them all, else 0 (a list's

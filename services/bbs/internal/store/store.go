@@ -251,7 +251,7 @@ func (s *Store) load(st *state, kv *mvccpb.KeyValue) error {
 	if err != nil || k.kind == kindUnknown {
 		return nil
 	}
-	msg, label, err := s.decode(string(kv.Key), k, kv.Value)
+	msg, raw, label, err := s.decodeKept(string(kv.Key), k, kv.Value)
 	if sealingFailure(err) {
 		return err
 	}
@@ -259,7 +259,7 @@ func (s *Store) load(st *state, kv *mvccpb.KeyValue) error {
 		s.log.Error("skipping undecodable record", "key", string(kv.Key), "error", err)
 		return nil
 	}
-	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease, label: label, raw: rawOf(k.kind, label, kv.Value)})
+	st.set(k, item{msg: msg, modRev: kv.ModRevision, lease: kv.Lease, label: label, raw: raw})
 	return nil
 }
 
@@ -419,7 +419,7 @@ type decodedEvent struct {
 	label  string
 	modRev int64
 	lease  int64
-	raw    []byte // what the cache keeps of the value (rawOf)
+	raw    []byte // what the cache keeps of the encoding (decodeKept)
 }
 
 // decodeEvent parses a watch event's key and, for a put, its new value. ok is false for keys
@@ -434,7 +434,7 @@ func (s *Store) decodeEvent(ev *clientv3.Event) (d decodedEvent, ok bool, err er
 	if ev.Type != clientv3.EventTypePut {
 		return d, true, nil
 	}
-	d.after, d.label, err = s.decode(string(ev.Kv.Key), k, ev.Kv.Value)
+	d.after, d.raw, d.label, err = s.decodeKept(string(ev.Kv.Key), k, ev.Kv.Value)
 	if sealingFailure(err) {
 		return d, false, err
 	}
@@ -442,6 +442,5 @@ func (s *Store) decodeEvent(ev *clientv3.Event) (d decodedEvent, ok bool, err er
 		s.log.Error("skipping undecodable record", "key", string(ev.Kv.Key), "error", err)
 		return d, false, nil
 	}
-	d.raw = rawOf(k.kind, d.label, ev.Kv.Value)
 	return d, true, nil
 }
