@@ -12,6 +12,7 @@ import (
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 	"github.com/gavel-sched/gavel/pkg/tracing"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // clientSpan is otelgrpc's filter for client spans (tracing.ClientSpan).
@@ -73,7 +74,8 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 	}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send)),
+		// Gavel's messages encoded by their generated code (pkg/wire).
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv), grpc.MaxCallSendMsgSize(send), grpc.ForceCodecV2(wire.Codec())),
 		grpc.WithChainUnaryInterceptor(clientMetrics.UnaryClientInterceptor()),
 		grpc.WithChainStreamInterceptor(clientMetrics.StreamClientInterceptor()),
 		// W3C trace context out on every call, and a client span when tracing is on, except for

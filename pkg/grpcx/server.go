@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/gavel-sched/gavel/pkg/tlsx"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // Defaults applied to zero-valued configuration fields.
@@ -221,6 +222,9 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		// buffers each way were 312 MiB at 5,000 cells.
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(ReadBufferSize),
+		// Gavel's messages encoded by their generated code (pkg/wire); a WithServerOptions
+		// codec, placed after this one, wraps it.
+		grpc.ForceServerCodecV2(wire.Codec()),
 		// A server span for every call when tracing is on, parented by the caller's W3C trace
 		// context (pkg/tracing); the context reaches the handler either way.
 		grpc.StatsHandler(serverSpans{otelgrpc.NewServerHandler()}),

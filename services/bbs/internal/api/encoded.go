@@ -2,12 +2,11 @@ package api
 
 import (
 	"google.golang.org/grpc/encoding"
-	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // actualLRPsField is the field number of ActualLRPsResponse.actual_lrps.
@@ -39,11 +38,11 @@ func actualLRPsResponse(records [][]byte, rev int64) *bbsv1.ActualLRPsResponse {
 	return resp
 }
 
-// Codec is the BBS server's protobuf codec: gRPC's own, except that a list answer built by
+// Codec is the BBS server's protobuf codec: every server's (wire.Codec), except that a list answer built by
 // actualLRPsResponse is sent as its revision followed by its encoded records, the buffer as it
 // is, instead of being copied into one more buffer of the list's size; the transport returns
 // that buffer to gRPC's pool when it has written it.
-func Codec() encoding.CodecV2 { return listCodec{encoding.GetCodecV2(grpcproto.Name)} }
+func Codec() encoding.CodecV2 { return listCodec{wire.Codec()} }
 
 type listCodec struct{ encoding.CodecV2 }
 
@@ -57,7 +56,7 @@ func (c listCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if len(records) == 0 {
 		return c.CodecV2.Marshal(v)
 	}
-	head, err := proto.Marshal(&bbsv1.ActualLRPsResponse{Revision: r.GetRevision()})
+	head, err := wire.Marshal(&bbsv1.ActualLRPsResponse{Revision: r.GetRevision()})
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/sealing"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // item is one cached record: the decoded value (never mutated once cached), its etcd
@@ -181,7 +182,7 @@ func (s *Store) decodeKept(key string, k parsedKey, value []byte) (m proto.Messa
 	if err != nil {
 		return nil, nil, label, fmt.Errorf("open %s: %w", key, err)
 	}
-	if err := proto.Unmarshal(plain, m); err != nil {
+	if err := wire.Unmarshal(plain, m); err != nil {
 		return nil, nil, label, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
 	}
 	if k.kind == kindActual {
@@ -192,7 +193,7 @@ func (s *Store) decodeKept(key string, k parsedKey, value []byte) (m proto.Messa
 
 // encode marshals msg for key, sealed under the active key when its kind carries user data.
 func (s *Store) encode(key string, msg proto.Message) ([]byte, error) {
-	b, err := proto.Marshal(msg)
+	b, err := wire.Marshal(msg)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", key, err)
 	}

@@ -14,11 +14,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	nsyncv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/nsync/v1"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/pkg/sealing"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // Store reads and writes nsync's records.
@@ -48,7 +48,7 @@ func (s *Store) decodeApp(key string, value []byte) (*nsyncv1.AppRecord, string,
 		return nil, label, fmt.Errorf("open %s: %w", key, err)
 	}
 	rec := &nsyncv1.AppRecord{}
-	if err := proto.Unmarshal(plain, rec); err != nil {
+	if err := wire.Unmarshal(plain, rec); err != nil {
 		return nil, label, fmt.Errorf("decode %s: %w", key, err)
 	}
 	return rec, label, nil
@@ -56,7 +56,7 @@ func (s *Store) decodeApp(key string, value []byte) (*nsyncv1.AppRecord, string,
 
 // encodeApp marshals rec and seals it for key under the active key.
 func (s *Store) encodeApp(key string, rec *nsyncv1.AppRecord) (string, error) {
-	b, err := proto.Marshal(rec)
+	b, err := wire.Marshal(rec)
 	if err != nil {
 		return "", fmt.Errorf("encode %s: %w", key, err)
 	}
@@ -168,7 +168,7 @@ func (s *Store) DeleteApp(ctx context.Context, guid string, modRevision int64) e
 
 // CreatePool stores a new pool; AlreadyExists when the name is taken.
 func (s *Store) CreatePool(ctx context.Context, p *nsyncv1.PlacementPool) error {
-	b, err := proto.Marshal(p)
+	b, err := wire.Marshal(p)
 	if err != nil {
 		return err
 	}
@@ -185,7 +185,7 @@ func (s *Store) CreatePool(ctx context.Context, p *nsyncv1.PlacementPool) error 
 
 // UpdatePool replaces an existing pool; NotFound when there is none.
 func (s *Store) UpdatePool(ctx context.Context, p *nsyncv1.PlacementPool) error {
-	b, err := proto.Marshal(p)
+	b, err := wire.Marshal(p)
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func (s *Store) Pool(ctx context.Context, name string) (*nsyncv1.PlacementPool, 
 		return nil, 0, rpcerr.NotFound("placement pool %q not found", name)
 	}
 	p := &nsyncv1.PlacementPool{}
-	if err := proto.Unmarshal(resp.Kvs[0].Value, p); err != nil {
+	if err := wire.Unmarshal(resp.Kvs[0].Value, p); err != nil {
 		return nil, 0, fmt.Errorf("decode pool %s: %w", name, err)
 	}
 	return p, resp.Kvs[0].ModRevision, nil
@@ -301,7 +301,7 @@ func (s *Store) AllPools(ctx context.Context) (Pools, error) {
 	out := Pools{Pools: map[string]*nsyncv1.PlacementPool{}, Spaces: map[string]string{}}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		p := &nsyncv1.PlacementPool{}
-		if err := proto.Unmarshal(kv.Value, p); err != nil {
+		if err := wire.Unmarshal(kv.Value, p); err != nil {
 			return Pools{}, fmt.Errorf("decode %s: %w", kv.Key, err)
 		}
 		out.Pools[p.GetName()] = p

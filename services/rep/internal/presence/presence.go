@@ -15,10 +15,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/retry"
+	"github.com/gavel-sched/gavel/pkg/wire"
 )
 
 // Bounds of the retries while etcd cannot be reached.
@@ -163,7 +163,7 @@ func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3
 			p.log.Info("cell presence lease still alive, keeping it", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", ttl.TTL)
 			return nil
 		}
-		b, err := proto.Marshal(p.value())
+		b, err := wire.Marshal(p.value())
 		if err != nil {
 			return fmt.Errorf("encode presence: %w", err)
 		}
@@ -184,7 +184,7 @@ func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3
 // revision of the write.
 func (p *Presence) register(ctx context.Context) (clientv3.LeaseID, int64, error) {
 	value := p.value()
-	b, err := proto.Marshal(value)
+	b, err := wire.Marshal(value)
 	if err != nil {
 		return 0, 0, fmt.Errorf("encode presence: %w", err)
 	}
