@@ -39,7 +39,11 @@ type hub struct {
 
 // cellIndex is one cell's view of the ring.
 type cellIndex struct {
-	revs   []int64       // revisions in the ring whose events concern the cell, ascending
+	revs []int64 // revisions in the ring whose events concern the cell, ascending
+	// events holds, for each of revs, the indexes of the cell's events in that revision's
+	// batch: a cell's subscriber filters those, not the whole batch (the store's group commit
+	// puts the events of many cells in one revision).
+	events [][]int32
 	notify chan struct{} // closed when such a revision (or a broadcast one) is published
 	subs   int           // subscribers following the cell
 }
@@ -57,7 +61,7 @@ func (h *hub) reset(rev int64) {
 	h.events = 0
 	h.broadcast = nil
 	for id, ci := range h.cells {
-		ci.revs = nil
+		ci.revs, ci.events = nil, nil
 		ci.wake()
 		if ci.subs == 0 {
 			delete(h.cells, id)
@@ -110,14 +114,15 @@ func (h *hub) trim() {
 // index records revision rev under every cell its events concern and wakes those cells'
 // subscribers (every cell's, for a broadcast revision).
 func (h *hub) index(rev int64, events []*bbsv1.Event) {
-	ids, all := cellsOf(events)
-	for _, id := range ids {
-		ci := h.cells[id]
+	cells, all := cellsOf(events)
+	for _, c := range cells {
+		ci := h.cells[c.id]
 		if ci == nil {
 			ci = &cellIndex{notify: make(chan struct{})}
-			h.cells[id] = ci
+			h.cells[c.id] = ci
 		}
 		ci.revs = append(ci.revs, rev)
+		ci.events = append(ci.events, c.events)
 		if !all {
 			ci.wake()
 		}
@@ -133,13 +138,12 @@ func (h *hub) index(rev int64, events []*bbsv1.Event) {
 // trimIndex drops the indexed revisions the ring no longer holds, and the cells left with none
 // and no subscriber.
 func (h *hub) trimIndex() {
-	after := func(revs []int64) []int64 {
-		i := sort.Search(len(revs), func(i int) bool { return revs[i] > h.start })
-		return append([]int64(nil), revs[i:]...)
-	}
-	h.broadcast = after(h.broadcast)
+	first := func(revs []int64) int { return sort.Search(len(revs), func(i int) bool { return revs[i] > h.start }) }
+	h.broadcast = append([]int64(nil), h.broadcast[first(h.broadcast):]...)
 	for id, ci := range h.cells {
-		if ci.revs = after(ci.revs); len(ci.revs) == 0 && ci.subs == 0 {
+		i := first(ci.revs)
+		ci.revs, ci.events = append([]int64(nil), ci.revs[i:]...), append([][]int32(nil), ci.events[i:]...)
+		if len(ci.revs) == 0 && ci.subs == 0 {
 			delete(h.cells, id)
 		}
 	}
@@ -171,8 +175,10 @@ func (h *hub) follow(cell string) (unfollow func()) {
 }
 
 // sinceCell is since for a subscriber of cell (registered with follow): it returns the batches
-// after rev whose events concern the cell or every cell (whole: the caller filters them), and a
-// channel closed when the next such batch is published.
+// after rev whose events concern the cell or every cell, and a channel closed when the next
+// such batch is published. A batch holds only the cell's events, unless it has an event for
+// every cell (then it is whole); the caller filters them as it would the whole batch, with
+// the same result (cellsOf).
 func (h *hub) sinceCell(cell string, rev int64, max int) (bs []batch, upTo int64, notify <-chan struct{}, ok bool) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -189,10 +195,30 @@ func (h *hub) sinceCell(cell string, rev int64, max int) (bs []batch, upTo int64
 		upTo = revs[max-1]
 	}
 	for _, r := range revs {
-		i := sort.Search(len(h.batches), func(i int) bool { return h.batches[i].rev >= r })
-		bs = append(bs, h.batches[i])
+		b := h.batches[sort.Search(len(h.batches), func(i int) bool { return h.batches[i].rev >= r })]
+		if _, broadcast := slices.BinarySearch(h.broadcast, r); !broadcast {
+			if k, ok := slices.BinarySearch(ci.revs, r); ok {
+				b = b.only(ci.events[k])
+			}
+		}
+		bs = append(bs, b)
 	}
 	return bs, upTo, ci.notify, true
+}
+
+// only is the batch of b's events at the indexes idx, with their label sets.
+func (b batch) only(idx []int32) batch {
+	out := batch{rev: b.rev, events: make([]*bbsv1.Event, len(idx))}
+	for j, i := range idx {
+		out.events[j] = b.events[i]
+		if int(i) < len(b.labels) {
+			if out.labels == nil {
+				out.labels = make([]labelSets, len(idx))
+			}
+			out.labels[j] = b.labels[i]
+		}
+	}
+	return out
 }
 
 // mergeAfter returns, ascending and without repeats, at most max of the revisions of a and b
@@ -216,19 +242,36 @@ func mergeAfter(a, b []int64, rev int64, max int) []int64 {
 	return out
 }
 
-// cellsOf lists the cells the events concern: every cell x for which some event passes
-// EventFilter{CellID: x} (instance, task and presence events name their cells), each once; all
-// is true when an event passes every cell filter (LinksChanged, and DesiredLRPChanged of log
-// drains).
-func cellsOf(events []*bbsv1.Event) (ids []string, all bool) {
-	seen := map[string]bool{}
+// cellEvents are the events of a batch that concern one cell, by their indexes in the batch.
+type cellEvents struct {
+	id     string
+	events []int32
+}
+
+// cellsOf lists the cells the events concern, each once with the indexes of its events: every
+// cell x for which some event passes EventFilter{CellID: x} (instance, task and presence
+// events name their cells), and for x exactly the events that pass it, apart from those that
+// pass every cell filter; all is true when there is one of those (LinksChanged, and
+// DesiredLRPChanged of log drains).
+func cellsOf(events []*bbsv1.Event) (cells []cellEvents, all bool) {
+	pos := map[string]int{}
+	var i int32
 	add := func(id string) {
-		if id != "" && !seen[id] {
-			seen[id] = true
-			ids = append(ids, id)
+		if id == "" {
+			return
+		}
+		p, ok := pos[id]
+		if !ok {
+			p = len(cells)
+			pos[id] = p
+			cells = append(cells, cellEvents{id: id})
+		}
+		if c := &cells[p]; len(c.events) == 0 || c.events[len(c.events)-1] != i {
+			c.events = append(c.events, i)
 		}
 	}
-	for _, e := range events {
+	for n, e := range events {
+		i = int32(n)
 		switch k := e.GetKind().(type) {
 		case *bbsv1.Event_ActualLrpCreated:
 			add(k.ActualLrpCreated.GetActualLrp().GetInstanceKey().GetCellId())
@@ -258,7 +301,7 @@ func cellsOf(events []*bbsv1.Event) (ids []string, all bool) {
 			}
 		}
 	}
-	return ids, all
+	return cells, all
 }
 
 // since returns up to max batches after rev, the revision the reader is complete up to once it

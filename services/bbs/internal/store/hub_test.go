@@ -8,6 +8,7 @@ import (
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/labels"
 )
 
 // randomEvent is an event of a random kind naming random cells (or none) and domains.
@@ -75,11 +76,20 @@ func readAll(t *testing.T, read func(int64, int) ([]batch, int64, <-chan struct{
 }
 
 // TestCellIndexMatchesTheFilter: for random event streams (every kind, events naming no cell,
-// several cells, or every cell), a cell's subscriber reading through the cell index gets exactly
-// the messages the whole ring filtered by its filter gives, from any revision, including after
-// the ring has been trimmed and reset.
+// several cells, or every cell, some with labels), a cell's subscriber reading through the cell
+// index (which hands it only its cell's events of a revision) gets exactly the messages the
+// whole ring filtered by its filter gives, from any revision, including after the ring has
+// been trimmed and reset.
 func TestCellIndexMatchesTheFilter(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
+	kinds, err := EventKinds([]string{"links_changed", "actual_lrp_changed", "cell_appeared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	selector, err := labels.Parse("team=a")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for round := 0; round < 200; round++ {
 		h := newHub(4 + r.IntN(8))
 		h.reset(int64(r.IntN(5)))
@@ -88,14 +98,19 @@ func TestCellIndexMatchesTheFilter(t *testing.T) {
 		for n := 10 + r.IntN(40); n > 0; n-- {
 			rev += 1 + int64(r.IntN(2))
 			var evs []*bbsv1.Event
-			for k := r.IntN(4); k > 0; k-- {
+			var sets []labelSets
+			for k := r.IntN(6); k > 0; k-- {
 				evs = append(evs, randomEvent(r))
+				sets = append(sets, labelSets{{"team": []string{"a", "b"}[r.IntN(2)]}})
 			}
-			h.publish(rev, evs, nil)
+			if r.IntN(2) == 0 {
+				sets = nil
+			}
+			h.publish(rev, evs, sets)
 		}
 		start, head := h.window()
 		for _, cell := range []string{"c0", "c1", "c2", "c9"} {
-			for _, f := range []EventFilter{{CellID: cell}, {CellID: cell, Domain: "d1"}} {
+			for _, f := range []EventFilter{{CellID: cell}, {CellID: cell, Domain: "d1"}, {CellID: cell, Kinds: kinds}, {CellID: cell, Selector: selector}} {
 				for from := start - 1; from <= head; from++ {
 					want, wok := readAll(t, h.since, f, from, head)
 					got, gok := readAll(t, func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {
@@ -233,5 +248,47 @@ func TestRingBoundedByEvents(t *testing.T) {
 	h.publish(2001, events(5000), nil)
 	if start, head := h.window(); start != 2000 || head != 2001 || h.events != 5000 {
 		t.Fatalf("a 5,000-event revision left the ring at %d..%d with %d events, want it alone (2000..2001)", start, head, h.events)
+	}
+}
+
+// BenchmarkCellSubscribersRead: 1,000 cells' subscribers each read and filter what concerns
+// them of 100 revisions of 64 instance events (the store's group commit), each event on a
+// random cell: the work a BBS does per event for the reps' subscriptions.
+func BenchmarkCellSubscribersRead(b *testing.B) {
+	const cells, revs, perRev = 1000, 100, 64
+	r := rand.New(rand.NewPCG(1, 2))
+	h := newHub(revs * perRev)
+	h.reset(0)
+	ids := make([]string, cells)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("cell-%04d", i)
+		defer h.follow(ids[i])()
+	}
+	for rev := int64(1); rev <= revs; rev++ {
+		evs := make([]*bbsv1.Event, perRev)
+		for i := range evs {
+			lrp := &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p", Domain: "d"},
+				InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: ids[r.IntN(cells)]}}
+			evs[i] = &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{Before: lrp, After: lrp}}}
+		}
+		h.publish(rev, evs, nil)
+	}
+	kinds, err := EventKinds([]string{"actual_lrp_changed"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		got := 0
+		for _, id := range ids {
+			f := EventFilter{CellID: id, Kinds: kinds}
+			bs, _, _, _ := h.sinceCell(id, 0, revs)
+			for _, bt := range bs {
+				got += len(f.filterEvents(bt))
+			}
+		}
+		if got != revs*perRev {
+			b.Fatalf("read %d events, want %d", got, revs*perRev)
+		}
 	}
 }
