@@ -27,7 +27,11 @@ func Marshal(m proto.Message) ([]byte, error) {
 	if !ok {
 		return proto.Marshal(m)
 	}
-	b := make([]byte, f.SizeVT())
+	return marshal(f, make([]byte, f.SizeVT()))
+}
+
+// marshal writes f's encoding into b, which is f.SizeVT() long.
+func marshal(f fast, b []byte) ([]byte, error) {
 	if _, err := f.MarshalToSizedBufferVT(b); err != nil {
 		return nil, err
 	}
@@ -64,8 +68,8 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	}
 	size := f.SizeVT()
 	if mem.IsBelowBufferPoolingThreshold(size) {
-		b := make([]byte, size)
-		if _, err := f.MarshalToSizedBufferVT(b); err != nil {
+		b, err := marshal(f, make([]byte, size))
+		if err != nil {
 			return nil, err
 		}
 		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
@@ -73,7 +77,7 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
 	*buf = (*buf)[:size]
-	if _, err := f.MarshalToSizedBufferVT(*buf); err != nil {
+	if _, err := marshal(f, *buf); err != nil {
 		pool.Put(buf)
 		return nil, err
 	}
@@ -82,8 +86,11 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 
 // Unmarshal implements encoding.CodecV2.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if _, isFast := v.(fast); !ok || !isFast {
+	m, ok := v.(interface {
+		proto.Message
+		fast
+	})
+	if !ok {
 		return c.grpc.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())

@@ -166,7 +166,7 @@ func sealed(kd kind) bool { return kd == kindRun || kd == kindTask }
 // label the keyring lacks, a value that does not authenticate) is an error for which
 // sealingFailure is true; the store cannot serve without that record.
 func (s *Store) decode(key string, k parsedKey, value []byte) (proto.Message, string, error) {
-	m, _, label, err := s.decodeKept(key, k, value)
+	m, _, label, err := s.open(key, k, value)
 	return m, label, err
 }
 
@@ -174,21 +174,27 @@ func (s *Store) decode(key string, k parsedKey, value []byte) (proto.Message, st
 // the record's encoding, a copy of an instance record's opened value (the etcd client's
 // buffer is not the cache's to keep), nil for other kinds.
 func (s *Store) decodeKept(key string, k parsedKey, value []byte) (m proto.Message, raw []byte, label string, err error) {
+	m, plain, label, err := s.open(key, k, value)
+	if err == nil && k.kind == kindActual {
+		raw = bytes.Clone(plain)
+	}
+	return m, raw, label, err
+}
+
+// open is decode returning the opened value too (the etcd client's buffer, or the keyring's).
+func (s *Store) open(key string, k parsedKey, value []byte) (m proto.Message, plain []byte, label string, err error) {
 	m = newMessage(k)
 	if m == nil {
 		return nil, nil, "", nil
 	}
-	plain, label, err := s.opts.Keyring.Open(key, value)
+	plain, label, err = s.opts.Keyring.Open(key, value)
 	if err != nil {
 		return nil, nil, label, fmt.Errorf("open %s: %w", key, err)
 	}
 	if err := wire.Unmarshal(plain, m); err != nil {
 		return nil, nil, label, fmt.Errorf("decode %v record %q: %w", k.kind, k.id, err)
 	}
-	if k.kind == kindActual {
-		raw = bytes.Clone(plain)
-	}
-	return m, raw, label, nil
+	return m, plain, label, nil
 }
 
 // encode marshals msg for key, sealed under the active key when its kind carries user data.
