@@ -1,7 +1,10 @@
 package grpcx
 
 import (
+	"sort"
+	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -33,15 +36,27 @@ func TestServerSpans(t *testing.T) {
 	}
 	parent.End()
 
+	// The server ends a call's span after it has sent the call's status, so the caller can
+	// have its answer before the span is recorded: wait for both, a bounded while.
 	var servers []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.SpanKind() == trace.SpanKindServer {
-			servers = append(servers, s)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		servers = servers[:0]
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == trace.SpanKindServer {
+				servers = append(servers, s)
+			}
+		}
+		if len(servers) >= 2 || time.Now().After(deadline) {
+			break
 		}
 	}
 	if len(servers) != 2 {
 		t.Fatalf("%d server spans ended, want 2", len(servers))
 	}
+	// Either call's span may be recorded first.
+	sort.Slice(servers, func(i, j int) bool {
+		return strings.HasSuffix(servers[i].Name(), "/Echo") && !strings.HasSuffix(servers[j].Name(), "/Echo")
+	})
 	for i, s := range servers {
 		if s.Parent().TraceID() != parent.SpanContext().TraceID() {
 			t.Errorf("%s: not in the caller's trace", s.Name())
