@@ -250,13 +250,15 @@ func (s *Syncer) list(ctx context.Context) error {
 // listing is one full read of the BBS: the desired LRPs' scheduling infos and the actual LRPs,
 // each with the revision it reflects.
 type listing struct {
-	desired *bbsv1.DesiredLRPSchedulingInfosResponse
-	actual  *bbsv1.ActualLRPsResponse
-	err     error
+	desired   *bbsv1.DesiredLRPSchedulingInfosResponse
+	actual    *bbsv1.ActualLRPsResponse
+	instances table.Instances // actual's records, grouped for the table
+	err       error
 }
 
-// fetch reads both lists, repeating them (up to listAttempts) to read them at one revision. It
-// touches no syncer state, so it may run beside the event stream.
+// fetch reads both lists, repeating them (up to listAttempts) to read them at one revision, and
+// groups the instance records for the table. It touches no syncer state, so it may run beside
+// the event stream.
 func (s *Syncer) fetch(ctx context.Context) (listing, error) {
 	lctx, cancel := context.WithTimeout(ctx, s.cfg.ListTimeout)
 	defer cancel()
@@ -275,6 +277,7 @@ func (s *Syncer) fetch(ctx context.Context) (listing, error) {
 			break
 		}
 	}
+	l.instances = table.Group(l.actual.GetActualLrps())
 	return l, nil
 }
 
@@ -283,7 +286,7 @@ func (s *Syncer) fetch(ctx context.Context) (listing, error) {
 // than the table already published: a lagging BBS replica).
 func (s *Syncer) install(l listing) {
 	d, a := l.desired.GetRevision(), l.actual.GetRevision()
-	s.cfg.Table.Replace(l.desired.GetSchedulingInfos(), l.actual.GetActualLrps())
+	s.cfg.Table.Replace(l.desired.GetSchedulingInfos(), l.instances)
 	s.desiredRev, s.actualRev = d, a
 	s.holdUntil = max(d, a, s.published)
 	s.lists.Add(1)

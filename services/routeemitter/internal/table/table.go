@@ -193,29 +193,46 @@ func (t *Table) RemoveActual(a *modelsv1.ActualLRP) {
 	}
 }
 
-// Replace swaps every input for a full listing, marking dirty only the processes whose routes
-// document or routable instances differ, so the next commit is the difference between the old
-// table and the listed one.
-func (t *Table) Replace(infos []*modelsv1.DesiredLRPSchedulingInfo, actuals []*modelsv1.ActualLRP) {
-	listed := make(map[string]struct{}, len(infos))
+// Instances is a listing's instance records grouped by process and slot, as Replace takes
+// them.
+type Instances struct {
+	byProcess map[string]map[slot]*modelsv1.ActualLRP
+}
+
+// Group groups a listing's instance records for Replace. It reads no table, so a periodic
+// listing is grouped beside the event loop, and the loop only compares and swaps.
+func Group(actuals []*modelsv1.ActualLRP) Instances {
+	byProcess := map[string]map[slot]*modelsv1.ActualLRP{}
+	for _, a := range actuals {
+		guid := a.GetKey().GetProcessGuid()
+		m := byProcess[guid]
+		if m == nil {
+			m = map[slot]*modelsv1.ActualLRP{}
+			byProcess[guid] = m
+		}
+		m[slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}] = a
+	}
+	return Instances{byProcess: byProcess}
+}
+
+// Replace swaps every input for a full listing (its desired LRPs' scheduling infos and its
+// instance records, grouped), marking dirty only the processes whose routes document or
+// routable instances differ, so the next commit is the difference between the old table and
+// the listed one. The table keeps listed's maps; a listing is replaced once.
+func (t *Table) Replace(infos []*modelsv1.DesiredLRPSchedulingInfo, listed Instances) {
+	names := make(map[string]struct{}, len(infos))
 	for _, d := range infos {
-		listed[d.GetProcessGuid()] = struct{}{}
+		names[d.GetProcessGuid()] = struct{}{}
 		t.SetDesired(d.GetProcessGuid(), d.GetRoutes())
 	}
 	for guid := range t.desired {
-		if _, ok := listed[guid]; !ok {
+		if _, ok := names[guid]; !ok {
 			t.RemoveDesired(guid)
 		}
 	}
-	next := make(map[string]map[slot]*modelsv1.ActualLRP, len(t.actual))
-	for _, a := range actuals {
-		guid := a.GetKey().GetProcessGuid()
-		m := next[guid]
-		if m == nil {
-			m = map[slot]*modelsv1.ActualLRP{}
-			next[guid] = m
-		}
-		m[slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}] = a
+	next := listed.byProcess
+	if next == nil {
+		next = map[string]map[slot]*modelsv1.ActualLRP{}
 	}
 	for guid, m := range next {
 		if instancesDiffer(t.actual[guid], m) {
@@ -251,7 +268,11 @@ func routable(a *modelsv1.ActualLRP) bool {
 	return a != nil && a.GetState() == modelsv1.ActualLRP_STATE_RUNNING && a.GetRoutable() && a.GetNetInfo().GetAddress() != ""
 }
 
-// routingChanged reports whether replacing old by new can change any route.
+// routingChanged reports whether replacing old by new can change any route: whether one is
+// routable and the other not, or both are and they differ in what compute reads of a record
+// (its instance, the cell's address, the port mappings; index and presence are the slot's).
+// It compares those fields directly: a periodic listing asks it of every instance, and
+// reflection (proto.Equal) was a third of that listing's time on the event loop.
 func routingChanged(old, new *modelsv1.ActualLRP) bool {
 	ro, rn := routable(old), routable(new)
 	if !ro && !rn {
@@ -260,8 +281,12 @@ func routingChanged(old, new *modelsv1.ActualLRP) bool {
 	if ro != rn {
 		return true
 	}
+	on, nn := old.GetNetInfo(), new.GetNetInfo()
 	return old.GetInstanceKey().GetInstanceGuid() != new.GetInstanceKey().GetInstanceGuid() ||
-		!proto.Equal(old.GetNetInfo(), new.GetNetInfo())
+		on.GetAddress() != nn.GetAddress() ||
+		!slices.EqualFunc(on.GetPorts(), nn.GetPorts(), func(a, b *modelsv1.PortMapping) bool {
+			return a.GetContainerPort() == b.GetContainerPort() && a.GetHostPort() == b.GetHostPort()
+		})
 }
 
 // Dirty reports how many processes wait for the next commit.

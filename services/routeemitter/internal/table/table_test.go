@@ -204,18 +204,18 @@ func TestTableReplaceDiffs(t *testing.T) {
 		{ProcessGuid: "c", Routes: routes(`[{"port": 8080, "routes": ["c.com"]}]`)},
 	}
 	actuals := []*modelsv1.ActualLRP{actual("a", 0, "a0", ordinary, 8080), actual("a", 1, "a1", ordinary, 8080), actual("c", 0, "c0", ordinary, 8080), actual("b", 0, "b0", ordinary, 8080)}
-	tb.Replace(infos, actuals)
+	tb.Replace(infos, Group(actuals))
 	wantDelta(t, tb.Commit(), `+http:a.com a/0/a0@10.0.0.1:38080 a/1/a1@10.0.0.2:38081
 +http:c.com c/0/c0@10.0.0.1:38080
 -http:b.com
 `)
 	// The same listing again changes nothing and marks nothing.
-	tb.Replace(infos, actuals)
+	tb.Replace(infos, Group(actuals))
 	if tb.Dirty() != 0 {
 		t.Fatalf("an identical listing marked %d processes dirty", tb.Dirty())
 	}
 	// Instances that vanished from the listing go.
-	tb.Replace(infos, actuals[:1])
+	tb.Replace(infos, Group(actuals[:1]))
 	wantDelta(t, tb.Commit(), `+http:a.com a/0/a0@10.0.0.1:38080
 -http:c.com
 `)
@@ -227,4 +227,43 @@ func TestTableMissingPortMapping(t *testing.T) {
 	tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
 	tb.Commit()
 	wantTable(t, tb, "http:ok.com a/0/a0@10.0.0.1:38080\n")
+}
+
+// TestRoutingChanged checks which differences between two records of a slot can change a
+// route: those in what an endpoint is made of (the instance, the cell's address, a port
+// mapping) and routability, and no others.
+func TestRoutingChanged(t *testing.T) {
+	base := func() *modelsv1.ActualLRP { return actual("web", 0, "i0", ordinary, 8080, 9090) }
+	for _, c := range []struct {
+		name    string
+		change  func(a *modelsv1.ActualLRP)
+		changed bool
+	}{
+		{"nothing", func(*modelsv1.ActualLRP) {}, false},
+		{"instance", func(a *modelsv1.ActualLRP) { a.InstanceKey.InstanceGuid = "i1" }, true},
+		{"address", func(a *modelsv1.ActualLRP) { a.NetInfo.Address = "10.0.0.9" }, true},
+		{"host port", func(a *modelsv1.ActualLRP) { a.NetInfo.Ports[1].HostPort++ }, true},
+		{"container port", func(a *modelsv1.ActualLRP) { a.NetInfo.Ports[0].ContainerPort = 8081 }, true},
+		{"a port more", func(a *modelsv1.ActualLRP) {
+			a.NetInfo.Ports = append(a.NetInfo.Ports, &modelsv1.PortMapping{ContainerPort: 7070, HostPort: 37070})
+		}, true},
+		{"a port fewer", func(a *modelsv1.ActualLRP) { a.NetInfo.Ports = a.NetInfo.Ports[:1] }, true},
+		{"not routable", func(a *modelsv1.ActualLRP) { a.Routable = false }, true},
+		{"crashed", func(a *modelsv1.ActualLRP) { a.State = modelsv1.ActualLRP_STATE_CRASHED }, true},
+		{"the container's own address", func(a *modelsv1.ActualLRP) { a.NetInfo.InstanceAddress = "172.16.0.9" }, false},
+		{"crash count", func(a *modelsv1.ActualLRP) { a.CrashCount = 3 }, false},
+		{"cell", func(a *modelsv1.ActualLRP) { a.InstanceKey.CellId = "cell-b" }, false},
+	} {
+		b := base()
+		c.change(b)
+		if got := routingChanged(base(), b); got != c.changed {
+			t.Errorf("%s: routingChanged = %v, want %v", c.name, got, c.changed)
+		}
+		if got := routingChanged(b, base()); got != c.changed {
+			t.Errorf("%s, the other way: routingChanged = %v, want %v", c.name, got, c.changed)
+		}
+	}
+	if routingChanged(nil, nil) {
+		t.Error("two absent records differ")
+	}
 }
