@@ -71,8 +71,7 @@ func (p *Presence) Held() bool {
 }
 
 // lapseAfter is how long after its last renewal a lease counts as lapsing: two thirds of the
-// TTL (the etcd client renews every third, checking twice a second, so that is a renewal gone
-// unanswered), but never less than a renewal interval and 1.5 s, so that short TTLs on a busy
+// TTL (keepAlive renews every third, so that is a renewal gone unanswered), but never less than a renewal interval and 1.5 s, so that short TTLs on a busy
 // machine do not flap.
 func lapseAfter(ttl time.Duration) time.Duration {
 	return max(ttl*2/3, ttl/3+1500*time.Millisecond)
@@ -220,11 +219,8 @@ type loss struct {
 func (p *Presence) hold(ctx context.Context, lease clientv3.LeaseID, rev int64) loss {
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	alive, err := p.etcd.KeepAlive(hctx, lease)
-	if err != nil {
-		return loss{why: fmt.Sprintf("keep lease alive: %v", err)}
-	}
-	p.setHeld(true) // granted just now
+	alive := p.keepAlive(hctx, lease) // keepalive.go
+	p.setHeld(true)                   // granted just now
 	defer p.setHeld(false)
 	key := CellKey(p.value().GetCellId())
 	watch := p.etcd.Watch(hctx, key, clientv3.WithRev(rev+1))
