@@ -71,8 +71,8 @@ func (p *Presence) Held() bool {
 }
 
 // lapseAfter is how long after its last renewal a lease counts as lapsing: two thirds of the
-// TTL (keepAlive renews every third, so that is a renewal gone unanswered), but never less than a renewal interval and 1.5 s, so that short TTLs on a busy
-// machine do not flap.
+// TTL (keepAlive renews every third, so that is a renewal gone unanswered), but never less
+// than a renewal interval and 1.5 s, so that short TTLs on a busy machine do not flap.
 func lapseAfter(ttl time.Duration) time.Duration {
 	return max(ttl*2/3, ttl/3+1500*time.Millisecond)
 }
