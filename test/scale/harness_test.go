@@ -114,12 +114,16 @@ type report struct {
 	listMedian, listMax    time.Duration
 	listRawMedian          time.Duration // the same list, its response taken undecoded
 	listBytes              int           // the list's response, in bytes
+	listHeap               uint64        // this process's live heap before the lists
+	listOwnMedian          time.Duration // as deployed: the list from a client process of its own
+	listOwnMax             time.Duration
 	routeP50, routeP99     time.Duration
 	routeN, routeMissing   int
 	smallLoss, loss        lossResult // the first, small loss (as deployed) and the LossFraction one
 	peakRSS, peakHeap      uint64
 	stranded, duplicates   int
 	healthyLost            []string
+	healthyLostLog         map[string][]string // as deployed: what each one's sim host logged about it
 	auctionStates, auction time.Duration
 	auctionPerform         time.Duration
 	bbsLimit               int
@@ -424,6 +428,9 @@ func run(t testing.TB, cfg runConfig) *report {
 	// Reads at full size: five lists, each followed by one whose response is taken undecoded,
 	// which splits a list's time between the BBS and the wire and the client's decoding.
 	var lists, raw []time.Duration
+	var heap runtime.MemStats
+	runtime.ReadMemStats(&heap)
+	r.listHeap = heap.HeapAlloc
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
 		resp, err := tg.BBS().ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
@@ -440,6 +447,19 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
 	r.listRawMedian = percentile(raw, 50)
+	if d, ok := tg.(*deployed); ok {
+		// The same list from a client process of its own: this process's heap holds the
+		// observer's records of every instance, and the garbage collector marking it is part
+		// of decoding a list here, not in a client that only lists.
+		own, n, err := d.listFromOwnProcess(ctx, 5)
+		if err != nil {
+			t.Fatalf("ActualLRPs at full size from a client process: %v", err)
+		}
+		if n != r.listN {
+			t.Fatalf("a client process listed %d instances, this process %d", n, r.listN)
+		}
+		r.listOwnMedian, r.listOwnMax = percentile(own, 50), percentile(own, 100)
+	}
 	if ip != nil {
 		r.heapShares = heapByOwner()
 	}
@@ -465,6 +485,12 @@ func run(t testing.TB, cfg runConfig) *report {
 		}
 	}
 	sort.Strings(r.healthyLost)
+	if d, ok := tg.(*deployed); ok && len(r.healthyLost) > 0 {
+		r.healthyLostLog = map[string][]string{}
+		for _, id := range r.healthyLost {
+			r.healthyLostLog[id] = d.cellLog(id, 20)
+		}
+	}
 
 	// Correctness at full size.
 	r.stranded, r.duplicates = audit(t, ctx, tg, lost, r.burstN+r.streamN)
@@ -722,6 +748,10 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "  list:     ActualLRPs of %d instances: median %s, max %s (5 calls); the same %.1f MB taken undecoded (the BBS and the wire): median %s, so the client's decoding is about %s\n",
 		r.listN, ms(r.listMedian), ms(r.listMax), float64(r.listBytes)/1e6, ms(r.listRawMedian), ms(max(r.listMedian-r.listRawMedian, 0)))
+	if r.listOwnMedian > 0 {
+		fmt.Fprintf(&b, "            the same list from a client process of its own: median %s, max %s (5 calls); this process's heap held %.0f MB before its lists\n",
+			ms(r.listOwnMedian), ms(r.listOwnMax), float64(r.listHeap)/1e6)
+	}
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	if r.smallLoss.cells > 0 {
 		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, 2)
@@ -749,6 +779,14 @@ func (r *report) print(w io.Writer) {
 		writeUsage(&b, r.placing, r.placingWall)
 	}
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
+	for _, id := range r.healthyLost {
+		if lines, ok := r.healthyLostLog[id]; ok {
+			fmt.Fprintf(&b, "    %s: its sim host's log about it (%d lines, the last 20 at most):\n", id, len(lines))
+			for _, l := range lines {
+				fmt.Fprintf(&b, "      %s\n", l)
+			}
+		}
+	}
 	_, _ = io.WriteString(w, b.String())
 }
 

@@ -112,8 +112,13 @@ func TestScaleDeployedQuick(t *testing.T) {
 	r.check(t)
 }
 
-// TestMain removes the binaries TestScaleDeployedQuick and BenchmarkScale built.
+// TestMain removes the binaries TestScaleDeployedQuick and BenchmarkScale built. Started
+// with listerEnv set, the test binary is instead a client of its own that lists the actual
+// LRPs (runLister).
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(listerEnv); spec != "" {
+		os.Exit(runLister(spec))
+	}
 	code := m.Run()
 	testkit.RemoveBinaries()
 	os.Exit(code)

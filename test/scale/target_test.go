@@ -1,11 +1,14 @@
 package scale
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -246,7 +249,9 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			"-memory-mb", strconv.Itoa(64 * perCell), "-disk-mb", strconv.Itoa(64 * perCell), "-containers", strconv.Itoa(perCell),
 			"-sim-start-latency", cfg.StartLatency.String(), "-sim-log-interval", "0", "-lease-ttl", cfg.LeaseTTL.String(),
 			"-bulk-interval", "1h", // nothing may depend on the bulk loop
-			"-work-dir", filepath.Join(dir, hostID(h)), "-bbs-address", d.bbsAddr, "-etcd-endpoints", clientURL, "-log-level", "error",
+			"-work-dir", filepath.Join(dir, hostID(h)), "-bbs-address", d.bbsAddr, "-etcd-endpoints", clientURL,
+			"-log-level", "warn", // a cell's presence warns when its renewals stop or come late: cellLog
+
 			"-tls-cert", cert, "-tls-key", key, "-tls-ca", id.CAFile,
 			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
 			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
@@ -390,6 +395,98 @@ func (d *deployed) Etcd() *clientv3.Client                                 { ret
 func (d *deployed) Hosts() int                                             { return len(d.hosts) }
 func (d *deployed) HostCells(h int) []string                               { return d.hostCells[h] }
 
+// cellLog is what cell id's sim host logged about it (the host logs at warn), at most n lines,
+// the last ones: why a healthy cell lost its presence, in its rep's words.
+func (d *deployed) cellLog(id string, n int) []string {
+	for h, cells := range d.hostCells {
+		if !slices.Contains(cells, id) {
+			continue
+		}
+		var out []string
+		for line := range strings.Lines(d.hosts[h].Out.String()) {
+			if strings.Contains(line, "cell_id="+id+" ") || strings.HasSuffix(strings.TrimSpace(line), "cell_id="+id) {
+				out = append(out, strings.TrimRight(line, "\n"))
+			}
+		}
+		return out[max(len(out)-n, 0):]
+	}
+	return nil
+}
+
+// listerEnv, set in the environment of this test binary, makes it a list client (runLister)
+// instead of running tests: its value is a listerSpec in JSON.
+const listerEnv = "GAVEL_SCALE_LISTER"
+
+// listerSpec is what a list client does: n lists of every actual LRP from the BBS at address.
+type listerSpec struct {
+	Address string      `json:"address"`
+	TLS     tlsx.Config `json:"tls"`
+	N       int         `json:"n"`
+}
+
+// listerResult is a list client's answer, on its standard output.
+type listerResult struct {
+	Took      []time.Duration `json:"took"`
+	Instances int             `json:"instances"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// runLister is the test binary as a client of its own, as an operator's tool or a dashboard
+// would list: a process whose heap holds nothing but the list, unlike this harness's, which
+// holds what the observer saw of every instance. It lists spec.N times and prints each list's
+// time as a listerResult; it returns the process's exit code.
+func runLister(spec string) int {
+	var s listerSpec
+	res := listerResult{}
+	defer func() { _ = json.NewEncoder(os.Stdout).Encode(res) }()
+	if err := json.Unmarshal([]byte(spec), &s); err != nil {
+		res.Error = err.Error()
+		return 2
+	}
+	conn, err := bbsclient.Dial(bbsclient.Config{BBSAddress: s.Address, BBSTLS: s.TLS})
+	if err != nil {
+		res.Error = err.Error()
+		return 1
+	}
+	defer conn.Close()
+	bbs := bbsv1.NewBBSServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for range s.N {
+		t0 := time.Now()
+		resp, err := bbs.ActualLRPs(ctx, &bbsv1.ActualLRPsRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		if err != nil {
+			res.Error = err.Error()
+			return 1
+		}
+		res.Took = append(res.Took, time.Since(t0))
+		res.Instances = len(resp.GetActualLrps())
+	}
+	return 0
+}
+
+// listFromOwnProcess runs this test binary as a list client of its own (runLister) with the
+// admin's identity, n lists, and returns each list's time and the instances the last one held.
+func (d *deployed) listFromOwnProcess(ctx context.Context, n int) ([]time.Duration, int, error) {
+	spec, err := json.Marshal(listerSpec{Address: d.bbsAddr, TLS: d.pki["admin"], N: n})
+	if err != nil {
+		return nil, 0, err
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), listerEnv+"="+string(spec))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, runErr := cmd.Output()
+	var res listerResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, 0, fmt.Errorf("list client: %v (%v; %s)", err, runErr, tail(stderr.String(), 2000))
+	}
+	if res.Error != "" || runErr != nil {
+		return nil, 0, fmt.Errorf("list client: %s (%v)", res.Error, runErr)
+	}
+	return res.Took, res.Instances, nil
+}
+
 // LoseHost kills sim host h with SIGKILL, as a rack losing power: its cells' leases expire.
 func (d *deployed) LoseHost(t testing.TB, h int) {
 	u, err := usageOf(d.hosts[h].Pid)
@@ -514,5 +611,30 @@ func TestShare(t *testing.T) {
 		if got := share(tc.n, tc.all); got != tc.want {
 			t.Errorf("share(%d, %d) = %q, want %q", tc.n, tc.all, got, tc.want)
 		}
+	}
+}
+
+// TestCellLog checks that a cell's lines are picked out of its sim host's log: its own, not a
+// cell whose id it prefixes, the last n.
+func TestCellLog(t *testing.T) {
+	host := &testkit.Proc{Out: &testkit.SyncBuffer{}}
+	for _, l := range []string{
+		"[WARN]  rep.presence: cell presence renewal answered late: cell_id=rack-001-0001 waited=4s ttl=10s",
+		"[WARN]  rep.presence: cell presence renewal answered late: cell_id=rack-001-00010 waited=5s ttl=10s",
+		"[WARN]  rep.presence: no cell presence renewal answered for the lease's TTL: cell_id=rack-001-0001",
+		"[WARN]  rep.presence: cell presence keepalive ended; asking etcd whether the lease lives: cell_id=rack-001-0001 reason=\"keepalive ended\"",
+	} {
+		_, _ = host.Out.Write([]byte(l + "\n"))
+	}
+	d := &deployed{hosts: []*testkit.Proc{{Out: &testkit.SyncBuffer{}}, host}, hostCells: [][]string{{"rack-000-0001"}, {"rack-001-0001", "rack-001-00010"}}}
+	got := d.cellLog("rack-001-0001", 2)
+	if len(got) != 2 || !strings.Contains(got[0], "no cell presence renewal") || !strings.Contains(got[1], "keepalive ended") {
+		t.Errorf("cellLog: %q", got)
+	}
+	if got := d.cellLog("rack-001-0001", 10); len(got) != 3 {
+		t.Errorf("cellLog of all: %d lines, want 3: %q", len(got), got)
+	}
+	if got := d.cellLog("rack-000-0001", 10); len(got) != 0 {
+		t.Errorf("a quiet cell's log: %q", got)
 	}
 }

@@ -52,14 +52,17 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 	defer cancel()
 	stream, err := leases.LeaseKeepAlive(sctx)
 	if err != nil {
+		p.log.Warn("could not open the cell presence keepalive stream", "error", err, "lease_left", time.Until(*deadline).Round(time.Millisecond))
 		return false
 	}
 	answers := make(chan int64, 1) // each answer's TTL in seconds; closed when the stream breaks
+	var broke error                // why, set before answers is closed
 	go func() {
 		defer close(answers)
 		for {
 			resp, err := stream.Recv()
 			if err != nil {
+				broke = err
 				return
 			}
 			select {
@@ -73,22 +76,39 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 	defer send.Stop()
 	expire := time.NewTimer(time.Until(*deadline))
 	defer expire.Stop()
+	var asked time.Time // when the renewal being waited for was sent
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-expire.C:
+			p.log.Warn("no cell presence renewal answered for the lease's TTL", "ttl", p.ttl, "asked_ago", since(asked))
 			return false
 		case <-send.C:
 			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
+				if ctx.Err() == nil {
+					p.log.Warn("cell presence keepalive stream broke on a renewal", "error", err, "lease_left", time.Until(*deadline).Round(time.Millisecond))
+				}
 				return false
+			}
+			if asked.IsZero() {
+				asked = time.Now()
 			}
 			// Asked again a third of the TTL on, unless an answer sets the next renewal first.
 			send.Reset(p.ttl / 3)
 		case ttl, ok := <-answers:
 			if !ok {
+				if ctx.Err() == nil {
+					p.log.Warn("cell presence keepalive stream broke", "error", broke, "lease_left", time.Until(*deadline).Round(time.Millisecond))
+				}
 				return false
 			}
+			// An answer that took longer than the pause between renewals says the lease came
+			// close to lapsing: a cell lost for it is then explained by its rep's own log.
+			if wait := since(asked); wait > p.ttl/3 {
+				p.log.Warn("cell presence renewal answered late", "waited", wait, "ttl", p.ttl)
+			}
+			asked = time.Time{}
 			if ttl <= 0 {
 				return true
 			}
@@ -102,4 +122,12 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 			}
 		}
 	}
+}
+
+// since is how long ago t was, rounded to the millisecond; 0 for the zero time.
+func since(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t).Round(time.Millisecond)
 }

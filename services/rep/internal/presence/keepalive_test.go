@@ -2,21 +2,26 @@ package presence
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
-	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // TestKeepAlive checks the cell's own keepalive against a real etcd: it renews a lease past
 // several TTLs, signalling each renewal; it ends promptly once etcd answers that the lease is
-// gone; and it ends, about a TTL after its last renewal, while etcd is away.
+// gone; and it ends, about a TTL after its last renewal, while etcd is away. It warns only
+// then: renewals answered in time say nothing.
 func TestKeepAlive(t *testing.T) {
 	const ttl = 2 * time.Second
 	etcd := etcdtest.StartCluster(t, 1)
 	cli := etcd.Client
-	p := New(cli, ttl, nil, logtest.New(t))
+	var out testkit.SyncBuffer
+	p := New(cli, ttl, nil, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: &out}))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 
@@ -51,6 +56,9 @@ func TestKeepAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEnd(t, renewed, ttl, "after the lease was revoked")
+	if warned := out.String(); warned != "" {
+		t.Errorf("warnings while etcd answered every renewal in time:\n%s", warned)
+	}
 
 	// etcd away: the keepalive ends about a TTL after the last renewal, not before.
 	grant, err = cli.Grant(ctx, int64(ttl/time.Second))
@@ -64,6 +72,9 @@ func TestKeepAlive(t *testing.T) {
 	waitEnd(t, renewed, 2*ttl, "with etcd stopped")
 	if took := time.Since(stopped); took < ttl*2/3 {
 		t.Errorf("the keepalive ended %s after etcd stopped, before the lease's TTL (%s) could have run out", took, ttl)
+	}
+	if warned := out.String(); !strings.Contains(warned, "cell presence keepalive stream broke") && !strings.Contains(warned, "no cell presence renewal answered") {
+		t.Errorf("no warning that the renewals stopped with etcd; the log:\n%s", warned)
 	}
 }
 
