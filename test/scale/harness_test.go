@@ -177,6 +177,7 @@ func simCells(cfg runConfig) []devcluster.Cell {
 		rc.PreloadedRootfses = map[string]string{"cflinuxfs4": "/rootfs"}
 		rc.Capacity = rep.Capacity{MemoryMB: int32(64 * perCell), DiskMB: int32(64 * perCell), Containers: int32(perCell)}
 		rc.Sim.StartLatency = rep.Duration(cfg.StartLatency)
+		rc.Sim.LogInterval = 0 // no synthetic log lines, as the sim hosts run as deployed
 		rc.LeaseTTL = rep.Duration(cfg.LeaseTTL)
 		rc.BulkInterval = rep.Duration(time.Hour) // nothing may depend on the bulk loop
 		rc.Log.Level = "error"
