@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -133,22 +134,29 @@ func (p *Presence) Run(ctx context.Context, ready func()) error {
 	}
 }
 
-// resume waits until etcd answers and finds out whether lease still lives. If it does, it
-// makes sure the presence key is there under it and returns the lease and the revision to watch the key from;
-// if the lease is gone, it returns lease 0 (the cell registers anew).
+// resume waits until etcd answers and finds out whether lease still lives, by renewing it once.
+// If it does, it makes sure the presence key is there under it and returns the lease and the
+// revision to watch the key from; if the lease is gone, it returns lease 0 (the cell registers
+// anew).
+//
+// It asks with a renewal rather than TimeToLive: a renewal of a lease etcd holds is answered
+// without waiting for etcd's apply loop to catch up (TimeToLive waits for it, up to a second,
+// and then fails for the client to ask again), and it gives the lease a whole TTL in the same
+// answer. On an overloaded etcd the question is then cheaper, and the answer is not already
+// stale when the keepalive starts again.
 func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3.LeaseID, int64, error) {
 	var rev int64
 	err := retry.Do(ctx, retry.Policy{Initial: minBackoff, Max: resumeBackoff}, 0, func() error {
 		cctx, cancel := context.WithTimeout(ctx, p.ttl)
 		defer cancel()
-		ttl, err := p.etcd.TimeToLive(cctx, lease)
-		if err != nil {
-			return fmt.Errorf("lease time to live: %w", err)
-		}
-		if ttl.TTL <= 0 {
+		ka, err := p.etcd.KeepAliveOnce(cctx, lease)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			p.log.Warn("cell presence lease expired, registering again", "lease", fmt.Sprintf("%x", int64(lease)))
 			lease = 0
 			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("lease renewal: %w", err)
 		}
 		key := CellKey(p.value().GetCellId())
 		get, err := p.etcd.Get(cctx, key)
@@ -159,7 +167,7 @@ func (p *Presence) resume(ctx context.Context, lease clientv3.LeaseID) (clientv3
 			// Watch from the read's revision, not the key's: after a restore from a backup the
 			// key's revision is older than the compacted history, and a watch from it fails.
 			rev = get.Header.Revision
-			p.log.Info("cell presence lease still alive, keeping it", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", ttl.TTL)
+			p.log.Info("cell presence lease still alive, keeping it", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", ka.TTL)
 			return nil
 		}
 		b, err := wire.Marshal(p.value())
