@@ -7,9 +7,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
+	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // TestKeepAlive checks the cell's own keepalive against a real etcd: it renews a lease past
@@ -91,5 +94,47 @@ func waitEnd(t *testing.T, renewed <-chan struct{}, within time.Duration, when s
 		case <-timeout:
 			t.Fatalf("the keepalive still running %s after %s", within, when)
 		}
+	}
+}
+
+// TestResume checks how the presence finds out about its lease after the keepalive ended, against
+// a real etcd: a live lease is kept, renewed by the question (a whole TTL again), and its key is
+// written again under it when it went; a revoked lease is reported gone (lease 0), so the cell
+// registers anew.
+func TestResume(t *testing.T) {
+	const ttl = 4 * time.Second
+	etcd := etcdtest.StartCluster(t, 1)
+	cli := etcd.Client
+	presence := &modelsv1.CellPresence{CellId: "cell-r", RepAddress: "127.0.0.1:1"}
+	p := New(cli, ttl, func() *modelsv1.CellPresence { return presence }, logtest.New(t))
+	ctx := t.Context()
+
+	grant, err := cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // part of the lease gone, as after a lapse
+	lease, rev, err := p.resume(ctx, grant.ID)
+	if err != nil || lease != grant.ID || rev == 0 {
+		t.Fatalf("resume of a live lease: lease %x (want %x), revision %d, %v", lease, grant.ID, rev, err)
+	}
+	left, err := cli.TimeToLive(ctx, grant.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left.TTL < int64(ttl/time.Second)-1 {
+		t.Errorf("the lease has %d s left after resume, want about its TTL (%s): resume did not renew it", left.TTL, ttl)
+	}
+	get, err := cli.Get(ctx, CellKey("cell-r"))
+	if err != nil || len(get.Kvs) != 1 || clientv3.LeaseID(get.Kvs[0].Lease) != grant.ID {
+		t.Fatalf("the presence key after resume: %v, %v", get, err)
+	}
+
+	if _, err := cli.Revoke(ctx, grant.ID); err != nil {
+		t.Fatal(err)
+	}
+	lease, _, err = p.resume(ctx, grant.ID)
+	if err != nil || lease != 0 {
+		t.Fatalf("resume of a revoked lease: lease %x, %v; want 0 (register anew)", lease, err)
 	}
 }
