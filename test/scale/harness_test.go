@@ -449,9 +449,9 @@ func run(t testing.TB, cfg runConfig) *report {
 	r.listMedian, r.listMax = percentile(lists, 50), percentile(lists, 100)
 	r.listRawMedian = percentile(raw, 50)
 	if d, ok := tg.(*deployed); ok {
-		// The same list from a client process of its own: this process's heap holds the
-		// observer's records of every instance, and the garbage collector marking it is part
-		// of decoding a list here, not in a client that only lists.
+		// The same list from a client process of its own, as an operator's tool lists: it
+		// decodes into a heap of its own, where this process's holds the observer's records
+		// of every instance (the report gives that heap beside both figures).
 		own, n, err := d.listFromOwnProcess(ctx, 5)
 		if err != nil {
 			t.Fatalf("ActualLRPs at full size from a client process: %v", err)

@@ -251,7 +251,6 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			"-bulk-interval", "1h", // nothing may depend on the bulk loop
 			"-work-dir", filepath.Join(dir, hostID(h)), "-bbs-address", d.bbsAddr, "-etcd-endpoints", clientURL,
 			"-log-level", "warn", // a cell's presence warns when its renewals stop or come late: cellLog
-
 			"-tls-cert", cert, "-tls-key", key, "-tls-ca", id.CAFile,
 			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
 			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
