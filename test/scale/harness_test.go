@@ -487,10 +487,7 @@ func run(t testing.TB, cfg runConfig) *report {
 	}
 	sort.Strings(r.healthyLost)
 	if d, ok := tg.(*deployed); ok && len(r.healthyLost) > 0 {
-		r.healthyLostLog = map[string][]string{}
-		for _, id := range r.healthyLost {
-			r.healthyLostLog[id] = d.cellLog(id, 20)
-		}
+		r.healthyLostLog = d.cellLogs(r.healthyLost, 20)
 	}
 
 	// Correctness at full size.

@@ -250,7 +250,7 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			"-sim-start-latency", cfg.StartLatency.String(), "-sim-log-interval", "0", "-lease-ttl", cfg.LeaseTTL.String(),
 			"-bulk-interval", "1h", // nothing may depend on the bulk loop
 			"-work-dir", filepath.Join(dir, hostID(h)), "-bbs-address", d.bbsAddr, "-etcd-endpoints", clientURL,
-			"-log-level", "warn", // a cell's presence warns when its renewals stop or come late: cellLog
+			"-log-level", "warn", // a cell's presence warns when its renewals stop or come late: cellLogs
 			"-tls-cert", cert, "-tls-key", key, "-tls-ca", id.CAFile,
 			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
 			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
@@ -394,22 +394,33 @@ func (d *deployed) Etcd() *clientv3.Client                                 { ret
 func (d *deployed) Hosts() int                                             { return len(d.hosts) }
 func (d *deployed) HostCells(h int) []string                               { return d.hostCells[h] }
 
-// cellLog is what cell id's sim host logged about it (the host logs at warn), at most n lines,
-// the last ones: why a healthy cell lost its presence, in its rep's words.
-func (d *deployed) cellLog(id string, n int) []string {
+// cellLogs is what the sim hosts logged about each of ids (the hosts log at warn), at most n
+// lines per cell, the last ones: why a healthy cell lost its presence, in its rep's words. Each
+// host's output is read once, however many of its cells are asked about.
+func (d *deployed) cellLogs(ids []string, n int) map[string][]string {
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want["cell_id="+id] = true
+	}
+	out := make(map[string][]string, len(ids))
 	for h, cells := range d.hostCells {
-		if !slices.Contains(cells, id) {
+		if !slices.ContainsFunc(cells, func(c string) bool { return want["cell_id="+c] }) {
 			continue
 		}
-		var out []string
 		for line := range strings.Lines(d.hosts[h].Out.String()) {
-			if strings.Contains(line, "cell_id="+id+" ") || strings.HasSuffix(strings.TrimSpace(line), "cell_id="+id) {
-				out = append(out, strings.TrimRight(line, "\n"))
+			for _, f := range strings.Fields(line) {
+				if want[f] {
+					id := strings.TrimPrefix(f, "cell_id=")
+					out[id] = append(out[id], strings.TrimRight(line, "\n"))
+					break
+				}
 			}
 		}
-		return out[max(len(out)-n, 0):]
 	}
-	return nil
+	for id, lines := range out {
+		out[id] = lines[max(len(lines)-n, 0):]
+	}
+	return out
 }
 
 // listerEnv, set in the environment of this test binary, makes it a list client (runLister)
@@ -626,14 +637,14 @@ func TestCellLog(t *testing.T) {
 		_, _ = host.Out.Write([]byte(l + "\n"))
 	}
 	d := &deployed{hosts: []*testkit.Proc{{Out: &testkit.SyncBuffer{}}, host}, hostCells: [][]string{{"rack-000-0001"}, {"rack-001-0001", "rack-001-00010"}}}
-	got := d.cellLog("rack-001-0001", 2)
+	got := d.cellLogs([]string{"rack-001-0001"}, 2)["rack-001-0001"]
 	if len(got) != 2 || !strings.Contains(got[0], "no cell presence renewal") || !strings.Contains(got[1], "keepalive ended") {
-		t.Errorf("cellLog: %q", got)
+		t.Errorf("cellLogs: %q", got)
 	}
-	if got := d.cellLog("rack-001-0001", 10); len(got) != 3 {
-		t.Errorf("cellLog of all: %d lines, want 3: %q", len(got), got)
+	if got := d.cellLogs([]string{"rack-001-0001"}, 10)["rack-001-0001"]; len(got) != 3 {
+		t.Errorf("cellLogs of all: %d lines, want 3: %q", len(got), got)
 	}
-	if got := d.cellLog("rack-000-0001", 10); len(got) != 0 {
+	if got := d.cellLogs([]string{"rack-000-0001"}, 10)["rack-000-0001"]; len(got) != 0 {
 		t.Errorf("a quiet cell's log: %q", got)
 	}
 }

@@ -48,11 +48,13 @@ func (p *Presence) keepAlive(ctx context.Context, lease clientv3.LeaseID) <-chan
 // deadline (the last renewal's TTL) passes, or ctx ends. It reports whether etcd answered that
 // the lease is gone.
 func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease clientv3.LeaseID, deadline *time.Time, renewed chan<- struct{}) (gone bool) {
+	// left is what remains of the lease, for the warnings.
+	left := func() time.Duration { return time.Until(*deadline).Round(time.Millisecond) }
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	stream, err := leases.LeaseKeepAlive(sctx)
 	if err != nil {
-		p.log.Warn("could not open the cell presence keepalive stream", "error", err, "lease_left", time.Until(*deadline).Round(time.Millisecond))
+		p.log.Warn("could not open the cell presence keepalive stream", "error", err, "lease_left", left())
 		return false
 	}
 	answers := make(chan int64, 1) // each answer's TTL in seconds; closed when the stream breaks
@@ -87,7 +89,7 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 		case <-send.C:
 			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
 				if ctx.Err() == nil {
-					p.log.Warn("cell presence keepalive stream broke on a renewal", "error", err, "lease_left", time.Until(*deadline).Round(time.Millisecond))
+					p.log.Warn("cell presence keepalive stream broke on a renewal", "error", err, "lease_left", left())
 				}
 				return false
 			}
@@ -99,7 +101,7 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 		case ttl, ok := <-answers:
 			if !ok {
 				if ctx.Err() == nil {
-					p.log.Warn("cell presence keepalive stream broke", "error", broke, "lease_left", time.Until(*deadline).Round(time.Millisecond))
+					p.log.Warn("cell presence keepalive stream broke", "error", broke, "lease_left", left())
 				}
 				return false
 			}
