@@ -14,6 +14,11 @@
 // only, on gRPC's own server rather than inside etcd's HTTP server, which over TLS costs etcd
 // several times the CPU per request.
 //
+// --heartbeat-interval and --election-timeout are etcd's own (100 and 1000 ms by default). A
+// leader confirms its leadership before renewing a lease when its raft loop has not ticked for
+// three heartbeat intervals, and that confirmation waits for the apply loop: on a loaded machine
+// a longer interval keeps lease renewals (the cells' presence) off the apply backlog.
+//
 // It logs at warn and stops on SIGINT/SIGTERM.
 package main
 
@@ -48,6 +53,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.InitialCluster, "initial-cluster", "", "name=peer-url,... of every member (default: this member alone)")
 	fs.StringVar(&cfg.ClusterState, "initial-cluster-state", embed.ClusterStateFlagNew, "new|existing")
 	fs.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "gavel-etcd", "cluster token")
+	fs.UintVar(&cfg.TickMs, "heartbeat-interval", cfg.TickMs, "time (in milliseconds) of a heartbeat interval; a leader that has not ticked for three of them confirms its leadership (through its apply loop) before renewing a lease, so a loaded single member wants it longer")
+	fs.UintVar(&cfg.ElectionMs, "election-timeout", cfg.ElectionMs, "time (in milliseconds) for an election to time out; at least five heartbeat intervals")
 	fs.UintVar(&cfg.MaxTxnOps, "max-txn-ops", 2048, "most operations in one transaction (the BBS needs more than max_instances + 2)")
 	fs.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest client request in bytes")
 	fs.StringVar(&cfg.ClientTLSInfo.CertFile, "cert-file", "", "client-facing TLS certificate (PEM)")

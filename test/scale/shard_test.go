@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -83,6 +84,12 @@ func startEtcds(b *testing.B, n int) []*clientv3.Client {
 // default (gRPC then runs inside etcd's HTTP server), for the before/after comparison.
 var flagEtcdSharedHTTP = flag.Bool("etcd-shared-http", false, "gavel-etcd serves HTTP and gRPC on one client URL (etcd's default) instead of gRPC alone")
 
+// flagEtcdHeartbeat is gavel-etcd's heartbeat interval. A leader whose raft loop has not
+// ticked for three intervals confirms its leadership through its apply loop before it renews a
+// lease; with etcd's 100 ms, a single member sharing two cores with 5,000 cells' hosts and every
+// service made every cell's renewal wait behind the apply backlog (docs/performance.md).
+var flagEtcdHeartbeat = flag.Duration("etcd-heartbeat-interval", 500*time.Millisecond, "gavel-etcd's --heartbeat-interval (its election timeout is ten of them)")
+
 // startGavelEtcd starts a one-member gavel-etcd called name with its data in dataDir, serving
 // clients over mutual TLS with server's certificate, until the test ends; it returns its client
 // URL and process. env is added to its environment.
@@ -91,7 +98,9 @@ func startGavelEtcd(t testing.TB, name, dataDir string, server tlsx.Config, env 
 	args := []string{"-name", name, "-data-dir", dataDir,
 		"-listen-client-urls", clientURL, "-advertise-client-urls", clientURL,
 		"-listen-peer-urls", peerURL, "-initial-advertise-peer-urls", peerURL,
-		"-cert-file", server.CertFile, "-key-file", server.KeyFile, "-trusted-ca-file", server.CAFile}
+		"-cert-file", server.CertFile, "-key-file", server.KeyFile, "-trusted-ca-file", server.CAFile,
+		"-heartbeat-interval", strconv.Itoa(int(flagEtcdHeartbeat.Milliseconds())),
+		"-election-timeout", strconv.Itoa(int(10 * flagEtcdHeartbeat.Milliseconds()))}
 	if !*flagEtcdSharedHTTP {
 		// gRPC alone on the client URL, on gRPC's own server, as recommended with TLS.
 		args = append(args, "-listen-client-http-urls", "https://"+testkit.ReservedAddr(t))
