@@ -74,6 +74,11 @@ type Config struct {
 	// ConvergenceInterval is the time between convergence passes of the leader (which also
 	// converges at once when a cell's presence disappears).
 	ConvergenceInterval Duration `json:"convergence_interval"`
+	// CompactionInterval is how often the leader compacts etcd's history, keeping at least
+	// this much of it (a subscriber resuming from an older revision lists again). Zero never
+	// compacts: leave it to etcd's --auto-compaction-* flags then, or etcd's database grows
+	// with every change until it reaches its quota and refuses writes.
+	CompactionInterval Duration `json:"compaction_interval"`
 	// UnclaimedTimeout is how long an instance may stay UNCLAIMED before convergence auctions
 	// it again; PENDING tasks and completed tasks' callbacks are retried after the same time.
 	UnclaimedTimeout Duration `json:"unclaimed_timeout"`
@@ -122,6 +127,10 @@ type Config struct {
 	ReencryptBatch int `json:"reencrypt_batch"`
 }
 
+// DefaultCompactionInterval is the default of Config.CompactionInterval, the interval of
+// Kubernetes' API server.
+const DefaultCompactionInterval = 5 * time.Minute
+
 // DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
 const DefaultIncomingPortRange = "1024-65535"
 
@@ -149,6 +158,7 @@ func Default() Config {
 		WriteTimeout:           Duration(store.DefaultWriteTimeout),
 
 		ConvergenceInterval:  Duration(converge.DefaultInterval),
+		CompactionInterval:   Duration(DefaultCompactionInterval),
 		DrainTimeout:         Duration(core.DefaultDrainTimeout),
 		UnclaimedTimeout:     Duration(converge.DefaultUnclaimedTimeout),
 		ClaimedTimeout:       Duration(converge.DefaultClaimedTimeout),
@@ -169,6 +179,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	serviceconfig.ElectionFlags(fs, &c.Election)
 	fs.StringVar(&c.AuctioneerAddress, "auctioneer-address", c.AuctioneerAddress, "auctioneer gRPC address for placing new work; several comma-separated addresses of HA auctioneers: the leader among them is followed")
 	fs.Var(&c.ConvergenceInterval, "convergence-interval", "time between convergence passes of the leader")
+	fs.Var(&c.CompactionInterval, "compaction-interval", "how often the leader compacts etcd's history, keeping at least this much of it (0: never; leave it to etcd)")
 	fs.Var(&c.DrainTimeout, "drain-timeout", "how long an instance being stopped waits, unrouted, for the route-emitters to publish that before its cell stops it (0: no drain)")
 	fs.Var(&c.UnclaimedTimeout, "unclaimed-timeout", "re-auction instances UNCLAIMED (and retry pending tasks and callbacks) after this long")
 	fs.Var(&c.ClaimedTimeout, "claimed-timeout", "unclaim and re-auction instances CLAIMED this long on a present cell without being reported running")
@@ -199,6 +210,9 @@ func (c Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		errs = append(errs, errors.New("drain_timeout must not be negative"))
+	}
+	if c.CompactionInterval < 0 {
+		errs = append(errs, errors.New("compaction_interval must not be negative"))
 	}
 	if c.CallbackWorkers <= 0 {
 		errs = append(errs, errors.New("callback_workers must be positive"))
@@ -421,6 +435,9 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_records_to_reencrypt",
 		Help: "Stored records (run infos and tasks) not yet sealed under the active encryption key; the leader re-encrypts them in the background."},
 		func() float64 { return float64(st.ToReseal()) }))
+	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gavel_bbs_compacted_revision",
+		Help: "The etcd revision this instance, as leader, last compacted etcd's history up to (compaction_interval); zero before its first compaction."},
+		func() float64 { return float64(st.CompactedRevision()) }))
 	return svc, nil
 }
 
@@ -525,8 +542,8 @@ func (s *Service) runLayout(ctx context.Context, ready func()) error {
 }
 
 // runConvergence campaigns for the BBS leadership (etcd election "bbs") and, while leading,
-// converges on the timer and whenever a cell disappears, and re-encrypts the records not
-// sealed under the active key. Every instance serves the API either way.
+// converges on the timer and whenever a cell disappears, re-encrypts the records not sealed
+// under the active key, and compacts etcd's history. Every instance serves the API either way.
 func (s *Service) runConvergence(ctx context.Context, ready func()) error {
 	e, err := s.cfg.NewElection(s.etcd, LeaderService, s.cfg.ListenAddress, s.log.Named("election"))
 	if err != nil {
@@ -539,6 +556,9 @@ func (s *Service) runConvergence(ctx context.Context, ready func()) error {
 		g.Go(func() error { return s.converger.Run(ctx, s.store.CellGone()) })
 		if s.keyring != nil {
 			g.Go(func() error { return s.reencrypt(ctx) })
+		}
+		if every := time.Duration(s.cfg.CompactionInterval); every > 0 {
+			g.Go(func() error { return s.store.CompactHistory(ctx, every) })
 		}
 		return g.Wait()
 	})

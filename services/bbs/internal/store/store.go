@@ -111,6 +111,8 @@ type Store struct {
 	cellGone chan struct{}
 	// cellsLost counts the cell presences the watch saw disappear.
 	cellsLost atomic.Int64
+	// compacted is the revision CompactHistory last compacted up to.
+	compacted atomic.Int64
 
 	committer *committer
 	// links tracks link resolutions for LinksChanged events; guarded by cache.mu.
