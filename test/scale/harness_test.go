@@ -64,6 +64,10 @@ type runConfig struct {
 	// CellsPerHost is how many cells share one simulated host (one presence connection);
 	// losing a host loses all its cells.
 	CellsPerHost int
+	// HostNice, as deployed, is the niceness the sim hosts run at (0: the services'). The cells
+	// stand for thousands of machines of their own; on this one they would otherwise take the
+	// CPU that etcd and the services need to answer them.
+	HostNice int
 	// LeaseTTL is the cells' presence TTL.
 	LeaseTTL time.Duration
 	// StartLatency is how long a simulated container takes to become healthy.
@@ -719,7 +723,7 @@ func (r *report) print(w io.Writer) {
 	var b strings.Builder
 	mode := "in process, plaintext (every service and cell in this process)"
 	if r.cfg.Deployed {
-		mode = fmt.Sprintf("as deployed: each service its own process, mutual TLS on every hop, cells in sim hosts of %d", max(r.cfg.CellsPerHost, 2))
+		mode = fmt.Sprintf("as deployed: each service its own process, mutual TLS on every hop, cells in sim hosts of %d at nice %d", max(r.cfg.CellsPerHost, 2), r.cfg.HostNice)
 	}
 	sample := "every cell"
 	if r.auctioneerSample > 0 {

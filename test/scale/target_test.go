@@ -255,7 +255,13 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			"-bbs-cert", cert, "-bbs-key", key, "-bbs-ca", id.CAFile,
 			"-etcd-cert", cert, "-etcd-key", key, "-etcd-ca", id.CAFile}
 		d.awaitHostsRegistered(t, cfg, h-hostsStartingAtOnce)
-		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(hostID(h)), hostID(h), testkit.Binary(t, "rep"), args...))
+		bin := testkit.Binary(t, "rep")
+		if cfg.HostNice != 0 {
+			// nice execs the rep: the process (and its pid, which the report reads) is the rep's.
+			args = append([]string{"-n", strconv.Itoa(cfg.HostNice), bin}, args...)
+			bin = "nice"
+		}
+		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(hostID(h)), hostID(h), bin, args...))
 	}
 
 	reConn, err := grpcx.Dial(d.emitterAddr, grpcx.ClientConfig{TLS: admin})
