@@ -406,17 +406,16 @@ func (d *deployed) HostCells(h int) []string                               { ret
 func (d *deployed) cellLogs(ids []string, n int) map[string][]string {
 	want := make(map[string]bool, len(ids))
 	for _, id := range ids {
-		want["cell_id="+id] = true
+		want[id] = true
 	}
 	out := make(map[string][]string, len(ids))
 	for h, cells := range d.hostCells {
-		if !slices.ContainsFunc(cells, func(c string) bool { return want["cell_id="+c] }) {
+		if !slices.ContainsFunc(cells, func(c string) bool { return want[c] }) {
 			continue
 		}
 		for line := range strings.Lines(d.hosts[h].Out.String()) {
 			for _, f := range strings.Fields(line) {
-				if want[f] {
-					id := strings.TrimPrefix(f, "cell_id=")
+				if id, ok := strings.CutPrefix(f, "cell_id="); ok && want[id] {
 					out[id] = append(out[id], strings.TrimRight(line, "\n"))
 					break
 				}
