@@ -162,3 +162,25 @@ func TestConfigValidateOCI(t *testing.T) {
 		})
 	}
 }
+
+func TestLeaseTTLFor(t *testing.T) {
+	for _, tc := range []struct {
+		cells int
+		want  time.Duration
+	}{
+		{0, rep.DefaultLeaseTTL},
+		{1000, rep.DefaultLeaseTTL},
+		{1666, rep.DefaultLeaseTTL},
+		{1667, 11 * time.Second},
+		{5000, 30 * time.Second},
+		{100000, 600 * time.Second},
+	} {
+		got := rep.LeaseTTLFor(tc.cells)
+		if got != tc.want {
+			t.Errorf("LeaseTTLFor(%d) = %s, want %s", tc.cells, got, tc.want)
+		}
+		if rate := float64(tc.cells) * 3 / got.Seconds(); rate > rep.MaxRenewalsPerSecond {
+			t.Errorf("LeaseTTLFor(%d) = %s: %.0f renewals/s, over %d", tc.cells, got, rate, rep.MaxRenewalsPerSecond)
+		}
+	}
+}

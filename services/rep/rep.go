@@ -202,6 +202,30 @@ type OCIConfig struct {
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
+// DefaultLeaseTTL is lease_ttl's default: a cell disappears 10 s after its rep stops renewing
+// its presence.
+const DefaultLeaseTTL = 10 * time.Second
+
+// MaxRenewalsPerSecond is the rate of presence renewals a cluster's cells should keep under:
+// a rep renews a third of lease_ttl after each renewal, so n cells renew 3n/lease_ttl times a
+// second, every one a call over TLS to the etcd leader. At 5,000 cells and the default TTL that
+// is 1,500 a second, which took much of one etcd member's CPU and left renewals waiting behind
+// the writes (docs/performance.md); LeaseTTLFor sizes the TTL to stay under this rate.
+const MaxRenewalsPerSecond = 500
+
+// LeaseTTLFor is the lease_ttl for a cluster of cells: DefaultLeaseTTL, or longer, in whole
+// seconds, so that all its cells renew at most MaxRenewalsPerSecond times a second (10 s up to
+// 1,666 cells, 30 s for 5,000). Nomad sizes its clients' heartbeat TTL with the cluster in the
+// same way. A longer TTL is also a longer wait before a dead cell's instances are replaced.
+func LeaseTTLFor(cells int) time.Duration {
+	perCell := 3 * time.Second / MaxRenewalsPerSecond // the TTL each cell adds
+	ttl := time.Duration(cells) * perCell
+	if r := ttl % time.Second; r != 0 {
+		ttl += time.Second - r
+	}
+	return max(DefaultLeaseTTL, ttl)
+}
+
 // Default is the configuration of a process-backend rep next to a local BBS and etcd.
 func Default() Config {
 	return Config{
@@ -211,7 +235,7 @@ func Default() Config {
 		Etcd:        serviceconfig.DefaultEtcd(),
 		CellAddress: "127.0.0.1",
 		Config:      bbsclient.Default(),
-		LeaseTTL:    Duration(10 * time.Second),
+		LeaseTTL:    Duration(DefaultLeaseTTL),
 		PortRange:   "61000-61999",
 		WorkDir:     filepath.Join(os.TempDir(), "gavel-rep"),
 		Hooks:       HooksConfig{Timeout: Duration(30 * time.Second)},

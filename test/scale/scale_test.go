@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
+	"github.com/gavel-sched/gavel/services/rep"
 )
 
 // Flags of BenchmarkScale (`make bench-scale ARGS='-cells 200 -instances 20000'`).
@@ -22,7 +23,7 @@ var (
 	flagProfileDir   = flag.String("profile-dir", "", "as deployed: write each process's CPU profile of the run to DIR/NAME.cpu and its heap profile at exit to DIR/NAME.heap (DIR made if missing) and each service's final metrics to DIR/NAME.metrics (in process: use go test's -cpuprofile)")
 	flagInProcess    = flag.Bool("in-process", false, "run every service and cell in this process over plaintext (for profiles, and the cost of TLS and process boundaries) instead of as deployed")
 	flagHostNice     = flag.Int("host-nice", 5, "as deployed: the niceness of the sim hosts (0: the services'), which stand for cells on machines of their own")
-	flagLeaseTTL     = flag.Duration("lease-ttl", 10*time.Second, "cells' presence TTL")
+	flagLeaseTTL     = flag.Duration("lease-ttl", 0, "cells' presence TTL (0: rep.LeaseTTLFor the cells, the operators' rule: 10s up to 1,666 cells, 30s at 5,000)")
 	flagStartLatency = flag.Duration("start-latency", 10*time.Millisecond, "simulated container start time")
 	flagPhaseTimeout = flag.Duration("phase-timeout", 15*time.Minute, "bound of each phase")
 	flagCeiling      = flag.Duration("ceiling", 3*time.Second, "duration of each etcd ceiling measurement")
@@ -58,6 +59,9 @@ func BenchmarkScale(b *testing.B) {
 	}
 	if *flagQuick {
 		cfg.Cells, cfg.Instances = 200, 20000
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = rep.LeaseTTLFor(cfg.Cells)
 	}
 	for i := 0; i < b.N; i++ {
 		r := run(b, cfg)
