@@ -179,7 +179,7 @@ func TestLeaseTTLFor(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("LeaseTTLFor(%d) = %s, want %s", tc.cells, got, tc.want)
 		}
-		if rate := float64(tc.cells) * 3 / got.Seconds(); rate > rep.MaxRenewalsPerSecond {
+		if rate := rep.RenewalsPerSecond(tc.cells, got); rate > rep.MaxRenewalsPerSecond {
 			t.Errorf("LeaseTTLFor(%d) = %s: %.0f renewals/s, over %d", tc.cells, got, rate, rep.MaxRenewalsPerSecond)
 		}
 	}

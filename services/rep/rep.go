@@ -218,12 +218,17 @@ const MaxRenewalsPerSecond = 500
 // 1,666 cells, 30 s for 5,000). Nomad sizes its clients' heartbeat TTL with the cluster in the
 // same way. A longer TTL is also a longer wait before a dead cell's instances are replaced.
 func LeaseTTLFor(cells int) time.Duration {
-	perCell := 3 * time.Second / MaxRenewalsPerSecond // the TTL each cell adds
+	perCell := presence.RenewalsPerTTL * time.Second / MaxRenewalsPerSecond // the TTL each cell adds
 	ttl := time.Duration(cells) * perCell
 	if r := ttl % time.Second; r != 0 {
 		ttl += time.Second - r
 	}
 	return max(DefaultLeaseTTL, ttl)
+}
+
+// RenewalsPerSecond is how many presence renewals cells with leases of ttl send etcd a second.
+func RenewalsPerSecond(cells int, ttl time.Duration) float64 {
+	return float64(cells) * presence.RenewalsPerTTL / ttl.Seconds()
 }
 
 // Default is the configuration of a process-backend rep next to a local BBS and etcd.

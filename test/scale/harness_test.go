@@ -731,7 +731,7 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d, a round asks %s; presence lease TTL %s (%.0f renewals/s)\n",
 		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit, sample,
-		r.cfg.LeaseTTL, float64(r.cfg.Cells)*3/r.cfg.LeaseTTL.Seconds())
+		r.cfg.LeaseTTL, rep.RenewalsPerSecond(r.cfg.Cells, r.cfg.LeaseTTL))
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services were started (sim hosts started as earlier ones registered, at most %d registering at once)\n",
 			r.cfg.Cells, r.startup.Round(100*time.Millisecond), hostsStartingAtOnce)

@@ -30,11 +30,11 @@ const (
 )
 
 // workers bounds the records a pass changes at once (the store group-commits them): enough to
-// fill the store's group committer, whose transactions in flight (4) carry up to 512 operations
-// each, two per instance of a lost cell. With 256, a pass kept five cells' groups in flight,
-// one transaction's worth: at full size the 10% cell loss unclaimed about 350 instances a second
-// while etcd took a transaction in about 300 ms (docs/performance.md).
-const workers = 1024
+// fill the store's group committer (store.MaxOpsInFlight), at two operations per instance of a
+// lost cell. With 256, a pass kept five cells' groups in flight, one transaction's worth: at
+// full size the 10% cell loss unclaimed about 350 instances a second while etcd took a
+// transaction in about 300 ms (docs/performance.md).
+const workers = store.MaxOpsInFlight / 2
 
 // Config tunes a Converger; zero values take the defaults.
 type Config struct {

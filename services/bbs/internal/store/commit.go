@@ -35,6 +35,11 @@ const (
 	maxBatchBytes   = 1 << 20
 )
 
+// MaxOpsInFlight is the most operations the group committer has in flight at once: its
+// transactions in flight, each of up to maxBatchOps operations. A writer with many independent
+// changes (a convergence pass) needs this many operations queued to keep it full.
+const MaxOpsInFlight = maxInFlightTxns * maxBatchOps
+
 type commitReq struct {
 	cmps   []clientv3.Cmp
 	ops    []clientv3.Op

@@ -11,6 +11,10 @@ import (
 // reopenWait is the pause before the keepalive stream is opened again after it broke.
 const reopenWait = 500 * time.Millisecond
 
+// RenewalsPerTTL is how many times a presence renews its lease per TTL: a renewal is sent a
+// TTL/RenewalsPerTTL after the last one was answered.
+const RenewalsPerTTL = 3
+
 // keepAlive renews lease on the cell's own etcd connection, a third of the lease's TTL after
 // each renewal (at once first), and signals every renewal on the channel it returns. The channel
 // is closed when the keepalive ends: etcd answered that the lease is gone (expired or revoked),
@@ -97,7 +101,7 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 				asked = time.Now()
 			}
 			// Asked again a third of the TTL on, unless an answer sets the next renewal first.
-			send.Reset(p.ttl / 3)
+			send.Reset(p.ttl / RenewalsPerTTL)
 		case ttl, ok := <-answers:
 			if !ok {
 				if ctx.Err() == nil {
@@ -107,7 +111,7 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 			}
 			// An answer that took longer than the pause between renewals says the lease came
 			// close to lapsing: a cell lost for it is then explained by its rep's own log.
-			if wait := since(asked); wait > p.ttl/3 {
+			if wait := since(asked); wait > p.ttl/RenewalsPerTTL {
 				p.log.Warn("cell presence renewal answered late", "waited", wait, "ttl", p.ttl)
 			}
 			asked = time.Time{}
@@ -117,7 +121,7 @@ func (p *Presence) renewOver(ctx context.Context, leases pb.LeaseClient, lease c
 			life := time.Duration(ttl) * time.Second
 			*deadline = time.Now().Add(life)
 			expire.Reset(life)
-			send.Reset(life / 3)
+			send.Reset(life / RenewalsPerTTL)
 			select {
 			case renewed <- struct{}{}:
 			default: // the holder has a renewal to read already
