@@ -88,6 +88,10 @@ type runConfig struct {
 	AuctioneerSampleCells int
 	// RouteSyncInterval overrides the route-emitter's full-listing interval when positive.
 	RouteSyncInterval time.Duration
+	// BBSMemoryLimit, as deployed, is the BBS's GOMEMLIMIT, the Go runtime's soft memory limit
+	// (its syntax, e.g. "1792MiB"; empty: none): how an operator fits the BBS to a memory
+	// budget (docs/operations.md).
+	BBSMemoryLimit string
 	// Deployed runs every service as its own process of the built binaries, over mutual TLS,
 	// with the cells in sim hosts (rep -sim-cells) of CellsPerHost cells each; otherwise
 	// everything runs in this process over plaintext.
@@ -147,6 +151,8 @@ type report struct {
 	// placed yet (as deployed): what the cells and their presence cost at rest.
 	idle     []procUsage
 	idleWall time.Duration
+	// cores is the machine's CPU count (the goals' bound: what a target needs of it).
+	cores int
 }
 
 // commitCounts is what the BBS's group committer did during the burst and the stream.
@@ -256,7 +262,7 @@ func overridden(v, def int) int {
 // run runs one whole scale run and returns its report; it fails t on a broken run (an error,
 // a phase that does not finish), not on slow figures.
 func run(t testing.TB, cfg runConfig) *report {
-	r := &report{cfg: cfg}
+	r := &report{cfg: cfg, cores: runtime.NumCPU()}
 	dir := t.TempDir() // removed after the cluster has stopped: cleanups run last-registered first
 	var mem memory
 	memCtx, stopMem := context.WithCancel(context.Background())
@@ -729,9 +735,13 @@ func (r *report) print(w io.Writer) {
 	if r.auctioneerSample > 0 {
 		sample = fmt.Sprintf("a sample of at least %d cells", r.auctioneerSample)
 	}
-	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d, a round asks %s; presence lease TTL %s (%.0f renewals/s)\n",
+	memLimit := "none"
+	if r.cfg.Deployed && r.cfg.BBSMemoryLimit != "" {
+		memLimit = r.cfg.BBSMemoryLimit
+	}
+	fmt.Fprintf(&b, "gavel scale report: %d cells, %d instances (%d per LRP), %s; fsync %v, bbs max in-flight writes %d, auctioneer max in-flight starts %d, a round asks %s; presence lease TTL %s (%.0f renewals/s); BBS GOMEMLIMIT %s\n",
 		r.cfg.Cells, r.burstN+r.streamN, r.cfg.PerLRP, mode, r.cfg.Fsync || r.cfg.Deployed, r.bbsLimit, r.auctioneerLimit, sample,
-		r.cfg.LeaseTTL, rep.RenewalsPerSecond(r.cfg.Cells, r.cfg.LeaseTTL))
+		r.cfg.LeaseTTL, rep.RenewalsPerSecond(r.cfg.Cells, r.cfg.LeaseTTL), memLimit)
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  start-up: %d cells registered %s after the services were started (sim hosts started as earlier ones registered, at most %d registering at once)\n",
 			r.cfg.Cells, r.startup.Round(100*time.Millisecond), hostsStartingAtOnce)
@@ -757,9 +767,9 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	if r.smallLoss.cells > 0 {
-		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, 2)
+		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, goalSmallLoss.Seconds())
 	}
-	r.loss.print(&b, fmt.Sprintf("loss %s:", share(r.loss.cells, r.cfg.Cells)), r.burstRate, 5)
+	r.loss.print(&b, fmt.Sprintf("loss %s:", share(r.loss.cells, r.cfg.Cells)), r.burstRate, goalLoss.Seconds())
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  harness:  peak RSS %.0f MiB (this process: the clients, the observer and the report)\n", float64(r.peakRSS)/(1<<20))
 	} else {
@@ -790,6 +800,7 @@ func (r *report) print(w io.Writer) {
 			}
 		}
 	}
+	r.printGoals(&b)
 	_, _ = io.WriteString(w, b.String())
 }
 
@@ -799,16 +810,14 @@ const idleWindow = 5 * time.Second
 // writeUsage writes each process's CPU over wall, as seconds and as a share of one core, and
 // the machine's share they add up to.
 func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
-	cores := float64(runtime.NumCPU())
-	var used time.Duration
+	cores := runtime.NumCPU()
 	for i, u := range us {
 		if i > 0 {
 			b.WriteString(",")
 		}
 		fmt.Fprintf(b, " %s %.1fs (%.0f%% of a core)", u.name, u.cpu.Seconds(), 100*u.cpu.Seconds()/wall.Seconds())
-		used += u.cpu
 	}
-	fmt.Fprintf(b, "; %.0f%% of the machine's %.0f cores\n", 100*used.Seconds()/(cores*wall.Seconds()), cores)
+	fmt.Fprintf(b, "; %.0f%% of the machine's %d cores\n", 100*busy(us, wall, cores), cores)
 }
 
 // ms formats d in milliseconds, to a tenth, for the report.

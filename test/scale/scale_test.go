@@ -33,6 +33,7 @@ var (
 	flagAuctLimit    = flag.Int("auctioneer-max-inflight", -1, "override the auctioneer's max_inflight_starts (0: unlimited; -1: its default)")
 	flagAuctSample   = flag.Int("auctioneer-sample-cells", -1, "override the auctioneer's sample_cells, the fewest cells a round asks (0: every cell; -1: its default)")
 	flagRouteSync    = flag.Duration("route-sync-interval", 0, "override the route-emitter's sync_interval (0: its default, 60s)")
+	flagBBSMemLimit  = flag.String("bbs-memory-limit", "1792MiB", "as deployed: the BBS's GOMEMLIMIT, its soft memory limit (docs/operations.md: about 7/8 of its memory budget; the goal's budget is 2 GiB); empty: none")
 	flagQuick        = flag.Bool("quick", false, "run the quick size (200 cells, 20,000 instances) instead of -cells/-instances")
 )
 
@@ -53,6 +54,7 @@ func BenchmarkScale(b *testing.B) {
 		HostNice: *flagHostNice, LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
 		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
 		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, AuctioneerSampleCells: *flagAuctSample, RouteSyncInterval: *flagRouteSync,
+		BBSMemoryLimit: *flagBBSMemLimit,
 	}
 	if cfg.Deployed {
 		cfg.SmallLossFraction = *flagSmallLoss

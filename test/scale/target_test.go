@@ -181,7 +181,7 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			d.metrics = append(d.metrics, [2]string{name, addr})
 			args = append(args, "-metrics-address", addr)
 		}
-		p := testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(name), name, testkit.Binary(t, binaryOf(name)), args...)
+		p := testkit.StartProcEnv(t, time.Minute, cfg.serviceEnv(name), name, testkit.Binary(t, binaryOf(name)), args...)
 		d.services = append(d.services, p)
 		return p
 	}
@@ -346,6 +346,16 @@ func (cfg runConfig) profileEnv(name string) []string {
 		servicemain.CPUProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".cpu"),
 		servicemain.HeapProfileEnv + "=" + filepath.Join(cfg.ProfileDir, name+".heap"),
 	}
+}
+
+// serviceEnv is the environment of service name: its profiles' (profileEnv) and, for the
+// BBS, its GOMEMLIMIT (cfg.BBSMemoryLimit).
+func (cfg runConfig) serviceEnv(name string) []string {
+	env := cfg.profileEnv(name)
+	if name == "bbs" && cfg.BBSMemoryLimit != "" {
+		env = append(env, "GOMEMLIMIT="+cfg.BBSMemoryLimit)
+	}
+	return env
 }
 
 // binaryOf is the binary a deployed service runs.
