@@ -2,7 +2,6 @@ package scale
 
 import (
 	"fmt"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -87,7 +86,12 @@ func (l lossResult) rateBound(burstRate float64, goal time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf("placement rate: its %d instances within %s need %.0f/s; this run's burst placed %.0f/s (see the burst's bound)",
-		l.slots, goal, float64(l.slots)/goal.Seconds(), burstRate)
+		l.slots, goal, l.neededRate(goal), burstRate)
+}
+
+// neededRate is the placement rate that re-places every lost instance within goal.
+func (l lossResult) neededRate(goal time.Duration) float64 {
+	return float64(l.slots) / goal.Seconds()
 }
 
 // cpuShare is the CPU a placement took, by process, while the burst and the stream placed.
@@ -103,9 +107,6 @@ type cpuShare struct {
 // cpuBound is this run's CPU per placement.
 func (r *report) cpuBound() cpuShare {
 	c := cpuShare{cores: r.cores, each: map[string]time.Duration{}}
-	if c.cores == 0 {
-		c.cores = runtime.NumCPU()
-	}
 	placed := r.burstN + r.streamN
 	if placed == 0 || r.placingWall <= 0 {
 		return c
@@ -115,7 +116,7 @@ func (r *report) cpuBound() cpuShare {
 		per := u.cpu / time.Duration(placed)
 		c.each[u.name] = per
 		switch {
-		case u.name == "harness" || u.name == "everything (one process)":
+		case u.name == harnessProc || u.name == oneProcess:
 			c.client += per
 		case u.cells > 0:
 			c.cells += per

@@ -767,9 +767,9 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "  routing:  event → route table during the stream: p50 %s p99 %s (%d routed, %d missing)\n", ms(r.routeP50), ms(r.routeP99), r.routeN, r.routeMissing)
 	if r.smallLoss.cells > 0 {
-		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, goalSmallLoss.Seconds())
+		r.smallLoss.print(&b, fmt.Sprintf("loss %s:", share(r.smallLoss.cells, r.cfg.Cells)), r.burstRate, goalSmallLoss)
 	}
-	r.loss.print(&b, fmt.Sprintf("loss %s:", share(r.loss.cells, r.cfg.Cells)), r.burstRate, goalLoss.Seconds())
+	r.loss.print(&b, fmt.Sprintf("loss %s:", share(r.loss.cells, r.cfg.Cells)), r.burstRate, goalLoss)
 	if r.cfg.Deployed {
 		fmt.Fprintf(&b, "  harness:  peak RSS %.0f MiB (this process: the clients, the observer and the report)\n", float64(r.peakRSS)/(1<<20))
 	} else {
@@ -785,11 +785,11 @@ func (r *report) print(w io.Writer) {
 	}
 	if len(r.idle) > 0 {
 		fmt.Fprintf(&b, "  at rest:  CPU with every cell registered and nothing placed, %s:", r.idleWall.Round(100*time.Millisecond))
-		writeUsage(&b, r.idle, r.idleWall)
+		writeUsage(&b, r.idle, r.idleWall, r.cores)
 	}
 	if len(r.placing) > 0 {
 		fmt.Fprintf(&b, "  placing:  CPU while the burst and the stream placed, %s:", r.placingWall.Round(100*time.Millisecond))
-		writeUsage(&b, r.placing, r.placingWall)
+		writeUsage(&b, r.placing, r.placingWall, r.cores)
 	}
 	fmt.Fprintf(&b, "  correct:  %d stranded, %d indexes running twice, %d healthy cells lost %v\n", r.stranded, r.duplicates, len(r.healthyLost), r.healthyLost)
 	for _, id := range r.healthyLost {
@@ -808,9 +808,8 @@ func (r *report) print(w io.Writer) {
 const idleWindow = 5 * time.Second
 
 // writeUsage writes each process's CPU over wall, as seconds and as a share of one core, and
-// the machine's share they add up to.
-func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration) {
-	cores := runtime.NumCPU()
+// the share of the machine's cores they add up to.
+func writeUsage(b *strings.Builder, us []procUsage, wall time.Duration, cores int) {
 	for i, u := range us {
 		if i > 0 {
 			b.WriteString(",")
@@ -828,16 +827,16 @@ func share(n, all int) string {
 	return strconv.FormatFloat(math.Round(1000*float64(n)/float64(max(all, 1)))/10, 'f', -1, 64) + "%"
 }
 
-// print writes one loss phase's lines under label; goal is the phase's goal in seconds, for the
+// print writes one loss phase's lines under label; goal is the phase's goal, for the
 // bound line (the placement rate recovering within it takes).
-func (l lossResult) print(b *strings.Builder, label string, burstRate float64, goal float64) {
+func (l lossResult) print(b *strings.Builder, label string, burstRate float64, goal time.Duration) {
 	fmt.Fprintf(b, "  %-9s %d cells lost (lease expiry), %d instances: each RUNNING elsewhere p50 %s, max %s after its cell's expiry was seen; all %s after the first expiry\n",
 		label, l.cells, l.slots, ms(l.p50), ms(l.max), l.fromExpiry.Round(time.Millisecond))
 	fmt.Fprintf(b, "            steps (p50 / max): expiry → UNCLAIMED %s / %s, → CLAIMED %s / %s, → RUNNING %s / %s (of the last move); %d re-placed first onto another lost cell whose lease had not expired yet\n",
 		ms(l.steps[0][0]), ms(l.steps[0][1]), ms(l.steps[1][0]), ms(l.steps[1][1]), ms(l.steps[2][0]), ms(l.steps[2][1]), l.movedTwice)
 	if burstRate > 0 && l.slots > 0 {
 		fmt.Fprintf(b, "            bound: placing %d instances at this run's burst rate (%.0f/s) takes %.1fs; within %.0f s needs %.0f/s\n",
-			l.slots, burstRate, float64(l.slots)/burstRate, goal, float64(l.slots)/goal)
+			l.slots, burstRate, float64(l.slots)/burstRate, goal.Seconds(), l.neededRate(goal))
 	}
 }
 

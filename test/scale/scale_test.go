@@ -16,7 +16,7 @@ var (
 	flagInstances    = flag.Int("instances", 250000, "instances desired in all: half as a burst, half as a stream")
 	flagPerLRP       = flag.Int("per-lrp", 10, "instances per desired LRP")
 	flagWriters      = flag.Int("writers", 32, "concurrent DesireLRP callers")
-	flagStreamRate   = flag.Int("stream-rate", 2000, "offered rate of the stream phase, instances per second (the sustained goal; routing is measured at this event rate)")
+	flagStreamRate   = flag.Int("stream-rate", int(goalStreamRate), "offered rate of the stream phase, instances per second (the sustained goal; routing is measured at this event rate)")
 	flagLoss         = flag.Float64("loss", 0.10, "fraction of cells lost at full size")
 	flagSmallLoss    = flag.Float64("small-loss", 0.01, "as deployed: fraction of cells lost first, alone, before -loss (the last sim host holds them; 0: no such phase)")
 	flagCellsPerHost = flag.Int("cells-per-host", 0, "cells per host: per sim host process as deployed (default 100), per shared etcd connection in process (default 10); losing a host loses all its cells")

@@ -53,6 +53,13 @@ type target interface {
 	Usage() []procUsage
 }
 
+// The names of the usage entries that are not a service: the harness itself (as deployed) and
+// the one process of an in-process run.
+const (
+	harnessProc = "harness"
+	oneProcess  = "everything (one process)"
+)
+
 // procUsage is what one process (or a group of like processes) used.
 type procUsage struct {
 	name    string
@@ -87,7 +94,7 @@ func (p *inProcess) DialRep(addr string) (*grpc.ClientConn, error) {
 
 func (p *inProcess) Usage() []procUsage {
 	u, _ := usageOf(os.Getpid())
-	u.name, u.n, u.cells = "everything (one process)", 1, p.cells
+	u.name, u.n, u.cells = oneProcess, 1, p.cells
 	return []procUsage{u}
 }
 
@@ -554,7 +561,7 @@ func (d *deployed) Usage() []procUsage {
 // process everything) added as the last entry.
 func withHarness(us []procUsage) []procUsage {
 	self, _ := usageOf(os.Getpid())
-	self.name, self.n = "harness", 1
+	self.name, self.n = harnessProc, 1
 	return append(us, self)
 }
 
