@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,17 @@ func startGavelEtcd(t testing.TB, name, dataDir string, server tlsx.Config, env 
 		args = append(args, "-listen-client-http-urls", "https://"+testkit.ReservedAddr(t))
 	}
 	p := testkit.StartProcEnv(t, time.Minute, env, "gavel-etcd", testkit.Binary(t, "gavel-etcd"), args...)
+	// Its clients are started once it serves, as a deployment starts them after etcd is
+	// healthy: a single member elects itself within an election timeout (up to 5 s at the
+	// 500 ms heartbeat), and a service that finds no etcd within its 5 s dial timeout exits.
+	waitUntil(t, time.Minute, "gavel-etcd serving", func() (bool, string) {
+		if p.Done() {
+			t.Fatalf("gavel-etcd exited before serving; output:\n%s", p.Out.String())
+		}
+		return strings.Contains(p.Out.String(), etcdReadyLine), "not ready yet"
+	})
 	return clientURL, p
 }
+
+// etcdReadyLine is what gavel-etcd prints once it serves clients (cmd/gavel-etcd).
+const etcdReadyLine = "ready, serving clients on"
