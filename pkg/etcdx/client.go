@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/gavel-sched/gavel/pkg/grpcx"
 	"github.com/gavel-sched/gavel/pkg/tlsx"
 )
 
@@ -147,7 +148,9 @@ func NewClient(cfg Config, logger hclog.Logger) (*clientv3.Client, error) {
 		Username:             cfg.Username,
 		Password:             cfg.Password,
 		Logger:               newZapLogger(logger),
-		DialOptions:          []grpc.DialOption{grpc.WithConnectParams(reconnect)},
+		// Fixed windows, as Gavel's own clients have: no BDP PING and ack per
+		// presence renewal or single-key transaction on a quiet connection.
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(reconnect)}, grpcx.StaticWindows()...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd at %s: %w", eps, err)

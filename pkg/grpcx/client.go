@@ -87,6 +87,7 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 		grpc.WithSharedWriteBuffer(true),
 		grpc.WithReadBufferSize(ReadBufferSize),
 	}
+	dialOpts = append(dialOpts, StaticWindows()...)
 	if cfg.KeepaliveTime > 0 {
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time:                cfg.KeepaliveTime,
@@ -98,4 +99,14 @@ func Dial(target string, cfg ClientConfig, opts ...grpc.DialOption) (*grpc.Clien
 		return nil, fmt.Errorf("grpc dial %s: %w", target, err)
 	}
 	return conn, nil
+}
+
+// StaticWindows are the dial options that fix a client connection's flow-control windows at
+// StreamWindowSize and ConnWindowSize, turning off gRPC's per-call BDP PING (see
+// StreamWindowSize). Dial applies them; a client built outside Dial (the etcd client) adds them.
+func StaticWindows() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithStaticStreamWindowSize(StreamWindowSize),
+		grpc.WithStaticConnWindowSize(ConnWindowSize),
+	}
 }

@@ -181,9 +181,9 @@ func start(t *testing.T, cfg ServerConfig, logger hclog.Logger, opts ...ServerOp
 }
 
 // dial connects to r with cfg and closes the connection when the test ends.
-func dial(t *testing.T, r *running, cfg ClientConfig) *grpc.ClientConn {
+func dial(t *testing.T, r *running, cfg ClientConfig, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	conn, err := Dial(r.srv.Addr().String(), cfg)
+	conn, err := Dial(r.srv.Addr().String(), cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

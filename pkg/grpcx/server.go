@@ -43,6 +43,17 @@ const (
 	// ReadBufferSize is each connection's read buffer, servers' and clients': one TLS record's
 	// plaintext (16 KiB), the most one read of a TLS connection returns, against gRPC's 32 KiB.
 	ReadBufferSize = 16 << 10
+	// StreamWindowSize and ConnWindowSize are every connection's HTTP/2 flow-control windows,
+	// servers' and clients': fixed, so gRPC's dynamic window estimation is off. That estimation
+	// sends a PING, answered by the peer, whenever data arrives on a connection with none
+	// outstanding, so on a connection with a call every few seconds (a rep's claims and
+	// starts, a presence renewal) each call cost a PING and its ack each way: two more frames
+	// to read, two more to write, each its own TLS record and system call. The sizes are the
+	// estimator's own ceiling for the connection and a quarter of it for one call, so a large
+	// list is not slowed on loopback or a LAN (docs/decisions/0059-static-flow-control-windows.md).
+	StreamWindowSize = 4 << 20
+	// ConnWindowSize: see StreamWindowSize.
+	ConnWindowSize = 16 << 20
 )
 
 // ServerConfig configures a gRPC server.
@@ -222,6 +233,9 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		// buffers each way were 312 MiB at 5,000 cells.
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(ReadBufferSize),
+		// Fixed windows: no BDP PING per call on a mostly idle connection (StreamWindowSize).
+		grpc.StaticStreamWindowSize(StreamWindowSize),
+		grpc.StaticConnWindowSize(ConnWindowSize),
 		// Gavel's messages encoded by their generated code (pkg/wire); a WithServerOptions
 		// codec, placed after this one, wraps it.
 		grpc.ForceServerCodecV2(wire.Codec()),
