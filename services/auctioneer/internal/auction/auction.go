@@ -102,7 +102,8 @@ type Config struct {
 	// SampleCells, when positive, is the fewest cells a round asks for their states: a round
 	// of W items asks a random sample of max(SampleCells, W/WorkPerSampledCell) of the
 	// registered cells (all of them when that is as many), instead of every cell, as
-	// Kubernetes scores a share of its nodes. Work the sample cannot take (no sampled cell
+	// Kubernetes scores a share of its nodes. W counts at most MaxInFlight items: no more can
+	// start in one round. Work the sample cannot take (no sampled cell
 	// compatible, available or with room) is placed again, in the same round, over every cell.
 	// The in-flight limit is judged on the sample's starting containers scaled to all cells.
 	// Zero asks every cell every round.
@@ -281,7 +282,7 @@ func (r *Runner) Run(ctx context.Context, works []*placement.Work) (Result, erro
 
 	res.Timings.ListCells = time.Since(start)
 	mark := time.Now()
-	asked, rest := r.sample(presences, len(works))
+	asked, rest := r.sample(presences, r.placeable(len(works)))
 	cells, reused := r.fetchStates(ctx, asked)
 	res.Reused = reused
 	res.Timings.FetchStates = time.Since(mark)
@@ -410,6 +411,18 @@ func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused place
 // the rest: every cell without Config.SampleCells, or when the sample would be as many;
 // otherwise a uniformly random sample of max(SampleCells, n/WorkPerSampledCell), so each
 // round spreads its work over different cells.
+// placeable is the most of a round's n items it can place: all of them, or at most
+// Config.MaxInFlight, since every placement is a container starting. The sample is sized on
+// it: a round drains the whole queue, and under a backlog of 100,000 items a sample sized on
+// the queue was every cell, each admitted item scored against all of them and every cell
+// asked for its state, where the in-flight limit let at most MaxInFlight items be placed.
+func (r *Runner) placeable(n int) int {
+	if r.cfg.MaxInFlight > 0 {
+		return min(n, r.cfg.MaxInFlight)
+	}
+	return n
+}
+
 func (r *Runner) sample(presences []*modelsv1.CellPresence, n int) (asked, rest []*modelsv1.CellPresence) {
 	size := max(r.cfg.SampleCells, (n+r.cfg.WorkPerSampledCell-1)/r.cfg.WorkPerSampledCell)
 	if r.cfg.SampleCells <= 0 || size >= len(presences) {

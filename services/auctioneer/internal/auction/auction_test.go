@@ -672,6 +672,29 @@ func TestRoundAsksASampleOfCells(t *testing.T) {
 	}
 }
 
+// TestSampleSizedOnWhatCanStart: a round drains the whole queue, but no more than MaxInFlight
+// of its items can start, so its sample is sized on those: a backlog of 160 items with room
+// for 20 asks 20/4 = 5 cells, not every cell, and the rest waits for a later round.
+func TestSampleSizedOnWhatCanStart(t *testing.T) {
+	bbs, reps := manyCells(t, 40)
+	r := NewRunner(bbs, reps, Config{SampleCells: 4, MaxInFlight: 20, DeferOverLimit: true}, logtest.New(t))
+	indices := make([]int32, 160)
+	for i := range indices {
+		indices[i] = int32(i)
+	}
+	res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart("backlog", 16, indices...)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Asked != 5 || statesAsked(reps) != 5 || res.Widened {
+		t.Fatalf("a backlog of 160 with room for 20 asked %d cells (%d State calls, widened %v), want 20/4 = 5",
+			res.Asked, statesAsked(reps), res.Widened)
+	}
+	if len(res.Placed) != 20 || len(res.Deferred) != 140 || len(res.Failed) != 0 {
+		t.Fatalf("placed %d, deferred %d, failed %v; want 20 placed and 140 deferred", len(res.Placed), len(res.Deferred), res.Failed)
+	}
+}
+
 // TestSampledRoundWidens: work no sampled cell can take (only the last of 40 cells has its
 // tag) is placed, in the same round, over every cell; work no cell can take fails as it would
 // without a sample, judged on every cell.
