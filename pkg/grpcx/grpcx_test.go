@@ -642,3 +642,19 @@ func TestWithListenerServesTheHandedOverListener(t *testing.T) {
 		t.Fatalf("Accept after Run returned: %v, want the listener closed", err)
 	}
 }
+
+// TestRunStoppedAtOnce: a server whose context ends as soon as it is ready stops cleanly, even
+// when the stop comes before its goroutine has reached Serve (then gRPC answers
+// ErrServerStopped, which is the stop asked for, not a failure).
+func TestRunStoppedAtOnce(t *testing.T) {
+	for i := range 50 {
+		srv, err := NewServer(ServerConfig{ListenAddress: "127.0.0.1:0", TLS: tlsx.Config{Insecure: true}}, logtest.New(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := srv.Run(ctx, cancel); err != nil {
+			t.Fatalf("run %d: Run returned %v after a stop, want nil", i, err)
+		}
+	}
+}

@@ -302,7 +302,9 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	s.logger.Info("grpc server stopping", "address", addr.String())
 	s.Health.Shutdown()
 	s.gracefulStop()
-	if err := <-served; err != nil {
+	// Stopped before its goroutine reached Serve, the server answers ErrServerStopped: the stop
+	// asked for, not a failure.
+	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("grpc server: serve on %s: %w", addr, err)
 	}
 	s.logger.Info("grpc server stopped", "address", addr.String())
