@@ -132,7 +132,7 @@ type running struct {
 }
 
 // wait returns Run's result, failing the test if it takes too long.
-func (r *running) wait(t *testing.T) error {
+func (r *running) wait(t testing.TB) error {
 	t.Helper()
 	select {
 	case <-r.done:
@@ -144,7 +144,7 @@ func (r *running) wait(t *testing.T) error {
 }
 
 // start runs a server on 127.0.0.1:0 with the test service and waits for ready.
-func start(t *testing.T, cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) *running {
+func start(t testing.TB, cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) *running {
 	t.Helper()
 	cfg.ListenAddress = "127.0.0.1:0"
 	if logger == nil {
@@ -181,7 +181,7 @@ func start(t *testing.T, cfg ServerConfig, logger hclog.Logger, opts ...ServerOp
 }
 
 // dial connects to r with cfg and closes the connection when the test ends.
-func dial(t *testing.T, r *running, cfg ClientConfig, opts ...grpc.DialOption) *grpc.ClientConn {
+func dial(t testing.TB, r *running, cfg ClientConfig, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	conn, err := Dial(r.srv.Addr().String(), cfg, opts...)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 
@@ -55,6 +56,17 @@ func (c *frameCounter) count(t http2.FrameType) int {
 	return c.counts[t]
 }
 
+// wait waits (at most 5 s) for the counter to have parsed everything written to it, once its
+// connection is closed.
+func (c *frameCounter) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the frame counter did not finish")
+	}
+}
+
 // tappedConn copies each direction of a connection to a frame counter.
 type tappedConn struct {
 	net.Conn
@@ -74,17 +86,6 @@ func (c *tappedConn) Close() error {
 	_ = c.in.pw.Close()
 	_ = c.out.pw.Close()
 	return err
-}
-
-// wait waits (at most 5 s) for the counter to have parsed everything written to it, once its
-// connection is closed.
-func (c *frameCounter) wait(t *testing.T) {
-	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the frame counter did not finish")
-	}
 }
 
 func (c *tappedConn) Write(p []byte) (int, error) {
@@ -140,26 +141,13 @@ func BenchmarkSparseCallsMutualTLS(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := NewServer(ServerConfig{ListenAddress: "127.0.0.1:0", TLS: pki["server"]}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	(&testHandlers{}).register(srv.GRPC)
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Run(ctx, func() { close(ready) })
-	}()
-	<-ready
-	defer func() { cancel(); <-done }()
+	// A null logger, as the server had before: the test logger would log each call.
+	r := start(b, ServerConfig{TLS: pki["server"]}, hclog.NewNullLogger())
+	ctx := context.Background()
 	const conns = 200
 	cs := make([]*grpc.ClientConn, conns)
 	for i := range cs {
-		if cs[i], err = Dial(srv.Addr().String(), ClientConfig{TLS: pki["rep/cell-1"]}); err != nil {
-			b.Fatal(err)
-		}
-		defer cs[i].Close()
+		cs[i] = dial(b, r, ClientConfig{TLS: pki["rep/cell-1"]})
 		if err := call(ctx, cs[i], "Echo", ""); err != nil {
 			b.Fatal(err)
 		}

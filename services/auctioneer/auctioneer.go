@@ -90,7 +90,8 @@ type Config struct {
 	MaxInflightStarts int `json:"max_inflight_starts"`
 	// SampleCells, when positive, is the fewest cells a round asks for their states: a round of
 	// W items (counting at most max_inflight_starts of them) asks a random sample of
-	// max(sample_cells, W/4) of the registered cells instead of every cell, and places what the sample cannot take over every cell in the same round.
+	// max(sample_cells, W/4) of the registered cells instead of every cell, and places what
+	// the sample cannot take over every cell in the same round.
 	// Zero asks every cell every round (see docs/decisions/0049-auction-samples-cells.md).
 	SampleCells int `json:"sample_cells"`
 }

@@ -103,8 +103,8 @@ type Config struct {
 	// of W items asks a random sample of max(SampleCells, W/WorkPerSampledCell) of the
 	// registered cells (all of them when that is as many), instead of every cell, as
 	// Kubernetes scores a share of its nodes. W counts at most MaxInFlight items: no more can
-	// start in one round. Work the sample cannot take (no sampled cell
-	// compatible, available or with room) is placed again, in the same round, over every cell.
+	// start in one round. Work the sample cannot take (no sampled cell compatible, available
+	// or with room) is placed again, in the same round, over every cell.
 	// The in-flight limit is judged on the sample's starting containers scaled to all cells.
 	// Zero asks every cell every round.
 	SampleCells int
@@ -407,10 +407,6 @@ func (r *Runner) place(w *placement.Work, cells []*placement.Cell, refused place
 	return c, nil
 }
 
-// sample splits the registered cells into those a round of n items asks for their states and
-// the rest: every cell without Config.SampleCells, or when the sample would be as many;
-// otherwise a uniformly random sample of max(SampleCells, n/WorkPerSampledCell), so each
-// round spreads its work over different cells.
 // placeable is the most of a round's n items it can place: all of them, or at most
 // Config.MaxInFlight, since every placement is a container starting. The sample is sized on
 // it: a round drains the whole queue, and under a backlog of 100,000 items a sample sized on
@@ -423,6 +419,10 @@ func (r *Runner) placeable(n int) int {
 	return n
 }
 
+// sample splits the registered cells into those a round of n items asks for their states and
+// the rest: every cell without Config.SampleCells, or when the sample would be as many;
+// otherwise a uniformly random sample of max(SampleCells, n/WorkPerSampledCell), so each
+// round spreads its work over different cells.
 func (r *Runner) sample(presences []*modelsv1.CellPresence, n int) (asked, rest []*modelsv1.CellPresence) {
 	size := max(r.cfg.SampleCells, (n+r.cfg.WorkPerSampledCell-1)/r.cfg.WorkPerSampledCell)
 	if r.cfg.SampleCells <= 0 || size >= len(presences) {
