@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -435,6 +436,11 @@ func run(t testing.TB, cfg runConfig) *report {
 	lat, r.routeMissing = obs.routeLatencies(start, last.Add(time.Nanosecond))
 	r.routeN = len(lat)
 	r.routeP50, r.routeP99 = percentile(lat, 50), percentile(lat, 99)
+	if cfg.ProfileDir != "" {
+		if err := obs.writeRouteTimeline(filepath.Join(cfg.ProfileDir, "routes.tsv"), start, last.Add(time.Nanosecond)); err != nil {
+			t.Logf("route timeline: %v", err)
+		}
+	}
 
 	// Reads at full size: five lists, each followed by one whose response is taken undecoded,
 	// which splits a list's time between the BBS and the wire and the client's decoding.

@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -240,6 +241,29 @@ func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, miss
 		lat = append(lat, max(0, rt.Sub(ev)))
 	}
 	return lat, missing
+}
+
+// writeRouteTimeline writes, one line per container first seen RUNNING in [from, to) and
+// routed, the time its RUNNING event arrived (Unix milliseconds) and its event → route latency
+// in milliseconds, in event order: with -profile-dir, where in the phase the routing tail lies,
+// to read beside the route-emitter's log of its listings.
+func (o *observer) writeRouteTimeline(path string, from, to time.Time) error {
+	type row struct{ ev, rt time.Time }
+	o.mu.Lock()
+	rows := make([]row, 0, len(o.eventSeen))
+	for ig, ev := range o.eventSeen {
+		if rt, ok := o.routeSeen[ig]; ok && !ev.Before(from) && ev.Before(to) {
+			rows = append(rows, row{ev, rt})
+		}
+	}
+	o.mu.Unlock()
+	slices.SortFunc(rows, func(a, b row) int { return a.ev.Compare(b.ev) })
+	var b strings.Builder
+	b.WriteString("event_unix_ms\troute_latency_ms\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "%d\t%.1f\n", r.ev.UnixMilli(), float64(max(0, r.rt.Sub(r.ev)))/1e6)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // slotsOn returns the running slots held by the given cells, with their cell.

@@ -226,6 +226,9 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	start("auctioneer", auctArgs...)
 	reArgs := append([]string{"-listen", d.emitterAddr, "-bbs-address", d.bbsAddr, "-log-level", "error"}, flags("tls", "route-emitter")...)
 	reArgs = append(reArgs, flags("bbs", "route-emitter")...)
+	if cfg.ProfileDir != "" {
+		reArgs = append(reArgs, "-log-level", "debug") // its listings, in DIR/route-emitter.log
+	}
 	if cfg.RouteSyncInterval > 0 {
 		reArgs = append(reArgs, "-sync-interval", cfg.RouteSyncInterval.String())
 	}
@@ -355,10 +358,14 @@ func (cfg runConfig) profileEnv(name string) []string {
 	}
 }
 
-// serviceEnv is the environment of service name: its profiles' (profileEnv) and, for the
-// BBS, its GOMEMLIMIT (cfg.BBSMemoryLimit).
+// serviceEnv is the environment of service name: its profiles' (profileEnv), with them a
+// line per garbage collection in DIR/NAME.log (gctrace: "@Ns" is seconds since the process
+// started, its log's first line), and, for the BBS, its GOMEMLIMIT (cfg.BBSMemoryLimit).
 func (cfg runConfig) serviceEnv(name string) []string {
 	env := cfg.profileEnv(name)
+	if cfg.ProfileDir != "" {
+		env = append(env, "GODEBUG=gctrace=1")
+	}
 	if name == "bbs" && cfg.BBSMemoryLimit != "" {
 		env = append(env, "GOMEMLIMIT="+cfg.BBSMemoryLimit)
 	}

@@ -315,3 +315,145 @@ func TestPeriodicListingBesideTheStream(t *testing.T) {
 		t.Fatalf("after the lagging listing: stats %+v, want 3 lists and a second subscription", st)
 	}
 }
+
+// TestPeriodicListingSwappedInParts: a periodic listing no newer than the stream is swapped
+// into the table a process at a time (swapChunk 1 here), each part published on its own, and
+// events arriving before or during the swap stay applied on top of the older listing: c's
+// change at 11 (during the listing) survives the listing of 10, and d's change at 12 (sent
+// while the listing is swapped in) wins over the listing's d, whichever comes first.
+func TestPeriodicListingSwappedInParts(t *testing.T) {
+	defer func(n int) { swapChunk = n }(swapChunk)
+	swapChunk = 1
+	infos := func(guids ...string) []*modelsv1.DesiredLRPSchedulingInfo {
+		var out []*modelsv1.DesiredLRPSchedulingInfo
+		for _, g := range guids {
+			out = append(out, sched(g, g+".com"))
+		}
+		return out
+	}
+	first := &bbsv1.ActualLRPsResponse{Revision: 10, ActualLrps: []*modelsv1.ActualLRP{running("a", 1111), running("b", 2222), running("c", 3333)}}
+	// The periodic listing, also at 10: d and e were missed by the stream.
+	second := &bbsv1.ActualLRPsResponse{Revision: 10, ActualLrps: []*modelsv1.ActualLRP{running("a", 1111), running("b", 2222), running("c", 3333), running("d", 5555), running("e", 6666)}}
+	f := &fakeBBS{
+		desired: []*bbsv1.DesiredLRPSchedulingInfosResponse{{Revision: 10, SchedulingInfos: infos("a", "b", "c")}, {Revision: 10, SchedulingInfos: infos("a", "b", "c", "d", "e")}},
+		actual:  []*bbsv1.ActualLRPsResponse{first, second},
+		streams: make(chan fakeStream), since: make(chan int64, 10),
+		gate: make(chan struct{}), listing: make(chan struct{}, 1),
+	}
+	rec := &recorder{deltas: make(chan table.Delta, 100), synced: make(chan struct{})}
+	tb := table.New(logtest.New(t))
+	s, err := New(Config{BBS: f, Table: tb, Publisher: rec, Logger: logtest.New(t),
+		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	expectSince(t, f, 10)
+	expectDelta(t, rec, map[string]uint32{"a.com": 1111, "b.com": 2222, "c.com": 3333})
+	live := make(chan *bbsv1.SubscribeToEventsResponse)
+	f.streams <- fakeStream{live: live}
+	<-f.listing
+	live <- changed(11, running("c", 3334))
+	expectDelta(t, rec, map[string]uint32{"c.com": 3334})
+	f.gate <- struct{}{}
+	live <- changed(12, running("d", 4444))
+
+	// Each part is its own delta; d ends at 4444 and e at 6666, and nothing else moves.
+	got := map[string]uint32{}
+	for got["d.com"] != 4444 || got["e.com"] != 6666 {
+		select {
+		case d := <-rec.deltas:
+			if n := len(d.Upserts) + len(d.Removals); n != 1 {
+				t.Fatalf("a delta of %d routes (%v); a part swaps one process", n, hostPorts(d))
+			}
+			for k, v := range hostPorts(d) {
+				got[k] = v
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("routes %v; want d.com 4444 and e.com 6666", got)
+		}
+	}
+	if _, moved := got["c.com"]; moved || len(got) != 2 {
+		t.Fatalf("the swap published %v; want only d.com and e.com", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().Lists != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: the listing was never wholly swapped in", s.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := map[string]uint32{"a.com": 1111, "b.com": 2222, "c.com": 3334, "d.com": 4444, "e.com": 6666}
+	final := hostPorts(table.Delta{Upserts: tb.Routes()})
+	for k, v := range want {
+		if final[k] != v || len(final) != len(want) {
+			t.Fatalf("table %v, want %v", final, want)
+		}
+	}
+}
+
+// TestPeriodicListingAheadOfTheStream: a periodic listing (at 15) newer than the stream (at 11)
+// is swapped in a part at a time too, but nothing is published until the stream passes 15;
+// events the listing holds (d's at 13) are skipped, newer ones (d's at 16) applied on top.
+func TestPeriodicListingAheadOfTheStream(t *testing.T) {
+	defer func(n int) { swapChunk = n }(swapChunk)
+	swapChunk = 1
+	f := &fakeBBS{
+		desired: []*bbsv1.DesiredLRPSchedulingInfosResponse{
+			{Revision: 10, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com"), sched("d", "d.com")}},
+			{Revision: 15, SchedulingInfos: []*modelsv1.DesiredLRPSchedulingInfo{sched("a", "a.com"), sched("d", "d.com"), sched("e", "e.com")}},
+		},
+		actual: []*bbsv1.ActualLRPsResponse{
+			{Revision: 10, ActualLrps: []*modelsv1.ActualLRP{running("a", 1111)}},
+			{Revision: 15, ActualLrps: []*modelsv1.ActualLRP{running("a", 1112), running("d", 4444), running("e", 5555)}},
+		},
+		streams: make(chan fakeStream), since: make(chan int64, 10),
+		gate: make(chan struct{}), listing: make(chan struct{}, 1),
+	}
+	rec := &recorder{deltas: make(chan table.Delta, 100), synced: make(chan struct{})}
+	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
+		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	expectSince(t, f, 10)
+	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
+	live := make(chan *bbsv1.SubscribeToEventsResponse)
+	f.streams <- fakeStream{live: live}
+	<-f.listing
+	live <- changed(11, running("a", 1112))
+	expectDelta(t, rec, map[string]uint32{"a.com": 1112})
+	f.gate <- struct{}{}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().Lists != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: the listing was never wholly swapped in", s.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	live <- changed(13, running("d", 3333)) // in the listing already: skipped
+	select {
+	case d := <-rec.deltas:
+		t.Fatalf("published %v before the stream reached the listing's revision", hostPorts(d))
+	case <-time.After(20 * time.Millisecond):
+	}
+	live <- changed(16, running("d", 6666)) // newer: applied, and the stream has passed 15
+	expectDelta(t, rec, map[string]uint32{"d.com": 6666, "e.com": 5555})
+}

@@ -27,20 +27,20 @@ func listing(lrps, perLRP int) ([]*modelsv1.DesiredLRPSchedulingInfo, []*modelsv
 // BenchmarkReplaceUnchanged measures the event loop's part of a periodic sync at the scale
 // run's 1,000-cell size (10,000 LRPs of 10 instances): replacing every input with a listing
 // equal to what the table holds, and the commit that follows (an empty delta). The route-emitter
-// does this between two events; grouping the listing (Group) happens beside the loop, and is
+// does this between two events; indexing the listing (NewListing) happens beside the loop, and is
 // not counted.
 func BenchmarkReplaceUnchanged(b *testing.B) {
 	t := New(nil)
 	infos, actuals := listing(10_000, 10)
-	t.Replace(infos, Group(actuals))
+	t.Replace(NewListing(infos, actuals))
 	t.Commit()
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
 		infos, actuals := listing(10_000, 10)
-		grouped := Group(actuals)
+		grouped := NewListing(infos, actuals)
 		b.StartTimer()
-		t.Replace(infos, grouped)
+		t.Replace(grouped)
 		if d := t.Commit(); !d.Empty() {
 			b.Fatalf("an unchanged listing changed %d routes", len(d.Upserts)+len(d.Removals))
 		}

@@ -193,58 +193,88 @@ func (t *Table) RemoveActual(a *modelsv1.ActualLRP) {
 	}
 }
 
-// Instances is a listing's instance records grouped by process and slot, as Replace takes
-// them.
-type Instances struct {
+// Listing is one full listing of the BBS indexed by process: its desired LRPs' routes and its
+// instance records grouped by slot, as Replace and ReplaceProcess take it. Building it reads no
+// table, so a periodic listing is indexed beside the event loop, and the loop only compares and
+// swaps.
+type Listing struct {
+	routes    map[string]map[string][]byte // process guid → its desired LRP's routes
 	byProcess map[string]map[slot]*modelsv1.ActualLRP
 }
 
-// Group groups a listing's instance records for Replace. It reads no table, so a periodic
-// listing is grouped beside the event loop, and the loop only compares and swaps.
-func Group(actuals []*modelsv1.ActualLRP) Instances {
-	byProcess := map[string]map[slot]*modelsv1.ActualLRP{}
+// NewListing indexes a listing's scheduling infos and instance records by process.
+func NewListing(infos []*modelsv1.DesiredLRPSchedulingInfo, actuals []*modelsv1.ActualLRP) Listing {
+	l := Listing{routes: make(map[string]map[string][]byte, len(infos)), byProcess: map[string]map[slot]*modelsv1.ActualLRP{}}
+	for _, d := range infos {
+		l.routes[d.GetProcessGuid()] = d.GetRoutes()
+	}
 	for _, a := range actuals {
 		guid := a.GetKey().GetProcessGuid()
-		m := byProcess[guid]
+		m := l.byProcess[guid]
 		if m == nil {
 			m = map[slot]*modelsv1.ActualLRP{}
-			byProcess[guid] = m
+			l.byProcess[guid] = m
 		}
 		m[slot{index: a.GetKey().GetIndex(), presence: a.GetPresence()}] = a
 	}
-	return Instances{byProcess: byProcess}
+	return l
 }
 
-// Replace swaps every input for a full listing (its desired LRPs' scheduling infos and its
-// instance records, grouped), marking dirty only the processes whose routes document or
-// routable instances differ, so the next commit is the difference between the old table and
-// the listed one. The table keeps listed's maps; a listing is replaced once.
-func (t *Table) Replace(infos []*modelsv1.DesiredLRPSchedulingInfo, listed Instances) {
-	names := make(map[string]struct{}, len(infos))
-	for _, d := range infos {
-		names[d.GetProcessGuid()] = struct{}{}
-		t.SetDesired(d.GetProcessGuid(), d.GetRoutes())
+// Processes returns every process guid that l or the table names, each once, in no
+// particular order: what Replace goes through, and what ReplaceProcess is asked about when a
+// listing is swapped in a part at a time.
+func (t *Table) Processes(l Listing) []string {
+	seen := make(map[string]struct{}, len(l.routes)+len(l.byProcess))
+	out := make([]string, 0, len(l.routes)+len(l.byProcess))
+	add := func(guid string) {
+		if _, ok := seen[guid]; !ok {
+			seen[guid] = struct{}{}
+			out = append(out, guid)
+		}
+	}
+	for guid := range l.routes {
+		add(guid)
+	}
+	for guid := range l.byProcess {
+		add(guid)
 	}
 	for guid := range t.desired {
-		if _, ok := names[guid]; !ok {
-			t.RemoveDesired(guid)
-		}
+		add(guid)
 	}
-	next := listed.byProcess
-	if next == nil {
-		next = map[string]map[slot]*modelsv1.ActualLRP{}
+	for guid := range t.actual {
+		add(guid)
 	}
-	for guid, m := range next {
-		if instancesDiffer(t.actual[guid], m) {
-			t.dirty[guid] = struct{}{}
-		}
+	return out
+}
+
+// Replace swaps every input for a full listing, marking dirty only the processes whose routes
+// document or routable instances differ, so the next commit is the difference between the old
+// table and the listed one. The table keeps l's maps; a listing is replaced once.
+func (t *Table) Replace(l Listing) {
+	for _, guid := range t.Processes(l) {
+		t.ReplaceProcess(l, guid)
 	}
-	for guid, m := range t.actual {
-		if _, ok := next[guid]; !ok && instancesDiffer(m, nil) {
-			t.dirty[guid] = struct{}{}
-		}
+}
+
+// ReplaceProcess swaps process guid's inputs (its routes document and its instance records)
+// for l's, marking it dirty only if its routes can differ. A listing may be swapped in this
+// way a few processes at a time, with events applied in between: each process is then exact
+// once its own events newer than the listing are applied again on top of it.
+func (t *Table) ReplaceProcess(l Listing, guid string) {
+	if routes, ok := l.routes[guid]; ok {
+		t.SetDesired(guid, routes)
+	} else {
+		t.RemoveDesired(guid)
 	}
-	t.actual = next
+	next, old := l.byProcess[guid], t.actual[guid]
+	if instancesDiffer(old, next) {
+		t.dirty[guid] = struct{}{}
+	}
+	if len(next) == 0 {
+		delete(t.actual, guid)
+	} else {
+		t.actual[guid] = next
+	}
 }
 
 // instancesDiffer reports whether two sets of records of one process route differently.

@@ -2,6 +2,7 @@ package table
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -204,21 +205,64 @@ func TestTableReplaceDiffs(t *testing.T) {
 		{ProcessGuid: "c", Routes: routes(`[{"port": 8080, "routes": ["c.com"]}]`)},
 	}
 	actuals := []*modelsv1.ActualLRP{actual("a", 0, "a0", ordinary, 8080), actual("a", 1, "a1", ordinary, 8080), actual("c", 0, "c0", ordinary, 8080), actual("b", 0, "b0", ordinary, 8080)}
-	tb.Replace(infos, Group(actuals))
+	tb.Replace(NewListing(infos, actuals))
 	wantDelta(t, tb.Commit(), `+http:a.com a/0/a0@10.0.0.1:38080 a/1/a1@10.0.0.2:38081
 +http:c.com c/0/c0@10.0.0.1:38080
 -http:b.com
 `)
 	// The same listing again changes nothing and marks nothing.
-	tb.Replace(infos, Group(actuals))
+	tb.Replace(NewListing(infos, actuals))
 	if tb.Dirty() != 0 {
 		t.Fatalf("an identical listing marked %d processes dirty", tb.Dirty())
 	}
 	// Instances that vanished from the listing go.
-	tb.Replace(infos, Group(actuals[:1]))
+	tb.Replace(NewListing(infos, actuals[:1]))
 	wantDelta(t, tb.Commit(), `+http:a.com a/0/a0@10.0.0.1:38080
 -http:c.com
 `)
+}
+
+// TestReplaceAProcessAtATime: a listing swapped in one process at a time, with a commit after
+// each, ends with the routes of the listing swapped in whole, and each commit carries only its
+// process's difference.
+func TestReplaceAProcessAtATime(t *testing.T) {
+	build := func() *Table {
+		tb := New(logtest.New(t))
+		tb.SetDesired("a", routes(`[{"port": 8080, "routes": ["a.com"]}]`))
+		tb.SetDesired("b", routes(`[{"port": 8080, "routes": ["b.com"]}]`))
+		tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
+		tb.SetActual(actual("b", 0, "b0", ordinary, 8080))
+		tb.Commit()
+		return tb
+	}
+	infos := []*modelsv1.DesiredLRPSchedulingInfo{
+		{ProcessGuid: "a", Routes: routes(`[{"port": 8080, "routes": ["a.com"]}]`)},
+		{ProcessGuid: "c", Routes: routes(`[{"port": 8080, "routes": ["c.com"]}]`)},
+	}
+	actuals := []*modelsv1.ActualLRP{actual("a", 0, "a0", ordinary, 8080), actual("a", 1, "a1", ordinary, 8080), actual("c", 0, "c0", ordinary, 8080)}
+	whole := build()
+	whole.Replace(NewListing(infos, actuals))
+	whole.Commit()
+
+	parts := build()
+	l := NewListing(infos, actuals)
+	guids := parts.Processes(l)
+	slices.Sort(guids)
+	if want := []string{"a", "b", "c"}; !slices.Equal(guids, want) {
+		t.Fatalf("Processes = %v, want %v (the listing's and the table's, once each)", guids, want)
+	}
+	for _, guid := range guids {
+		parts.ReplaceProcess(l, guid)
+		d := parts.Commit()
+		for _, r := range append(d.Upserts, d.Removals...) {
+			if !strings.HasPrefix(r.GetHostname(), guid+".") {
+				t.Fatalf("replacing %s changed %s", guid, r.GetHostname())
+			}
+		}
+	}
+	if got, want := render(parts.Routes()), render(whole.Routes()); got != want {
+		t.Fatalf("a process at a time:\n%s\nwant\n%s", got, want)
+	}
 }
 
 func TestTableMissingPortMapping(t *testing.T) {
