@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -204,6 +205,10 @@ func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProce
 	done := make(chan error, 1)
 	// The cluster stops in a cleanup registered before its test logger, so the logger is muted
 	// first: a failed run ends its output with the failure, not with the shutdown's warnings.
+	// The cluster stops its members one at a time, in reverse order, so its reps one after
+	// another: at 5,000 cells on a busy 2-core machine that took over two minutes (about
+	// 42 ms a rep), hence a bound that grows with the cells.
+	stopWait := 2*time.Minute + time.Duration(cfg.Cells)*60*time.Millisecond
 	started := false
 	t.Cleanup(func() {
 		cancel()
@@ -212,8 +217,13 @@ func startInProcess(t testing.TB, cfg runConfig, r *report, dir string) *inProce
 		}
 		select {
 		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Error("cluster did not stop within 2m")
+		case <-time.After(stopWait):
+			buf := make([]byte, 64<<20)
+			path := filepath.Join(os.TempDir(), "scale-stop-goroutines.txt")
+			if err := os.WriteFile(path, buf[:runtime.Stack(buf, true)], 0o644); err != nil {
+				path = err.Error()
+			}
+			t.Errorf("cluster did not stop within %s (every goroutine's stack: %s)", stopWait, path)
 		}
 	})
 	c := devcluster.New(devcluster.Config{

@@ -412,7 +412,7 @@ func (s *Syncer) watch(ctx context.Context, nextList *time.Time) (bool, error) {
 	}
 	for {
 		if swapping != nil {
-			if s.swapChunk(swapping) {
+			if s.swapPart(swapping) {
 				swapping = nil
 			}
 			// Whatever the stream delivered during the chunk, before the next one.
@@ -487,9 +487,9 @@ func (s *Syncer) beginSwap(l listing, kept []*bbsv1.SubscribeToEventsResponse, s
 	return w
 }
 
-// swapChunk swaps the next swapChunk processes of w into the table, applies each one's kept
+// swapPart swaps the next swapChunk processes of w into the table, applies each one's kept
 // events again on top, and publishes; it reports whether the listing is now wholly swapped in.
-func (s *Syncer) swapChunk(w *swap) bool {
+func (s *Syncer) swapPart(w *swap) bool {
 	end := min(w.next+swapChunk, len(w.guids))
 	for _, guid := range w.guids[w.next:end] {
 		s.cfg.Table.ReplaceProcess(w.l.indexed, guid)
