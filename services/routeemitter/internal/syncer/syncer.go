@@ -498,11 +498,14 @@ func (s *Syncer) swapPart(w *swap) bool {
 		}
 	}
 	w.next = end
+	last := w.next == len(w.guids)
+	if last {
+		s.lists.Add(1) // before the last part is published, as a whole listing's was
+	}
 	s.publish()
-	if w.next < len(w.guids) {
+	if !last {
 		return false
 	}
-	s.lists.Add(1)
 	s.cfg.Observer.Listed(time.Since(w.started))
 	s.log.Debug("swapped in the periodic listing", "desired_lrps", len(w.l.desired.GetSchedulingInfos()), "actual_lrps", len(w.l.actual.GetActualLrps()),
 		"desired_revision", w.l.desired.GetRevision(), "actual_revision", w.l.actual.GetRevision(), "processes", len(w.guids),

@@ -174,6 +174,26 @@ func expectSince(t *testing.T, f *fakeBBS, want int64) {
 	}
 }
 
+// runSyncer runs a syncer of tb over f, publishing to rec and listing again every interval,
+// until the returned stop, which fails the test if Run failed.
+func runSyncer(t *testing.T, f *fakeBBS, tb *table.Table, rec *recorder, interval time.Duration) (*Syncer, func()) {
+	t.Helper()
+	s, err := New(Config{BBS: f, Table: tb, Publisher: rec, Logger: logtest.New(t),
+		SyncInterval: interval, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	return s, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
 // TestListsAtDifferentRevisions: the desired list is at revision 10 and the instance list at
 // 12. Events are subscribed from 10; instance events up to 12 are skipped (the list has them),
 // desired events after 10 are applied, and nothing is published before the stream reaches 12.
@@ -197,20 +217,8 @@ func TestListsAtDifferentRevisions(t *testing.T) {
 		since:   make(chan int64, 10),
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
-	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
-		SyncInterval: time.Hour, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	s, stop := runSyncer(t, f, table.New(logtest.New(t)), rec, time.Hour)
+	defer stop()
 
 	expectSince(t, f, 10)
 	if f.dCalls != listAttempts || f.aCalls != listAttempts {
@@ -274,20 +282,8 @@ func TestPeriodicListingBesideTheStream(t *testing.T) {
 		gate: make(chan struct{}), listing: make(chan struct{}),
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 10), synced: make(chan struct{})}
-	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
-		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	s, stop := runSyncer(t, f, table.New(logtest.New(t)), rec, 20*time.Millisecond)
+	defer stop()
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
@@ -342,14 +338,7 @@ func TestPeriodicListingSwappedInParts(t *testing.T) {
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 100), synced: make(chan struct{})}
 	tb := table.New(logtest.New(t))
-	s, err := New(Config{BBS: f, Table: tb, Publisher: rec, Logger: logtest.New(t),
-		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	s, stop := runSyncer(t, f, tb, rec, 20*time.Millisecond)
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111, "b.com": 2222, "c.com": 3333})
@@ -386,10 +375,7 @@ func TestPeriodicListingSwappedInParts(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	stop()
 	want := map[string]uint32{"a.com": 1111, "b.com": 2222, "c.com": 3334, "d.com": 4444, "e.com": 6666}
 	final := hostPorts(table.Delta{Upserts: tb.Routes()})
 	for k, v := range want {
@@ -418,20 +404,8 @@ func TestPeriodicListingAheadOfTheStream(t *testing.T) {
 		gate: make(chan struct{}), listing: make(chan struct{}, 1),
 	}
 	rec := &recorder{deltas: make(chan table.Delta, 100), synced: make(chan struct{})}
-	s, err := New(Config{BBS: f, Table: table.New(logtest.New(t)), Publisher: rec, Logger: logtest.New(t),
-		SyncInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	s, stop := runSyncer(t, f, table.New(logtest.New(t)), rec, 20*time.Millisecond)
+	defer stop()
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
