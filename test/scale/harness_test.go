@@ -440,14 +440,15 @@ func run(t testing.TB, cfg runConfig) *report {
 
 	// Routing: every container that ran during the stream must reach the table.
 	waitUntil(t, cfg.PhaseTimeout, "every streamed instance routed", func() (bool, string) {
-		lat, missing := obs.routeLatencies(start, last.Add(time.Nanosecond))
-		return missing == 0, fmt.Sprintf("%d routed, %d missing", len(lat), missing)
+		rs, missing := obs.routeTimes(start, last.Add(time.Nanosecond))
+		return missing == 0, fmt.Sprintf("%d routed, %d missing", len(rs), missing)
 	})
-	lat, r.routeMissing = obs.routeLatencies(start, last.Add(time.Nanosecond))
-	r.routeN = len(lat)
+	rs, missing := obs.routeTimes(start, last.Add(time.Nanosecond))
+	lat = latencies(rs)
+	r.routeN, r.routeMissing = len(lat), missing
 	r.routeP50, r.routeP99 = percentile(lat, 50), percentile(lat, 99)
 	if cfg.ProfileDir != "" {
-		if err := obs.writeRouteTimeline(filepath.Join(cfg.ProfileDir, "routes.tsv"), start, last.Add(time.Nanosecond)); err != nil {
+		if err := writeRouteTimeline(filepath.Join(cfg.ProfileDir, "routes.tsv"), rs); err != nil {
 			t.Logf("route timeline: %v", err)
 		}
 	}

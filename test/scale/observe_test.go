@@ -217,10 +217,17 @@ func steadyRate(ran []time.Time) float64 {
 	return float64(hi-lo) / span.Seconds()
 }
 
-// routeLatencies returns event → route latencies of the containers first seen RUNNING in
-// [from, to); missing counts those of them still running that were never routed (a container
-// that stopped before the route-emitter published it needs no route).
-func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, missing int) {
+// routed is one container's route: when its RUNNING event arrived, and how long its endpoint
+// took to reach the route-emitter's table after it.
+type routed struct {
+	event   time.Time
+	latency time.Duration
+}
+
+// routeTimes returns the routes of the containers first seen RUNNING in [from, to); missing
+// counts those of them still running that were never routed (a container that stopped before
+// the route-emitter published it needs no route).
+func (o *observer) routeTimes(from, to time.Time) (rs []routed, missing int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	runs := make(map[string]bool, len(o.running))
@@ -238,30 +245,31 @@ func (o *observer) routeLatencies(from, to time.Time) (lat []time.Duration, miss
 			}
 			continue
 		}
-		lat = append(lat, max(0, rt.Sub(ev)))
+		rs = append(rs, routed{ev, max(0, rt.Sub(ev))})
 	}
-	return lat, missing
+	return rs, missing
 }
 
-// writeRouteTimeline writes, one line per container first seen RUNNING in [from, to) and
-// routed, the time its RUNNING event arrived (Unix milliseconds) and its event → route latency
-// in milliseconds, in event order: with -profile-dir, where in the phase the routing tail lies,
-// to read beside the route-emitter's log of its listings.
-func (o *observer) writeRouteTimeline(path string, from, to time.Time) error {
-	type row struct{ ev, rt time.Time }
-	o.mu.Lock()
-	rows := make([]row, 0, len(o.eventSeen))
-	for ig, ev := range o.eventSeen {
-		if rt, ok := o.routeSeen[ig]; ok && !ev.Before(from) && ev.Before(to) {
-			rows = append(rows, row{ev, rt})
-		}
+// latencies is each route's event → route latency.
+func latencies(rs []routed) []time.Duration {
+	lat := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		lat[i] = r.latency
 	}
-	o.mu.Unlock()
-	slices.SortFunc(rows, func(a, b row) int { return a.ev.Compare(b.ev) })
+	return lat
+}
+
+// writeRouteTimeline writes one line per route, in event order: when its RUNNING event
+// arrived (Unix milliseconds) and its latency in milliseconds. With -profile-dir, it shows
+// where in the phase the routing tail lies, to read beside the route-emitter's log of its
+// listings.
+func writeRouteTimeline(path string, rs []routed) error {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b routed) int { return a.event.Compare(b.event) })
 	var b strings.Builder
 	b.WriteString("event_unix_ms\troute_latency_ms\n")
-	for _, r := range rows {
-		fmt.Fprintf(&b, "%d\t%.1f\n", r.ev.UnixMilli(), float64(max(0, r.rt.Sub(r.ev)))/1e6)
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%d\t%.1f\n", r.event.UnixMilli(), float64(r.latency)/1e6)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -281,14 +281,10 @@ func (s *Syncer) fetch(ctx context.Context) (listing, error) {
 	return l, nil
 }
 
-// install replaces the table's inputs with l; events at or before each list's revision are
-// skipped from now on, and nothing is published before the stream has passed both (nor older
-// than the table already published: a lagging BBS replica).
+// install replaces the table's inputs with l, all at once, and adopts its revisions.
 func (s *Syncer) install(l listing) {
-	d, a := l.desired.GetRevision(), l.actual.GetRevision()
 	s.cfg.Table.Replace(l.indexed)
-	s.desiredRev, s.actualRev = d, a
-	s.holdUntil = max(d, a, s.published)
+	d, a := s.adopt(l)
 	s.lists.Add(1)
 	s.log.Debug("listed the BBS; its lists replace the table's inputs", "desired_lrps", len(l.desired.GetSchedulingInfos()), "actual_lrps", len(l.actual.GetActualLrps()),
 		"desired_revision", d, "actual_revision", a, "invalid_routes", s.cfg.Table.Invalid())
@@ -329,12 +325,8 @@ type swap struct {
 // keep records resp's events for the processes they name.
 func (w *swap) keep(resp *bbsv1.SubscribeToEventsResponse) {
 	for _, e := range resp.GetEvents() {
-		rev := e.GetRevision()
-		if rev == 0 {
-			rev = resp.GetRevision()
-		}
 		if guid := eventProcess(e); guid != "" {
-			w.kept[guid] = append(w.kept[guid], keptEvent{rev, e})
+			w.kept[guid] = append(w.kept[guid], keptEvent{eventRevision(resp, e), e})
 		}
 	}
 }
@@ -415,18 +407,16 @@ func (s *Syncer) watch(ctx context.Context, nextList *time.Time) (bool, error) {
 			if s.swapPart(swapping) {
 				swapping = nil
 			}
-			// Whatever the stream delivered during the chunk, before the next one.
+			// Whatever the stream delivered during the part, before the next one.
+		delivered:
 			for range cap(msgs) {
-				var m recvd
 				select {
-				case m = <-msgs:
+				case m := <-msgs:
+					if err := receive(m); err != nil {
+						return progressed, err
+					}
 				default:
-				}
-				if m.resp == nil && m.err == nil {
-					break
-				}
-				if err := receive(m); err != nil {
-					return progressed, err
+					break delivered
 				}
 			}
 			if sctx.Err() != nil {
@@ -471,20 +461,26 @@ func (s *Syncer) watch(ctx context.Context, nextList *time.Time) (bool, error) {
 	}
 }
 
-// beginSwap starts swapping l into the table, with the messages kept since it started.
-// Events at or before each list's revision are skipped from now on, for every process: one
-// not yet swapped may miss them until its turn, when the listing brings them, and nothing is
-// published before the stream has passed both lists (nor older than the table already
-// published: a lagging BBS replica).
+// beginSwap starts swapping l into the table, with the messages kept since it started, and
+// adopts its revisions at once, for every process: one not yet swapped may skip an event the
+// listing holds until its turn, when the listing brings it.
 func (s *Syncer) beginSwap(l listing, kept []*bbsv1.SubscribeToEventsResponse, started time.Time) *swap {
 	w := &swap{l: l, guids: s.cfg.Table.Processes(l.indexed), kept: map[string][]keptEvent{}, started: started, begun: time.Now()}
 	for _, resp := range kept {
 		w.keep(resp)
 	}
-	d, a := l.desired.GetRevision(), l.actual.GetRevision()
-	s.desiredRev, s.actualRev = d, a
-	s.holdUntil = max(d, a, s.published)
+	s.adopt(l)
 	return w
+}
+
+// adopt makes l's revisions the syncer's: events at or before each list's revision are
+// skipped, as the lists hold them, and nothing is published before the stream has passed both
+// (nor older than the table already published: a lagging BBS replica). It returns them.
+func (s *Syncer) adopt(l listing) (desired, actual int64) {
+	desired, actual = l.desired.GetRevision(), l.actual.GetRevision()
+	s.desiredRev, s.actualRev = desired, actual
+	s.holdUntil = max(desired, actual, s.published)
+	return desired, actual
 }
 
 // swapPart swaps the next swapChunk processes of w into the table, applies each one's kept
@@ -528,12 +524,17 @@ func (s *Syncer) apply(resp *bbsv1.SubscribeToEventsResponse) {
 // listing already holds, and tells obs of each one applied.
 func (s *Syncer) applyEvents(resp *bbsv1.SubscribeToEventsResponse, obs Observer) {
 	for _, e := range resp.GetEvents() {
-		rev := e.GetRevision()
-		if rev == 0 {
-			rev = resp.GetRevision()
-		}
-		s.applyEvent(rev, e, obs)
+		s.applyEvent(eventRevision(resp, e), e, obs)
 	}
+}
+
+// eventRevision is the store revision of e, one of resp's events: its own, or resp's when the
+// event carries none.
+func eventRevision(resp *bbsv1.SubscribeToEventsResponse, e *bbsv1.Event) int64 {
+	if rev := e.GetRevision(); rev != 0 {
+		return rev
+	}
+	return resp.GetRevision()
 }
 
 // applyEvent feeds one event of revision rev to the table's inputs unless the last listing

@@ -194,6 +194,15 @@ func runSyncer(t *testing.T, f *fakeBBS, tb *table.Table, rec *recorder, interva
 	}
 }
 
+// liveStream hands the syncer a stream the test feeds, and waits until the periodic listing
+// has started (and is held by f's gate).
+func liveStream(f *fakeBBS) chan *bbsv1.SubscribeToEventsResponse {
+	live := make(chan *bbsv1.SubscribeToEventsResponse)
+	f.streams <- fakeStream{live: live}
+	<-f.listing
+	return live
+}
+
 // TestListsAtDifferentRevisions: the desired list is at revision 10 and the instance list at
 // 12. Events are subscribed from 10; instance events up to 12 are skipped (the list has them),
 // desired events after 10 are applied, and nothing is published before the stream reaches 12.
@@ -287,9 +296,7 @@ func TestPeriodicListingBesideTheStream(t *testing.T) {
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
-	live := make(chan *bbsv1.SubscribeToEventsResponse)
-	f.streams <- fakeStream{live: live}
-	<-f.listing // the periodic listing started, and is held
+	live := liveStream(f) // the periodic listing started, and is held
 	select {
 	case live <- changed(11, running("a", 2222)):
 	case <-time.After(5 * time.Second):
@@ -342,9 +349,7 @@ func TestPeriodicListingSwappedInParts(t *testing.T) {
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111, "b.com": 2222, "c.com": 3333})
-	live := make(chan *bbsv1.SubscribeToEventsResponse)
-	f.streams <- fakeStream{live: live}
-	<-f.listing
+	live := liveStream(f)
 	live <- changed(11, running("c", 3334))
 	expectDelta(t, rec, map[string]uint32{"c.com": 3334})
 	f.gate <- struct{}{}
@@ -409,9 +414,7 @@ func TestPeriodicListingAheadOfTheStream(t *testing.T) {
 
 	expectSince(t, f, 10)
 	expectDelta(t, rec, map[string]uint32{"a.com": 1111})
-	live := make(chan *bbsv1.SubscribeToEventsResponse)
-	f.streams <- fakeStream{live: live}
-	<-f.listing
+	live := liveStream(f)
 	live <- changed(11, running("a", 1112))
 	expectDelta(t, rec, map[string]uint32{"a.com": 1112})
 	f.gate <- struct{}{}

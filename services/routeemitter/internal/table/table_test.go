@@ -191,13 +191,19 @@ tcp:1234 b/0/b0@10.0.0.1:38080 c/0/c0@10.0.0.1:38080
 	}
 }
 
-func TestTableReplaceDiffs(t *testing.T) {
+// tableOfAAndB is a committed table of a.com and b.com, each with one instance (a0, b0).
+func tableOfAAndB(t *testing.T) *Table {
 	tb := New(logtest.New(t))
 	tb.SetDesired("a", routes(`[{"port": 8080, "routes": ["a.com"]}]`))
 	tb.SetDesired("b", routes(`[{"port": 8080, "routes": ["b.com"]}]`))
 	tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
 	tb.SetActual(actual("b", 0, "b0", ordinary, 8080))
 	tb.Commit()
+	return tb
+}
+
+func TestTableReplaceDiffs(t *testing.T) {
+	tb := tableOfAAndB(t)
 
 	// The listing: a unchanged, b gone, c new, a's instance 1 new.
 	infos := []*modelsv1.DesiredLRPSchedulingInfo{
@@ -226,25 +232,16 @@ func TestTableReplaceDiffs(t *testing.T) {
 // each, ends with the routes of the listing swapped in whole, and each commit carries only its
 // process's difference.
 func TestReplaceAProcessAtATime(t *testing.T) {
-	build := func() *Table {
-		tb := New(logtest.New(t))
-		tb.SetDesired("a", routes(`[{"port": 8080, "routes": ["a.com"]}]`))
-		tb.SetDesired("b", routes(`[{"port": 8080, "routes": ["b.com"]}]`))
-		tb.SetActual(actual("a", 0, "a0", ordinary, 8080))
-		tb.SetActual(actual("b", 0, "b0", ordinary, 8080))
-		tb.Commit()
-		return tb
-	}
 	infos := []*modelsv1.DesiredLRPSchedulingInfo{
 		{ProcessGuid: "a", Routes: routes(`[{"port": 8080, "routes": ["a.com"]}]`)},
 		{ProcessGuid: "c", Routes: routes(`[{"port": 8080, "routes": ["c.com"]}]`)},
 	}
 	actuals := []*modelsv1.ActualLRP{actual("a", 0, "a0", ordinary, 8080), actual("a", 1, "a1", ordinary, 8080), actual("c", 0, "c0", ordinary, 8080)}
-	whole := build()
+	whole := tableOfAAndB(t)
 	whole.Replace(NewListing(infos, actuals))
 	whole.Commit()
 
-	parts := build()
+	parts := tableOfAAndB(t)
 	l := NewListing(infos, actuals)
 	guids := parts.Processes(l)
 	slices.Sort(guids)
