@@ -38,6 +38,7 @@ type behaviour struct {
 	startErr   error         // returned before ready, if set
 	exitBefore bool          // return nil before ready
 	neverReady bool          // block until cancelled without calling ready
+	readyAfter time.Duration // wait this long before calling ready, if set
 	failAfter  time.Duration // after ready, return failErr (or nil) after this delay, if set
 	failErr    error
 	stopErr    error // returned when cancelled
@@ -57,6 +58,7 @@ func fake(rec *recorder, name string, b behaviour) Member {
 			return nil
 		}
 		if !b.neverReady {
+			time.Sleep(b.readyAfter)
 			// Recorded before ready is called: once it is, Run may start
 			// the next member, whose "start" must come after this line.
 			rec.add("ready " + name)

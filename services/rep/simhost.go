@@ -144,51 +144,20 @@ const simHostConnectTries = 8
 
 var simHostConnectRetry = retry.Policy{Initial: time.Second, Max: 5 * time.Second, Jitter: 0.2}
 
-// Run runs every cell until ctx ends, starting simHostStarts at a time; ready is called once
-// all are registered. A cell that fails, or returns before ctx ends, stops them all.
+// Run runs every cell until ctx ends, starting simHostStarts at a time (lifecycle.Parallel);
+// ready is called once all are registered. A cell that fails, or returns before ctx ends,
+// stops them all.
 func (h *SimHost) Run(ctx context.Context, ready func()) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var started sync.WaitGroup
-	started.Add(len(h.cells))
-	starts := make(chan struct{}, simHostStarts)
-	g, gctx := errgroup.WithContext(ctx)
-	for _, c := range h.cells {
-		g.Go(func() error {
-			select {
-			case starts <- struct{}{}:
-			case <-gctx.Done():
-				started.Done()
-				return nil
-			}
-			// The cell's start slot is released once it is ready, or once it returned.
-			release := sync.OnceFunc(func() {
-				<-starts
-				started.Done()
-			})
-			err := c.Run(gctx, release)
-			release()
-			if err == nil && gctx.Err() == nil {
-				err = fmt.Errorf("cell %s stopped", c.cfg.CellID)
-			}
-			if err != nil {
-				return fmt.Errorf("cell %s: %w", c.cfg.CellID, err)
-			}
-			return nil
-		})
+	members := make([]lifecycle.Member, len(h.cells))
+	for i, c := range h.cells {
+		members[i] = lifecycle.Member{Name: "cell " + c.cfg.CellID, Runner: c}
 	}
-	g.Go(func() error {
-		started.Wait()
-		if gctx.Err() != nil {
-			return nil
-		}
+	return lifecycle.Parallel(simHostStarts, members...).Run(ctx, func() {
 		h.log.Info("rep serving", "cells", len(h.cells), "first", h.cells[0].AdvertiseAddress(), "last", h.cells[len(h.cells)-1].AdvertiseAddress())
 		if ready != nil {
 			ready()
 		}
-		return nil
 	})
-	return g.Wait()
 }
 
 // ServeUntilSignal runs the host until SIGINT or SIGTERM (no evacuation: a scale run's host
