@@ -282,13 +282,19 @@ func TestSignalContext(t *testing.T) {
 // runWithTimeout runs the group and fails the test if it does not return.
 func runWithTimeout(t *testing.T, ctx context.Context, members ...Member) error {
 	t.Helper()
+	return returns(t, "Run", func() error { return Run(ctx, logtest.New(t), members...) })
+}
+
+// returns runs f and fails the test if it does not return within 10 s; what names it.
+func returns(t *testing.T, what string, f func() error) error {
+	t.Helper()
 	errc := make(chan error, 1)
-	go func() { errc <- Run(ctx, logtest.New(t), members...) }()
+	go func() { errc <- f() }()
 	select {
 	case err := <-errc:
 		return err
 	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return")
+		t.Fatalf("%s did not return", what)
 		return nil
 	}
 }

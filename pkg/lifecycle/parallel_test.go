@@ -25,15 +25,9 @@ func runParallel(t *testing.T, rec *recorder, limit int, cancelWhen string, memb
 			cancel()
 		}()
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- Parallel(limit, members...).Run(ctx, func() { rec.add("group ready") }) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("Parallel did not return")
-		return nil
-	}
+	return returns(t, "Parallel", func() error {
+		return Parallel(limit, members...).Run(ctx, func() { rec.add("group ready") })
+	})
 }
 
 // members makes fakes named a, b, c, … with the behaviours given by name.
