@@ -65,10 +65,8 @@ func Run(ctx context.Context, logger hclog.Logger, members ...Member) error {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	for i, m := range members {
-		if m.Runner == nil {
-			return fmt.Errorf("lifecycle: member %d (%q) has no runner", i, m.Name)
-		}
+	if err := checkRunners(members); err != nil {
+		return err
 	}
 
 	// exited receives the index of each member as it returns.
@@ -97,7 +95,7 @@ func Run(ctx context.Context, logger hclog.Logger, members ...Member) error {
 				} else {
 					logger.Error("member exited during start-up", "member", e.Name, "error", e.err)
 				}
-				firstErr = exitError(e, j == i)
+				firstErr = exitError(e.Name, e.err, j == i)
 				failed, waiting = true, false
 			case <-ctx.Done():
 				logger.Info("context done during start-up", "waiting_for", m.Name)
@@ -119,7 +117,7 @@ func Run(ctx context.Context, logger hclog.Logger, members ...Member) error {
 		} else {
 			logger.Info("member exited, stopping group", "member", e.Name)
 		}
-		firstErr = exitError(e, false)
+		firstErr = exitError(e.Name, e.err, false)
 	}
 	return stop(logger, started, firstErr)
 }
@@ -146,13 +144,24 @@ func start(ctx context.Context, logger hclog.Logger, i int, m Member, exited cha
 	return st
 }
 
-// exitError is the group error caused by member e exiting on its own.
-func exitError(e *member, beforeReady bool) error {
+// checkRunners reports the first member without a runner.
+func checkRunners(members []Member) error {
+	for i, m := range members {
+		if m.Runner == nil {
+			return fmt.Errorf("lifecycle: member %d (%q) has no runner", i, m.Name)
+		}
+	}
+	return nil
+}
+
+// exitError is the group error caused by member name exiting on its own with err: nil for a
+// clean exit after it was ready.
+func exitError(name string, err error, beforeReady bool) error {
 	switch {
-	case e.err != nil:
-		return fmt.Errorf("%s: %w", e.Name, e.err)
+	case err != nil:
+		return fmt.Errorf("%s: %w", name, err)
 	case beforeReady:
-		return fmt.Errorf("%s: exited before becoming ready", e.Name)
+		return fmt.Errorf("%s: exited before becoming ready", name)
 	default:
 		return nil
 	}

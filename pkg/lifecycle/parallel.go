@@ -42,10 +42,8 @@ type exit struct {
 
 // Run implements Runner.
 func (p parallel) Run(ctx context.Context, ready func()) error {
-	for i, m := range p.members {
-		if m.Runner == nil {
-			return fmt.Errorf("lifecycle: member %d (%q) has no runner", i, m.Name)
-		}
+	if err := checkRunners(p.members); err != nil {
+		return err
 	}
 	n := len(p.members)
 	if n == 0 {
@@ -84,17 +82,12 @@ func (p parallel) Run(ctx context.Context, ready func()) error {
 		}()
 	}
 
+	// gctx ends when ctx does or when a member returns on its own: the group is stopping.
 	var firstErr error
-	stopping := false
-	stop := func() {
-		stopping = true
-		cancel()
-	}
-	done := ctx.Done()
 	for readied, exited := 0, 0; exited < n; {
 		select {
 		case <-readies:
-			if readied++; readied == n && !stopping && ctx.Err() == nil {
+			if readied++; readied == n && gctx.Err() == nil {
 				ready()
 			}
 		case e := <-exits:
@@ -102,28 +95,22 @@ func (p parallel) Run(ctx context.Context, ready func()) error {
 			name := p.members[e.i].Name
 			switch {
 			case !e.started:
-			case !stopping && ctx.Err() == nil: // returned on its own
-				firstErr = memberStopped(name, e.err, e.ready)
-				stop()
+			case gctx.Err() == nil: // returned on its own
+				firstErr = memberStopped(name, e.err, !e.ready)
+				cancel()
 			case e.err != nil && !errors.Is(e.err, context.Canceled) && firstErr == nil:
 				firstErr = fmt.Errorf("%s: %w", name, e.err)
 			}
-		case <-done:
-			done = nil
-			stop()
 		}
 	}
 	return firstErr
 }
 
-// memberStopped is the error of a parallel group's member that returned err on its own.
-func memberStopped(name string, err error, ready bool) error {
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: %w", name, err)
-	case !ready:
-		return fmt.Errorf("%s: exited before becoming ready", name)
-	default:
-		return fmt.Errorf("%s: stopped", name)
+// memberStopped is the error of a parallel group's member that returned err on its own: as
+// Run's (exitError), and a nil return after ready stops the group with an error too.
+func memberStopped(name string, err error, beforeReady bool) error {
+	if err := exitError(name, err, beforeReady); err != nil {
+		return err
 	}
+	return fmt.Errorf("%s: stopped", name)
 }

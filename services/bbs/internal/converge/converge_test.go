@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -45,17 +46,6 @@ func (c *slowCache) Tasks(store.ListFilter) ([]*modelsv1.Task, int64) { return n
 func (c *slowCache) Cells() ([]*modelsv1.CellPresence, int64)         { return nil, 1 }
 func (c *slowCache) Domains() ([]*modelsv1.Domain, int64)             { return nil, 1 }
 
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestCellLossPassDoesNotWaitForAFullPass: a cell that disappears while a full pass is under
 // way has its instances judged at once, by a cell-loss pass beside it (decision 0060).
 func TestCellLossPassDoesNotWaitForAFullPass(t *testing.T) {
@@ -73,9 +63,9 @@ func TestCellLossPassDoesNotWaitForAFullPass(t *testing.T) {
 		}
 	}()
 
-	waitFor(t, "a full pass is under way", func() bool { return cache.fullReads.Load() == 1 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return cache.fullReads.Load() == 1 }, "a full pass under way")
 	trigger <- struct{}{}
-	waitFor(t, "the cell-loss pass ran beside the full pass", func() bool { return cache.cellReads.Load() == 1 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return cache.cellReads.Load() == 1 }, "the cell-loss pass beside the full pass")
 	if n := cache.fullReads.Load(); n != 1 {
 		t.Errorf("%d full passes reached their snapshot, want the one still under way", n)
 	}
