@@ -47,9 +47,14 @@ type commitReq struct {
 	writes []string
 	bytes  int
 	done   chan commitRes
-	// ctx is the caller's: the transaction that carries the request is cancelled once no
-	// caller of its batch waits any more.
+	// ctx is the caller's: a request whose caller ends before it was sent is withdrawn.
 	ctx context.Context
+	// flight bounds the request once it was sent (the store's write timeout, not the
+	// caller's life): a caller that gives up then still learns the outcome, so that a change
+	// etcd made is never taken for one it may not have made, and its effects after the commit
+	// (auctions, stops) still happen. The transaction that carries the request is cancelled
+	// once every request of its batch is past its flight.
+	flight context.Context
 	// state says how far the request got: queued, picked into a batch, sent to etcd, or
 	// withdrawn by its caller before it was sent (then it never is).
 	state atomic.Int32
@@ -155,11 +160,12 @@ func (e unreachableError) Error() string {
 
 // commit queues a transaction and waits for its outcome: the result, or an error. A request
 // that could not be sent within the committer's unreachable bound while etcd is out of reach, or
-// before ctx ended, is withdrawn and answered with res.unsent set: it is never sent afterwards. One
-// whose caller gives up after it was sent has an unknown outcome (ctx's error, res.unsent false).
-func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error) {
+// before ctx ended, is withdrawn and answered with res.unsent set: it is never sent afterwards.
+// Once it was sent, commit waits for etcd's answer even after ctx ends, for as long as flight
+// lasts: the transaction's outcome, not the caller's impatience, decides what commit returns.
+func (c *committer) commit(ctx, flight context.Context, r *commitReq) (commitRes, error) {
 	r.done = make(chan commitRes, 1)
-	r.ctx = ctx
+	r.ctx, r.flight = ctx, flight
 	unsent := commitRes{unsent: true}
 	select {
 	case c.reqs <- r:
@@ -170,6 +176,7 @@ func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error)
 	}
 	bound := time.NewTimer(c.unreachable)
 	defer bound.Stop()
+	gone := ctx.Done()
 	for {
 		select {
 		case res := <-r.done:
@@ -181,11 +188,12 @@ func (c *committer) commit(ctx context.Context, r *commitReq) (commitRes, error)
 				return unsent, unreachableError{c.unreachable}
 			}
 			bound.Reset(c.unreachable)
-		case <-ctx.Done():
+		case <-gone:
 			if r.withdraw() {
 				return unsent, ctx.Err()
 			}
-			return commitRes{}, ctx.Err()
+			// Sent: its transaction answers by the end of its flight at the latest.
+			gone = nil
 		case <-c.stopped:
 			// A request queued but never picked gets no answer; one in flight answered before
 			// stopped was closed.
@@ -272,17 +280,17 @@ func pick(pending []*commitReq, maxOps int) (batch, rest []*commitReq) {
 	return batch, rest
 }
 
-// batchContext is the context of a transaction carrying reqs: it ends once every caller has
-// gone (nobody waits for the answer, so the transaction is cancelled rather than left to land
-// later) and carries etcd's require-leader flag, so that a member cut off from its cluster
-// refuses the transaction at once instead of proposing it.
-func batchContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
+// batchContext is the context of work for reqs: it ends once every request's context of
+// (callerCtx before sending, flightCtx for a transaction) has ended, so that nobody waits for
+// an answer no one takes, and it carries etcd's require-leader flag, so that a member cut off
+// from its cluster refuses the transaction at once instead of proposing it.
+func batchContext(reqs []*commitReq, of func(*commitReq) context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
 	left := atomic.Int64{}
 	left.Store(int64(len(reqs)))
 	stops := make([]func() bool, 0, len(reqs))
 	for _, r := range reqs {
-		stops = append(stops, context.AfterFunc(r.ctx, func() {
+		stops = append(stops, context.AfterFunc(of(r), func() {
 			if left.Add(-1) == 0 {
 				cancel()
 			}
@@ -295,6 +303,10 @@ func batchContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
 		cancel()
 	}
 }
+
+// callerCtx and flightCtx pick a request's context for batchContext.
+func callerCtx(r *commitReq) context.Context { return r.ctx }
+func flightCtx(r *commitReq) context.Context { return r.flight }
 
 // awaitReachable waits until the etcd client has a connection ready, for at most the
 // committer's unreachable bound or until ctx ends; it reports whether one is.
@@ -343,7 +355,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 	for _, r := range batch {
 		r.state.CompareAndSwap(reqQueued, reqPicked)
 	}
-	gctx, gcancel := batchContext(batch)
+	gctx, gcancel := batchContext(batch, callerCtx)
 	reachable := c.awaitReachable(gctx)
 	gcancel()
 	if !reachable {
@@ -360,7 +372,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		return
 	}
 	c.stats.requests.Add(int64(len(batch)))
-	ctx, cancel := batchContext(batch)
+	ctx, cancel := batchContext(batch, flightCtx)
 	defer cancel()
 	if len(batch) == 1 {
 		batch[0].done <- c.txn(ctx, batch[0].cmps, batch[0].ops)
@@ -387,13 +399,14 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		c.batchOps.Store(minBatchOps)
 	}
 	// Some compare failed (or the batch was too big): nothing of it was applied. Each request
-	// goes again on its own, unless its caller has gone meanwhile (it was answered that the
-	// outcome is unknown, and it stays unmade); joined here so the batch's slot is held until
+	// goes again on its own, unless its caller has gone meanwhile: that one is answered that its
+	// change was not made, and it stays unmade. Joined here so the batch's slot is held until
 	// every request has its answer.
 	c.stats.alone.Add(int64(len(batch)))
 	var wg sync.WaitGroup
 	for _, r := range batch {
-		if r.ctx.Err() != nil {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- commitRes{err: err, unsent: true}
 			continue
 		}
 		r.state.Store(reqPicked)
@@ -404,7 +417,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 			if len(one) == 0 {
 				return
 			}
-			rctx, rcancel := batchContext(one)
+			rctx, rcancel := batchContext(one, flightCtx)
 			defer rcancel()
 			r.done <- c.txn(rctx, r.cmps, r.ops)
 		}()

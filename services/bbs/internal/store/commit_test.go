@@ -8,8 +8,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdtest"
+	"github.com/gavel-sched/gavel/pkg/logging/logtest"
 )
 
 // twoKeyRequests returns n independent commit requests, each writing two keys of its own under
@@ -26,6 +28,7 @@ func twoKeyRequests(prefix string, n int) []*commitReq {
 			bytes:  len(a) + len(b) + 2,
 			done:   make(chan commitRes, 1),
 			ctx:    context.Background(),
+			flight: context.Background(),
 		}
 	}
 	return reqs
@@ -85,5 +88,101 @@ func TestBatchRefusedAsTooManyOpsLowersTheLimit(t *testing.T) {
 	}
 	if n := c.stats.txns.Load() - txns; n != 1 {
 		t.Errorf("the batch at the lowered limit took %d transactions, want 1", n)
+	}
+}
+
+// heldKV holds every transaction that writes key at its commit: it tells sent, then waits for
+// release (or the transaction's context) before the transaction reaches etcd.
+type heldKV struct {
+	clientv3.KV
+	key           string
+	sent, release chan struct{}
+}
+
+func (k *heldKV) Txn(ctx context.Context) clientv3.Txn {
+	return &heldTxn{Txn: k.KV.Txn(ctx), k: k, ctx: ctx}
+}
+
+type heldTxn struct {
+	clientv3.Txn
+	k    *heldKV
+	ctx  context.Context
+	hold bool
+}
+
+func (t *heldTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *heldTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+
+func (t *heldTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		t.hold = t.hold || string(op.KeyBytes()) == t.k.key
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.hold {
+		t.k.sent <- struct{}{}
+		select {
+		case <-t.k.release:
+		case <-t.ctx.Done():
+			return nil, t.ctx.Err()
+		}
+	}
+	return t.Txn.Commit()
+}
+
+// TestCallerGoneAfterSendGetsTheOutcome cancels a change's caller while its transaction is on
+// its way to etcd: the transaction still lands, and Update answers with its revision instead
+// of an unknown outcome, so that the code after the commit (a BBS handler's auction) runs for
+// a change etcd made. (Before, the transaction was cancelled with its caller, or landed while
+// the caller was answered that the outcome was unknown and skipped what follows the commit: a
+// scaled-up LRP's new instance then waited for the next convergence pass to be auctioned.)
+func TestCallerGoneAfterSendGetsTheOutcome(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	key := PortOwnerKey("tcp", 63000)
+	held := &heldKV{KV: cli.KV, key: key, sent: make(chan struct{}), release: make(chan struct{})}
+	cli.KV = held
+	st := New(cli, Options{Logger: logtest.New(t)})
+	testkit.Start(t, "store", st)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	type result struct {
+		rev int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rev, err := st.Update(ctx, func(tx *Txn) error { return tx.PutPortOwner("tcp", 63000, "web") })
+		done <- result{rev, err}
+	}()
+	select {
+	case <-held.sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the change never reached its transaction")
+	}
+	cancel()
+	// Time for a transaction cancelled with its caller to end before it is released.
+	time.Sleep(100 * time.Millisecond)
+	close(held.release)
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Update did not return after its transaction was released")
+	}
+	if res.err != nil || res.rev == 0 {
+		t.Fatalf("Update whose caller went after sending: revision %d, error %v; want the commit's revision", res.rev, res.err)
+	}
+	got, err := cli.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Kvs) != 1 || got.Kvs[0].ModRevision != res.rev {
+		t.Fatalf("stored %v, want the key at revision %d", got.Kvs, res.rev)
 	}
 }

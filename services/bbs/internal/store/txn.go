@@ -194,7 +194,14 @@ func (t *Txn) Delete(key string) {
 // with a retry-after, and is never made: it was not sent, and a queued transaction is
 // withdrawn or cancelled with its callers. One sent to etcd whose answer is lost (etcd went
 // away, or Options.WriteTimeout ran out) is answered ErrIndeterminate: it may have been made.
+// A caller that gives up after its change was sent still gets the change's outcome (within
+// Options.WriteTimeout), so that what follows a commit in its code (auctions, stops) is never
+// skipped for a change etcd made.
 func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error) {
+	// A change sent to etcd is followed to its outcome for the write timeout even when the
+	// caller goes first (flight): what etcd made, the caller's code completes.
+	flight, cancelFlight := context.WithTimeout(context.WithoutCancel(ctx), s.opts.WriteTimeout)
+	defer cancelFlight()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.WriteTimeout)
 	defer cancel()
 	fresh := false
@@ -223,7 +230,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			req.bytes += len(op.KeyBytes()) + len(op.ValueBytes())
 		}
 		queued := time.Now()
-		resp, err := s.committer.commit(ctx, req)
+		resp, err := s.committer.commit(ctx, flight, req)
 		if err == nil {
 			err = resp.err
 		}
