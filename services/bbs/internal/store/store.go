@@ -49,10 +49,11 @@ type Options struct {
 	// the group committer's answer (the queue and the transaction) and then for the cache to
 	// reflect it (read your writes). It must not block.
 	ObserveWrite func(commit, cache time.Duration)
-	// CellsLeft, when set, is called with the cells still registered whenever the watch sees a
-	// cell's presence disappear and after every full listing (which may have missed a
-	// departure); the BBS closes its connections to the reps of departed cells. It is called
-	// from the store's goroutine and must not block.
+	// CellsLeft, when set, is called with the cells still registered after every full listing
+	// (which may have missed a departure), from Run before it follows the watch, and after the
+	// watch sees cells' presences disappear, from a goroutine of its own, once for the
+	// departures that came while it ran; the BBS closes its connections to the reps of
+	// departed cells. Calls may overlap only with one after a listing.
 	CellsLeft func(present []*modelsv1.CellPresence)
 	// Keyring seals the records that carry user data (run infos and tasks) and opens every
 	// sealed record; nil is encryption off (new records clear, sealed ones unreadable). A
@@ -109,6 +110,8 @@ type Store struct {
 	once   sync.Once
 	// cellGone holds one pending signal that some cell's presence disappeared.
 	cellGone chan struct{}
+	// departed holds one pending signal for tellCellsLeft: a cell's presence disappeared.
+	departed chan struct{}
 	// cellsLost counts the cell presences the watch saw disappear.
 	cellsLost atomic.Int64
 	// compacted is the revision CompactHistory last compacted up to.
@@ -130,6 +133,7 @@ func New(client *clientv3.Client, opts Options) *Store {
 		hub:       newHub(opts.EventRing),
 		synced:    make(chan struct{}),
 		cellGone:  make(chan struct{}, 1),
+		departed:  make(chan struct{}, 1),
 		committer: newCommitter(client, opts.UnreachableTimeout, opts.ObserveTransaction),
 		links:     newLinkTracker(),
 	}
@@ -169,10 +173,16 @@ func (s *Store) Run(ctx context.Context, ready func()) error {
 		defer close(commitsDone)
 		s.committer.run(cctx)
 	}()
+	leftDone := make(chan struct{})
+	go func() {
+		defer close(leftDone)
+		s.tellCellsLeft(cctx)
+	}()
 	// Stop forming batches and join the transactions in flight before returning.
 	defer func() {
 		stopCommits()
 		<-commitsDone
+		<-leftDone
 	}()
 	for {
 		var rev int64
@@ -360,11 +370,12 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 	s.cache.mu.Unlock()
 	s.hub.publish(rev, events, labels)
 	if cellGone {
-		select {
-		case s.cellGone <- struct{}{}:
-		default:
+		for _, ch := range []chan struct{}{s.cellGone, s.departed} {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
-		s.cellsLeft()
 	}
 	return nil
 }
@@ -373,6 +384,22 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 // clear to sealed): re-encryption, which publishes no event.
 func resealedOnly(beforeLabel, afterLabel string, before, after proto.Message) bool {
 	return after != nil && before != nil && beforeLabel != afterLabel && proto.Equal(before, after)
+}
+
+// tellCellsLeft tells Options.CellsLeft the registered cells after departures until ctx ends,
+// once per wave of them: off the watch's goroutine, which a call per departure held for
+// milliseconds each (sorting the cells, then the BBS's rep pool walking them). When 500 of
+// 5,000 cells expired, that was seconds of the watch's time in the middle of the wave, and
+// every write waited that much longer for the cache to reflect it.
+func (s *Store) tellCellsLeft(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.departed:
+			s.cellsLeft()
+		}
+	}
 }
 
 // cellsLeft tells Options.CellsLeft the registered cells.
