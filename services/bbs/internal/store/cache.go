@@ -36,9 +36,13 @@ type slot struct {
 
 // state is a full copy of the BBS records, keyed for the readers.
 type state struct {
-	sched   map[string]item
-	run     map[string]item
-	actual  map[string]map[slot]item
+	sched  map[string]item
+	run    map[string]item
+	actual map[string]map[slot]item
+	// onCell indexes the instance records by the cell in their instance key (those without
+	// a cell, UNCLAIMED ones, are not in it), so that the records of lost cells are found
+	// without walking every record under the read lock (ActualLRPsOffCells).
+	onCell  map[string]map[actualRef]struct{}
 	tasks   map[string]item
 	domains map[string]item
 	cells   map[string]item
@@ -57,6 +61,7 @@ func newState() *state {
 		sched:   map[string]item{},
 		run:     map[string]item{},
 		actual:  map[string]map[slot]item{},
+		onCell:  map[string]map[actualRef]struct{}{},
 		tasks:   map[string]item{},
 		domains: map[string]item{},
 		cells:   map[string]item{},
@@ -105,7 +110,21 @@ func (s *state) set(k parsedKey, it item) {
 			m = map[slot]item{}
 			s.actual[k.id] = m
 		}
-		m[slot{k.index, k.presence}] = it
+		sl := slot{k.index, k.presence}
+		old, cell := cellOf(m[sl]), cellOf(it)
+		m[sl] = it
+		if old == cell {
+			return // indexed already, or on no cell
+		}
+		s.unindex(old, actualRef{k.id, sl})
+		if cell != "" {
+			refs := s.onCell[cell]
+			if refs == nil {
+				refs = map[actualRef]struct{}{}
+				s.onCell[cell] = refs
+			}
+			refs[actualRef{k.id, sl}] = struct{}{}
+		}
 		return
 	}
 	if t := s.table(k); t != nil {
@@ -119,7 +138,9 @@ func (s *state) set(k parsedKey, it item) {
 func (s *state) del(k parsedKey) {
 	if k.kind == kindActual {
 		m := s.actual[k.id]
-		delete(m, slot{k.index, k.presence})
+		sl := slot{k.index, k.presence}
+		s.unindex(cellOf(m[sl]), actualRef{k.id, sl})
+		delete(m, sl)
 		if len(m) == 0 {
 			delete(s.actual, k.id)
 		}
@@ -130,6 +151,30 @@ func (s *state) del(k parsedKey) {
 	}
 	if k.kind == kindCell {
 		s.cellsSorted.Store(nil)
+	}
+}
+
+// actualRef names an instance record: its process guid and slot.
+type actualRef struct {
+	guid string
+	slot slot
+}
+
+// cellOf is the cell in an instance record's instance key ("" for none, or no record).
+func cellOf(it item) string {
+	a, _ := it.msg.(*modelsv1.ActualLRP)
+	return a.GetInstanceKey().GetCellId()
+}
+
+// unindex takes ref out of cell's entry in onCell.
+func (s *state) unindex(cell string, ref actualRef) {
+	if cell == "" {
+		return
+	}
+	refs := s.onCell[cell]
+	delete(refs, ref)
+	if len(refs) == 0 {
+		delete(s.onCell, cell)
 	}
 }
 

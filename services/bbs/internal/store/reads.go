@@ -86,16 +86,17 @@ func (s *Store) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64) {
 
 // ActualLRPsOffCells lists the instance records held by a cell for which present reports false
 // (records without an instance are left out), ordered by guid, index and presence, with the
-// revision read. It walks the cache without listing everything, for convergence's cell-loss
-// passes.
+// revision read. It reads the cache's index of records by cell: the cells' ids and the lost
+// cells' records, not every record, under the cache's read lock (which holds off the watch's
+// writes), for convergence's cell-loss passes.
 func (s *Store) ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64) {
 	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {
-		for _, m := range st.actual {
-			for _, it := range m {
-				a := it.msg.(*modelsv1.ActualLRP)
-				if cell := a.GetInstanceKey().GetCellId(); cell != "" && !present(cell) {
-					out = append(out, a)
-				}
+		for cell, refs := range st.onCell {
+			if present(cell) {
+				continue
+			}
+			for ref := range refs {
+				out = append(out, st.actual[ref.guid][ref.slot].msg.(*modelsv1.ActualLRP))
 			}
 		}
 		sort.Slice(out, func(i, j int) bool {
