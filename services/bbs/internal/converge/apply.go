@@ -61,10 +61,11 @@ const maxApplyErrors = 10
 // applyPlan applies the changes of a convergence plan through c: the MarkSuspect changes of
 // each lost cell together, in transactions of at most perTxn instances
 // (core.ConvergeSuspectLRPs), every other transactional change as its own transaction; changes
-// of at most workers records in all at a time (the store group-commits them); then the
+// of as many records at a time as slots (of workers) lets them (the store group-commits
+// them; passes that share slots share the bound); then the
 // auctions, in one request for instances and one for tasks. It stops starting changes when ctx
 // ends. A group that fails counts each of its changes as failed. It returns what it did and the errors of failed changes (at most maxApplyErrors).
-func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers, perTxn int) (Applied, []error) {
+func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, slots *semaphore.Weighted, perTxn int) (Applied, []error) {
 	var a Applied
 	var starts []core.LRPStart
 	var tasks []*modelsv1.Task
@@ -90,20 +91,18 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, workers
 			jobs = append(jobs, applyJob{change: ch})
 		}
 	}
-	workers = max(workers, 1)
-	sem := semaphore.NewWeighted(int64(workers))
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
 	for _, j := range jobs {
 		w := int64(min(j.weight(), workers))
-		if ctx.Err() != nil || sem.Acquire(ctx, w) != nil {
+		if ctx.Err() != nil || slots.Acquire(ctx, w) != nil {
 			break
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer sem.Release(w)
+			defer slots.Release(w)
 			n, err := j.apply(ctx, c)
 			mu.Lock()
 			defer mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
@@ -80,7 +81,7 @@ type Cache interface {
 	Synced() <-chan struct{}
 	SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64)
 	ActualLRPs(f store.ListFilter) ([]*modelsv1.ActualLRP, int64)
-	ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64)
+	OnLostCells(skip func(cellID string) bool) (store.LostCells, int64)
 	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
 	Cells() ([]*modelsv1.CellPresence, int64)
 	Domains() ([]*modelsv1.Domain, int64)
@@ -90,12 +91,17 @@ var _ Cache = (*store.Store)(nil)
 
 // Converger runs convergence passes over a core.
 type Converger struct {
-	core  *core.Core
-	st    Cache
-	cfg   Config
-	log   hclog.Logger
-	full  sync.Mutex // one full pass at a time
-	cells sync.Mutex // one cell-loss pass at a time (beside a full one)
+	core *core.Core
+	st   Cache
+	cfg  Config
+	log  hclog.Logger
+	full sync.Mutex // one full pass at a time
+	// judging holds the cells whose records a cell-loss pass under way judges: a pass for
+	// cells lost later takes the others, beside it (guarded by judgingMu).
+	judgingMu sync.Mutex
+	judging   map[string]bool
+	// cellSlots bounds the records all cell-loss passes change at once.
+	cellSlots *semaphore.Weighted
 }
 
 // New returns a converger that plans from cache and applies through c.
@@ -127,7 +133,8 @@ func New(c *core.Core, cache Cache, cfg Config) *Converger {
 	if cfg.SuspectsPerTxn <= 0 {
 		cfg.SuspectsPerTxn = DefaultSuspectsPerTxn
 	}
-	return &Converger{core: c, st: cache, cfg: cfg, log: cfg.Logger}
+	return &Converger{core: c, st: cache, cfg: cfg, log: cfg.Logger, judging: map[string]bool{},
+		cellSlots: semaphore.NewWeighted(workers)}
 }
 
 // Run converges every Interval and, with the cell-loss rules only (ConvergeCells), whenever
@@ -155,8 +162,10 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 				return
 			case <-trigger:
 				c.log.Info("a cell disappeared; converging its instances")
-				r, err := c.ConvergeCells(ctx)
-				c.logPass(ctx, r, err)
+				wg.Go(func() {
+					r, err := c.ConvergeCells(ctx)
+					c.logPass(ctx, r, err)
+				})
 			}
 		}
 	})
@@ -198,7 +207,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		Claimed:       c.cfg.ClaimedTimeout,
 		Drain:         c.cfg.DrainTimeout,
 	})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, workers, c.cfg.SuspectsPerTxn)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, semaphore.NewWeighted(workers), c.cfg.SuspectsPerTxn)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
@@ -207,22 +216,34 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 	return r, nil
 }
 
-// ConvergeCells runs a cell-loss pass: only the instances and tasks of cells without presence
-// are read from the cache and planned (plan.CellLoss), then applied as Converge applies them.
+// ConvergeCells runs a cell-loss pass: the records and tasks of cells without presence are
+// read from the cache's index by cell, planned with the cell-loss rules only (plan.CellLoss)
+// and applied as Converge applies them. A pass takes the lost cells no other cell-loss pass
+// is judging, so passes for cells lost one after another run side by side instead of each
+// waiting for the one before; all of them together change at most workers records at once.
 func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
-	c.cells.Lock()
-	defer c.cells.Unlock()
 	started := time.Now()
-	cells, _ := c.st.Cells()
-	present := make(map[string]bool, len(cells))
-	for _, cell := range cells {
-		present[cell.GetCellId()] = true
+	c.judgingMu.Lock()
+	lost, _ := c.st.OnLostCells(func(id string) bool { return c.judging[id] })
+	for _, id := range lost.Cells {
+		c.judging[id] = true
 	}
-	actuals, _ := c.st.ActualLRPsOffCells(func(id string) bool { return present[id] })
-	scheds, _ := c.st.SchedulingInfos(store.ListFilter{})
-	tasks, _ := c.st.Tasks(store.ListFilter{})
-	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: actuals, Tasks: tasks, Cells: cells, Now: c.cfg.Now()})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, workers, c.cfg.SuspectsPerTxn)
+	c.judgingMu.Unlock()
+	defer func() {
+		c.judgingMu.Lock()
+		for _, id := range lost.Cells {
+			delete(c.judging, id)
+		}
+		c.judgingMu.Unlock()
+	}()
+	guids := make(map[string]struct{}, len(lost.Actual))
+	for _, a := range lost.Actual {
+		guids[a.GetKey().GetProcessGuid()] = struct{}{}
+	}
+	scheds, _ := c.st.SchedulingInfos(store.ListFilter{Guids: guids})
+	// Every record given is on a lost cell: the snapshot names no cell present.
+	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: lost.Actual, Tasks: lost.Tasks, Now: c.cfg.Now()})
+	applied, errs := applyPlan(ctx, c.core, p.Changes, c.cellSlots, c.cfg.SuspectsPerTxn)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observeRun(r)
 	if len(errs) > 0 {

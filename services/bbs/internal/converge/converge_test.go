@@ -2,6 +2,8 @@ package converge
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,9 +39,9 @@ func (c *slowCache) ActualLRPs(store.ListFilter) ([]*modelsv1.ActualLRP, int64) 
 	return nil, 1
 }
 
-func (c *slowCache) ActualLRPsOffCells(func(string) bool) ([]*modelsv1.ActualLRP, int64) {
+func (c *slowCache) OnLostCells(func(string) bool) (store.LostCells, int64) {
 	c.cellReads.Add(1)
-	return nil, 1
+	return store.LostCells{}, 1
 }
 
 func (c *slowCache) Tasks(store.ListFilter) ([]*modelsv1.Task, int64) { return nil, 1 }
@@ -84,4 +86,86 @@ func TestCellLossPassDoesNotWaitForAFullPass(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("ConvergeCells waited for the full pass under way")
 	}
+}
+
+// lostCellsCache is a synced cache in which the cells in lost have no presence: OnLostCells
+// gives those skip does not report (with nothing on them), and logs what each call gave. A
+// cell-loss pass's read of the desired LRPs blocks until release is closed.
+type lostCellsCache struct {
+	slowCache
+	mu    sync.Mutex
+	lost  []string
+	given [][]string
+}
+
+func (c *lostCellsCache) OnLostCells(skip func(string) bool) (store.LostCells, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out store.LostCells
+	for _, id := range c.lost {
+		if !skip(id) {
+			out.Cells = append(out.Cells, id)
+		}
+	}
+	c.given = append(c.given, out.Cells)
+	return out, 1
+}
+
+func (c *lostCellsCache) SchedulingInfos(f store.ListFilter) ([]*modelsv1.DesiredLRPSchedulingInfo, int64) {
+	if f.Guids != nil { // a cell-loss pass's
+		<-c.release
+	}
+	return nil, 1
+}
+
+func (c *lostCellsCache) lose(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lost = append(c.lost, id)
+}
+
+func (c *lostCellsCache) log() [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.given)
+}
+
+// TestCellLossPassesRunSideBySide: a cell lost while the pass for an earlier one is under way
+// gets a pass of its own at once, which leaves the earlier cell to its pass; once both end, a
+// pass judges both cells again (nothing stays marked as judged).
+func TestCellLossPassesRunSideBySide(t *testing.T) {
+	cache := &lostCellsCache{slowCache: slowCache{release: make(chan struct{})}}
+	c := New(core.New(nil, core.Config{}), cache, Config{Interval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	trigger := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, trigger) }()
+	released := false
+	defer func() {
+		cancel()
+		if !released {
+			close(cache.release)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	}()
+
+	cache.lose("cell-1")
+	trigger <- struct{}{}
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(cache.log()) == 1 }, "the pass for cell-1 under way")
+	cache.lose("cell-2")
+	trigger <- struct{}{}
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(cache.log()) == 2 }, "a pass for cell-2 beside the one for cell-1")
+	if got, want := cache.log(), [][]string{{"cell-1"}, {"cell-2"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("passes took %v, want %v", got, want)
+	}
+
+	close(cache.release)
+	released = true
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		_, err := c.ConvergeCells(ctx)
+		log := cache.log()
+		return err == nil && slices.Equal(log[len(log)-1], []string{"cell-1", "cell-2"})
+	}, "a pass after both ended judges both cells")
 }

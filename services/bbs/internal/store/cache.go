@@ -41,7 +41,7 @@ type state struct {
 	actual map[string]map[slot]item
 	// onCell indexes the instance records by the cell in their instance key (those without
 	// a cell, UNCLAIMED ones, are not in it), so that the records of lost cells are found
-	// without walking every record under the read lock (ActualLRPsOffCells).
+	// without walking every record under the read lock (OnLostCells).
 	onCell  map[string]map[actualRef]struct{}
 	tasks   map[string]item
 	domains map[string]item

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"cmp"
+	"slices"
 	"sort"
 
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -84,30 +86,60 @@ func (s *Store) DesiredLRP(guid string) (*modelsv1.DesiredLRP, int64) {
 	})
 }
 
-// ActualLRPsOffCells lists the instance records held by a cell for which present reports false
-// (records without an instance are left out), ordered by guid, index and presence, with the
+// LostCells is what cells without presence hold, as OnLostCells reads it.
+type LostCells struct {
+	// Cells are the ids of the cells read.
+	Cells []string
+	// Actual are their instance records, ordered by guid, index and presence.
+	Actual []*modelsv1.ActualLRP
+	// Tasks are their tasks.
+	Tasks []*modelsv1.Task
+}
+
+// OnLostCells reads, in one view of the cache, the cells that hold instance records or tasks
+// but have no presence, leaving out those skip reports true, with what they hold, and the
 // revision read. It reads the cache's index of records by cell: the cells' ids and the lost
 // cells' records, not every record, under the cache's read lock (which holds off the watch's
-// writes), for convergence's cell-loss passes.
-func (s *Store) ActualLRPsOffCells(present func(cellID string) bool) ([]*modelsv1.ActualLRP, int64) {
-	return readAt(s, func(st *state) (out []*modelsv1.ActualLRP) {
+// writes), for convergence's cell-loss passes. skip is called under that lock and must not
+// read the store.
+func (s *Store) OnLostCells(skip func(cellID string) bool) (LostCells, int64) {
+	return readAt(s, func(st *state) (out LostCells) {
+		lost := func(cell string) bool {
+			_, present := st.cells[cell]
+			return cell != "" && !present && !skip(cell)
+		}
+		seen := map[string]bool{}
 		for cell, refs := range st.onCell {
-			if present(cell) {
+			if !lost(cell) {
 				continue
 			}
+			seen[cell] = true
+			out.Cells = append(out.Cells, cell)
 			for ref := range refs {
-				out = append(out, st.actual[ref.guid][ref.slot].msg.(*modelsv1.ActualLRP))
+				out.Actual = append(out.Actual, st.actual[ref.guid][ref.slot].msg.(*modelsv1.ActualLRP))
 			}
 		}
-		sort.Slice(out, func(i, j int) bool {
-			ki, kj := out[i].GetKey(), out[j].GetKey()
+		for _, it := range st.tasks {
+			t := it.msg.(*modelsv1.Task)
+			if cell := t.GetCellId(); seen[cell] || lost(cell) {
+				if !seen[cell] {
+					seen[cell] = true
+					out.Cells = append(out.Cells, cell)
+				}
+				out.Tasks = append(out.Tasks, t)
+			}
+		}
+		sort.Strings(out.Cells)
+		slices.SortFunc(out.Tasks, func(a, b *modelsv1.Task) int { return cmp.Compare(a.GetTaskGuid(), b.GetTaskGuid()) })
+		sort.Slice(out.Actual, func(i, j int) bool {
+			ki, kj := out.Actual[i].GetKey(), out.Actual[j].GetKey()
 			if ki.GetProcessGuid() != kj.GetProcessGuid() {
 				return ki.GetProcessGuid() < kj.GetProcessGuid()
 			}
 			if ki.GetIndex() != kj.GetIndex() {
 				return ki.GetIndex() < kj.GetIndex()
 			}
-			return out[i].GetPresence() < out[j].GetPresence()
+			return out.Actual[i].GetPresence() < out.Actual[j].GetPresence()
 		})
 		return out
 	})

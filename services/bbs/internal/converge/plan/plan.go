@@ -449,8 +449,8 @@ func Make(s Snapshot, t Timeouts) Plan {
 // of the snapshot: MarkSuspect for desired CLAIMED or RUNNING ordinary instances on cells without
 // presence, RemoveEvacuating for EVACUATING copies on such cells, FailTaskOnVanishedCell for
 // tasks RUNNING on them. s.Actual need only hold the records of the vanished cells (store
-// ActualLRPsOffCells); each change is the one Make would plan for the same record, in the same
-// order. A convergence pass triggered by a lost cell runs it instead of Make, so a wave of cells
+// OnLostCells); given only those, and only their tasks, s.Cells may be empty. Each change is
+// the one Make would plan for the same record, in the same order. A convergence pass triggered by a lost cell runs it instead of Make, so a wave of cells
 // expiring one after another at 100,000 instances costs a walk of the records per cell, not a
 // full plan; the timer's passes still run Make.
 func CellLoss(s Snapshot) Plan {

@@ -390,7 +390,7 @@ func BenchmarkMake(b *testing.B) {
 }
 
 // BenchmarkCellLoss plans the same cell loss as BenchmarkMake the way a triggered pass does:
-// only the vanished cells' records are given (store ActualLRPsOffCells).
+// only the vanished cells' records are given (store OnLostCells).
 func BenchmarkCellLoss(b *testing.B) {
 	s := fullScale()
 	live := map[string]bool{}
@@ -413,7 +413,7 @@ func BenchmarkCellLoss(b *testing.B) {
 
 // TestCellLossIsMakesCellRules: for random snapshots, CellLoss plans exactly the changes Make
 // plans for the records and tasks of vanished cells, in the same order, whether it is given
-// every record or only those of the vanished cells (as the store's ActualLRPsOffCells gives).
+// every record or only those of the vanished cells (as the store's OnLostCells gives).
 func TestCellLossIsMakesCellRules(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	cellIDs := []string{"cell-1", "cell-2", "gone-1", "gone-2"}
