@@ -1,7 +1,6 @@
 package bbs_test
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -67,64 +66,4 @@ func TestCellsSinceAKnownRevision(t *testing.T) {
 
 	_, err := env.Client.Cells(ctx, &bbsv1.CellsRequest{KnownRevision: -1})
 	wantBadRequestField(t, err, "known_revision")
-}
-
-// TestCellsChangesSinceAKnownRevision checks Cells with accept_changes on a real BBS and etcd:
-// from a revision whose changes the BBS holds, the answer lists only the cells registered or
-// changed since and the ids of those gone; without accept_changes, or from no revision, the
-// whole list; a revision the BBS has not seen gets the whole list too.
-func TestCellsChangesSinceAKnownRevision(t *testing.T) {
-	env := bbstest.Start(t)
-	ctx := ctxT(t)
-	for _, c := range []struct{ id, zone string }{{"cell-a", "z1"}, {"cell-b", "z2"}, {"cell-c", "z1"}} {
-		lrpRegisterCell(t, env, c.id, c.zone)
-	}
-	cells := func(known int64, changes bool) *bbsv1.CellsResponse {
-		t.Helper()
-		resp, err := env.Client.Cells(ctx, &bbsv1.CellsRequest{KnownRevision: known, AcceptChanges: changes})
-		if err != nil {
-			t.Fatalf("Cells since %d: %v", known, err)
-		}
-		return resp
-	}
-	held := cells(0, true)
-	if len(held.GetCells()) != 3 || held.GetChanges() {
-		t.Fatalf("first list: %v", held)
-	}
-
-	// cell-a goes, cell-d registers, cell-b goes and comes back.
-	for _, id := range []string{"cell-a", "cell-b"} {
-		if _, err := env.Etcd.Delete(ctx, store.CellKey(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	lrpRegisterCell(t, env, "cell-d", "z2")
-	lrpRegisterCell(t, env, "cell-b", "z2")
-	var got *bbsv1.CellsResponse
-	testkit.Eventually(t, 10*time.Second, func() bool {
-		got = cells(held.GetRevision(), true)
-		return len(got.GetCells()) == 2 && len(got.GetRemovedCellIds()) == 1
-	}, "the changes since the held list")
-	ids := func(r *bbsv1.CellsResponse) []string {
-		var out []string
-		for _, c := range r.GetCells() {
-			out = append(out, c.GetCellId())
-		}
-		return out
-	}
-	if !got.GetChanges() || got.GetUnchanged() || !slices.Equal(ids(got), []string{"cell-b", "cell-d"}) ||
-		!slices.Equal(got.GetRemovedCellIds(), []string{"cell-a"}) {
-		t.Fatalf("changes since %d: changes %v, cells %v, removed %v; want cell-b and cell-d, cell-a removed",
-			held.GetRevision(), got.GetChanges(), ids(got), got.GetRemovedCellIds())
-	}
-
-	// Without accept_changes, from no revision, or from one the BBS has not seen: every cell.
-	for _, tc := range []struct {
-		known   int64
-		changes bool
-	}{{held.GetRevision(), false}, {0, true}, {got.GetRevision() + 1_000_000, true}} {
-		if resp := cells(tc.known, tc.changes); resp.GetChanges() || !slices.Equal(ids(resp), []string{"cell-b", "cell-c", "cell-d"}) {
-			t.Fatalf("since %d, accept_changes %v: changes %v, cells %v; want every cell", tc.known, tc.changes, resp.GetChanges(), ids(resp))
-		}
-	}
 }

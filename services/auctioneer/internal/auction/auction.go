@@ -6,7 +6,6 @@
 package auction
 
 import (
-	"cmp"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -199,59 +198,30 @@ func (r *Runner) Connect(ctx context.Context) error {
 // ErrListCells); a new list drops the known states of cells not among them and has the reps
 // close their connections. It sends the revision of the last list it holds: a BBS that finds
 // the cells unchanged since then answers without them, and that list stands (no state or
-// connection then belongs to a departed cell); one that still holds the cells' changes since
-// then answers with those alone (accept_changes), which the held list takes in, so that a
-// round while a rack's cells expire one after another decodes a few cells, not thousands.
+// connection then belongs to a departed cell).
 func (r *Runner) listCells(ctx context.Context) ([]*modelsv1.CellPresence, error) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.BBSTimeout)
 	defer cancel()
 	r.mu.Lock()
 	held, known := r.cells, r.cellsRev
 	r.mu.Unlock()
-	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{KnownRevision: known, AcceptChanges: known != 0})
+	listed, err := r.bbs.Cells(lctx, &bbsv1.CellsRequest{KnownRevision: known})
 	if err != nil {
 		return nil, fmt.Errorf("%w from the bbs: %w", ErrListCells, err)
 	}
 	if listed.GetUnchanged() && known != 0 {
 		return held, nil
 	}
-	cells := listed.GetCells()
-	if listed.GetChanges() {
-		cells = withChanges(held, listed.GetCells(), listed.GetRemovedCellIds())
-	}
 	r.mu.Lock()
 	if listed.GetRevision() >= r.cellsRev { // a concurrent listing may have brought a later one
-		// A list of changes since known holds for any list at or after known: the cells it
-		// does not name did not change after known.
-		r.cells, r.cellsRev = cells, listed.GetRevision()
+		r.cells, r.cellsRev = listed.GetCells(), listed.GetRevision()
 	}
 	r.mu.Unlock()
-	r.keepStatesOf(cells)
+	r.keepStatesOf(listed.GetCells())
 	if r.retain != nil {
-		r.retain(cells)
+		r.retain(listed.GetCells())
 	}
-	return cells, nil
-}
-
-// withChanges is the cell list held (ordered by id) with the cells changed (registered or
-// changed) put in and the cells removed taken out, ordered by id.
-func withChanges(held, changed []*modelsv1.CellPresence, removed []string) []*modelsv1.CellPresence {
-	drop := make(map[string]bool, len(changed)+len(removed))
-	for _, id := range removed {
-		drop[id] = true
-	}
-	for _, c := range changed {
-		drop[c.GetCellId()] = true
-	}
-	out := make([]*modelsv1.CellPresence, 0, len(held)+len(changed))
-	for _, c := range held {
-		if !drop[c.GetCellId()] {
-			out = append(out, c)
-		}
-	}
-	out = append(out, changed...)
-	slices.SortFunc(out, func(a, b *modelsv1.CellPresence) int { return cmp.Compare(a.GetCellId(), b.GetCellId()) })
-	return out
+	return listed.GetCells(), nil
 }
 
 // Result is what a round did.

@@ -33,12 +33,8 @@ type fakeBBS struct {
 	cells    []*modelsv1.CellPresence
 	cellsErr error
 	rev      int64
-	// changes answers a listing that knows a revision and accepts changes with the changes
-	// since it.
-	changes  map[int64]*bbsv1.CellsResponse
 	mu       sync.Mutex
 	known    []int64
-	accepted []bool
 	failed   map[string]*modelsv1.PlacementError // "guid/index" or "task:guid"
 }
 
@@ -49,12 +45,8 @@ func (b *fakeBBS) Cells(_ context.Context, in *bbsv1.CellsRequest, _ ...grpc.Cal
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.known = append(b.known, in.GetKnownRevision())
-	b.accepted = append(b.accepted, in.GetAcceptChanges())
 	if b.rev > 0 && in.GetKnownRevision() == b.rev {
 		return &bbsv1.CellsResponse{Revision: b.rev, Unchanged: true}, nil
-	}
-	if c, ok := b.changes[in.GetKnownRevision()]; ok && in.GetAcceptChanges() {
-		return c, nil
 	}
 	return &bbsv1.CellsResponse{Cells: b.cells, Revision: b.rev}, nil
 }
@@ -253,57 +245,6 @@ func TestRoundKeepsAnUnchangedCellList(t *testing.T) {
 	defer bbs.mu.Unlock()
 	if want := []int64{0, 7, 7}; !slices.Equal(bbs.known, want) {
 		t.Fatalf("rounds asked for the cells knowing revisions %v, want %v", bbs.known, want)
-	}
-}
-
-// TestRoundTakesInCellChanges checks that a round holding a cell list accepts the changes
-// since it, and places over the held list with them taken in: a cell gone is no longer asked,
-// a new one is.
-func TestRoundTakesInCellChanges(t *testing.T) {
-	bbs, reps := env(t)
-	bbs.rev = 7
-	r := NewRunner(bbs, reps, Config{}, logtest.New(t))
-	round := func(guid string) Result {
-		t.Helper()
-		res, err := r.Run(context.Background(), LRPWork([]*auctioneerv1.LRPStartRequest{lrpStart(guid, 128, 0)}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	round("first")
-	state := proto.Clone(reps["a:1"].state).(*repv1.StateResponse)
-	state.CellId, state.Zone = "c", "z3"
-	reps["c:1"] = &fakeRep{state: state}
-	bbs.mu.Lock()
-	bbs.rev = 9
-	bbs.changes = map[int64]*bbsv1.CellsResponse{7: {
-		Revision: 9, Changes: true, RemovedCellIds: []string{"a"},
-		Cells: []*modelsv1.CellPresence{{CellId: "c", RepAddress: "c:1", Zone: "z3"}},
-	}}
-	bbs.mu.Unlock()
-	statesOfA := reps["a:1"].states()
-	res := round("second")
-	if res.Cells != 2 || res.Placed["lrp/second/0"] == "a" || len(res.Placed) != 1 {
-		t.Fatalf("after a left and c came: %d cells, placed %v, failed %v; want 2 cells and not a", res.Cells, res.Placed, res.Failed)
-	}
-	if reps["a:1"].states() != statesOfA || reps["c:1"].states() == 0 {
-		t.Errorf("State calls: a %d more, c %d; want none to the cell gone and one to the new one", reps["a:1"].states()-statesOfA, reps["c:1"].states())
-	}
-	r.mu.Lock()
-	var ids []string
-	for _, c := range r.cells {
-		ids = append(ids, c.GetCellId())
-	}
-	rev := r.cellsRev
-	r.mu.Unlock()
-	if !slices.Equal(ids, []string{"b", "c"}) || rev != 9 {
-		t.Errorf("held list %v at %d, want [b c] at 9", ids, rev)
-	}
-	bbs.mu.Lock()
-	defer bbs.mu.Unlock()
-	if want := []bool{false, true}; !slices.Equal(bbs.accepted, want) {
-		t.Errorf("rounds accepted changes %v, want %v (none without a list held)", bbs.accepted, want)
 	}
 }
 

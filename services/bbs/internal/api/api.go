@@ -27,7 +27,7 @@ type Cache interface {
 	ActualLRPsEncoded(f store.ListFilter) ([][]byte, int64)
 	Tasks(f store.ListFilter) ([]*modelsv1.Task, int64)
 	Cells() ([]*modelsv1.CellPresence, int64)
-	CellsSince(known int64, changes bool) store.CellList
+	CellsSince(known int64) ([]*modelsv1.CellPresence, int64, bool)
 	Subscribe(ctx context.Context, since int64, f store.EventFilter, bookmarkEvery time.Duration, send func(*bbsv1.SubscribeToEventsResponse) error) error
 }
 
@@ -323,8 +323,8 @@ func (s *Server) DeleteTask(ctx context.Context, r *bbsv1.DeleteTaskRequest) (*b
 
 // Cells implements bbsv1.BBSServiceServer.
 func (s *Server) Cells(_ context.Context, r *bbsv1.CellsRequest) (*bbsv1.CellsResponse, error) {
-	l := s.cache.CellsSince(r.GetKnownRevision(), r.GetAcceptChanges())
-	return &bbsv1.CellsResponse{Cells: l.Cells, Revision: l.Revision, Unchanged: l.Unchanged, Changes: l.Changes, RemovedCellIds: l.Removed}, nil
+	cells, rev, unchanged := s.cache.CellsSince(r.GetKnownRevision())
+	return &bbsv1.CellsResponse{Cells: cells, Revision: rev, Unchanged: unchanged}, nil
 }
 
 // Tags implements bbsv1.BBSServiceServer.

@@ -52,11 +52,7 @@ type state struct {
 	// cellsRev is the revision at which a cell last registered, changed or disappeared (the
 	// revision listed at, for a state listed whole); cellsSorted is the cells ordered by id,
 	// built by the first reader after a change (nil until then).
-	cellsRev int64
-	// cellLog is the cells' changes after cellLogBase, oldest first (at most maxCellLog):
-	// CellsSince answers a caller holding a list at or after cellLogBase with the changes.
-	cellLog     []cellChange
-	cellLogBase int64
+	cellsRev    int64
 	cellsSorted atomic.Pointer[[]*modelsv1.CellPresence]
 }
 
@@ -156,26 +152,6 @@ func (s *state) del(k parsedKey) {
 	if k.kind == kindCell {
 		s.cellsSorted.Store(nil)
 	}
-}
-
-// cellChange is a cell that registered, changed or disappeared at a revision.
-type cellChange struct {
-	rev int64
-	id  string
-}
-
-// maxCellLog bounds the cells' change log: a wave of lost cells is a few hundred changes, and
-// past the bound the oldest half goes (a caller that old gets the whole list).
-const maxCellLog = 8192
-
-// logCell records that cell id changed at rev.
-func (s *state) logCell(rev int64, id string) {
-	if len(s.cellLog) >= maxCellLog {
-		drop := len(s.cellLog) / 2
-		s.cellLogBase = s.cellLog[drop-1].rev
-		s.cellLog = append(s.cellLog[:0], s.cellLog[drop:]...)
-	}
-	s.cellLog = append(s.cellLog, cellChange{rev, id})
 }
 
 // actualRef names an instance record: its process guid and slot.

@@ -71,19 +71,3 @@ func TestCellIndexFollowsTheRecords(t *testing.T) {
 		}
 	}
 }
-
-// TestCellLogKeepsTheNewestChanges fills the cells' change log past its bound: the oldest half
-// goes, the base moves to the newest change dropped, and the changes after it stay in order.
-func TestCellLogKeepsTheNewestChanges(t *testing.T) {
-	st := newState()
-	st.cellLogBase = 10
-	for i := range maxCellLog + 1 {
-		st.logCell(int64(11+i), fmt.Sprintf("cell-%d", i))
-	}
-	if want := int64(10 + maxCellLog/2); st.cellLogBase != want {
-		t.Fatalf("base %d after %d changes, want %d", st.cellLogBase, maxCellLog+1, want)
-	}
-	if len(st.cellLog) != maxCellLog/2+1 || st.cellLog[0].rev != st.cellLogBase+1 || st.cellLog[len(st.cellLog)-1].rev != int64(11+maxCellLog) {
-		t.Fatalf("log of %d changes from revision %d to %d", len(st.cellLog), st.cellLog[0].rev, st.cellLog[len(st.cellLog)-1].rev)
-	}
-}

@@ -261,55 +261,19 @@ func (s *Store) Cells() ([]*modelsv1.CellPresence, int64) {
 	return readAt(s, sortedCells)
 }
 
-// CellList is what CellsSince read.
-type CellList struct {
-	// Cells are every registered cell, or with Changes those registered or changed since the
-	// revision asked about, ordered by id; none when Unchanged.
-	Cells []*modelsv1.CellPresence
-	// Removed are the ids of the cells gone since that revision, ordered (with Changes).
-	Removed []string
-	// Revision is the revision read at.
-	Revision int64
-	// Unchanged says no cell changed since the revision asked about.
-	Unchanged bool
-	// Changes says Cells and Removed are the changes since that revision, not the whole list.
-	Changes bool
-}
-
-// CellsSince is Cells for a caller holding the list read at known: Unchanged (and no cells)
-// when no cell registered, changed or disappeared after known, and known is not past what the
-// cache has seen (a lagging or restored store lists). With changes, a caller whose list at
-// known is still covered by the cache's log of cell changes gets those changes alone: the
-// cells registered or changed after known, and the ids of those gone. Otherwise every cell.
-func (s *Store) CellsSince(known int64, changes bool) (out CellList) {
+// CellsSince is Cells for a caller holding the list read at known: unchanged is true (and
+// cells nil) when no cell registered, changed or disappeared after known, and known is not
+// past what the cache has seen (a lagging or restored store lists).
+func (s *Store) CellsSince(known int64) (cells []*modelsv1.CellPresence, rev int64, unchanged bool) {
 	s.cache.read(func(st *state, r int64) {
-		out.Revision = r
+		rev = r
 		if known > 0 && st.cellsRev <= known && known <= r {
-			out.Unchanged = true
+			unchanged = true
 			return
 		}
-		if !changes || known <= 0 || known < st.cellLogBase || known > r {
-			out.Cells = sortedCells(st)
-			return
-		}
-		out.Changes = true
-		seen := map[string]bool{}
-		for i := len(st.cellLog) - 1; i >= 0 && st.cellLog[i].rev > known; i-- {
-			id := st.cellLog[i].id
-			if seen[id] {
-				continue
-			}
-			seen[id] = true
-			if it, ok := st.cells[id]; ok {
-				out.Cells = append(out.Cells, it.msg.(*modelsv1.CellPresence))
-			} else {
-				out.Removed = append(out.Removed, id)
-			}
-		}
-		slices.SortFunc(out.Cells, func(a, b *modelsv1.CellPresence) int { return cmp.Compare(a.GetCellId(), b.GetCellId()) })
-		slices.Sort(out.Removed)
+		cells = sortedCells(st)
 	})
-	return out
+	return cells, rev, unchanged
 }
 
 // sortedCells is st's cells ordered by id, built once per change of the cells (concurrent

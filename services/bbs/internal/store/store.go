@@ -244,7 +244,7 @@ func (s *Store) resync(ctx context.Context) (int64, error) {
 		}
 		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	st.cellsRev, st.cellLogBase = rev, rev
+	st.cellsRev = rev
 	s.cache.mu.Lock()
 	s.cache.st = st
 	s.links.reset(st)
@@ -338,7 +338,6 @@ func (s *Store) apply(evs []*clientv3.Event) error {
 		}
 		if k.kind == kindCell {
 			st.cellsRev = rev
-			st.logCell(rev, k.id)
 		}
 		if after != nil {
 			st.set(k, item{msg: after, modRev: d.modRev, lease: d.lease, label: d.label, raw: d.raw})

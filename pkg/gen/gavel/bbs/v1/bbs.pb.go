@@ -3512,12 +3512,6 @@ type CellsRequest struct {
 	// (a caller that lists the cells often, such as the auctioneer's rounds, then decodes the
 	// list only when it changed). 0 always lists.
 	KnownRevision int64 `protobuf:"varint,1,opt,name=known_revision,json=knownRevision,proto3" json:"known_revision,omitempty"`
-	// AcceptChanges, with known_revision, takes the changes since it instead of the whole list
-	// when the BBS still holds every change of the cells after it: the answer then sets changes
-	// and lists only the cells registered or changed since (cells) and the ids of those gone
-	// (removed_cell_ids). A caller that lists while cells come and go (the auctioneer's rounds
-	// while a rack's leases expire) then decodes a few cells, not all of them.
-	AcceptChanges bool `protobuf:"varint,2,opt,name=accept_changes,json=acceptChanges,proto3" json:"accept_changes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3559,13 +3553,6 @@ func (x *CellsRequest) GetKnownRevision() int64 {
 	return 0
 }
 
-func (x *CellsRequest) GetAcceptChanges() bool {
-	if x != nil {
-		return x.AcceptChanges
-	}
-	return false
-}
-
 // CellsResponse is the answer of Cells.
 type CellsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3575,15 +3562,9 @@ type CellsResponse struct {
 	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// Unchanged is set when the request's known_revision is still current: the cells are those
 	// of that answer, and revision is the later revision this was read at.
-	Unchanged bool `protobuf:"varint,3,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
-	// Changes is set when the answer holds only the changes since the request's known_revision
-	// (accept_changes): cells are the cells registered or changed since, and removed_cell_ids
-	// the cells gone since, each ordered by id.
-	Changes bool `protobuf:"varint,4,opt,name=changes,proto3" json:"changes,omitempty"`
-	// RemovedCellIds are the ids of the cells gone since known_revision (with changes).
-	RemovedCellIds []string `protobuf:"bytes,5,rep,name=removed_cell_ids,json=removedCellIds,proto3" json:"removed_cell_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	Unchanged     bool `protobuf:"varint,3,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CellsResponse) Reset() {
@@ -3635,20 +3616,6 @@ func (x *CellsResponse) GetUnchanged() bool {
 		return x.Unchanged
 	}
 	return false
-}
-
-func (x *CellsResponse) GetChanges() bool {
-	if x != nil {
-		return x.Changes
-	}
-	return false
-}
-
-func (x *CellsResponse) GetRemovedCellIds() []string {
-	if x != nil {
-		return x.RemovedCellIds
-	}
-	return nil
 }
 
 // TagsRequest is the request of Tags.
@@ -4704,16 +4671,13 @@ const file_gavel_bbs_v1_bbs_proto_rawDesc = "" +
 	"\x15ResolvingTaskResponse\"0\n" +
 	"\x11DeleteTaskRequest\x12\x1b\n" +
 	"\ttask_guid\x18\x01 \x01(\tR\btaskGuid\"\x14\n" +
-	"\x12DeleteTaskResponse\"\\\n" +
+	"\x12DeleteTaskResponse\"5\n" +
 	"\fCellsRequest\x12%\n" +
-	"\x0eknown_revision\x18\x01 \x01(\x03R\rknownRevision\x12%\n" +
-	"\x0eaccept_changes\x18\x02 \x01(\bR\racceptChanges\"\xc2\x01\n" +
+	"\x0eknown_revision\x18\x01 \x01(\x03R\rknownRevision\"~\n" +
 	"\rCellsResponse\x123\n" +
 	"\x05cells\x18\x01 \x03(\v2\x1d.gavel.models.v1.CellPresenceR\x05cells\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
-	"\tunchanged\x18\x03 \x01(\bR\tunchanged\x12\x18\n" +
-	"\achanges\x18\x04 \x01(\bR\achanges\x12(\n" +
-	"\x10removed_cell_ids\x18\x05 \x03(\tR\x0eremovedCellIds\"\r\n" +
+	"\tunchanged\x18\x03 \x01(\bR\tunchanged\"\r\n" +
 	"\vTagsRequest\"\"\n" +
 	"\fTagsResponse\x12\x12\n" +
 	"\x04tags\x18\x01 \x03(\tR\x04tags\"Y\n" +

@@ -3527,16 +3527,6 @@ func (m *CellsRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
-	if m.AcceptChanges {
-		i--
-		if m.AcceptChanges {
-			dAtA[i] = 1
-		} else {
-			dAtA[i] = 0
-		}
-		i--
-		dAtA[i] = 0x10
-	}
 	if m.KnownRevision != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.KnownRevision))
 		i--
@@ -3574,25 +3564,6 @@ func (m *CellsResponse) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
-	}
-	if len(m.RemovedCellIds) > 0 {
-		for iNdEx := len(m.RemovedCellIds) - 1; iNdEx >= 0; iNdEx-- {
-			i -= len(m.RemovedCellIds[iNdEx])
-			copy(dAtA[i:], m.RemovedCellIds[iNdEx])
-			i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.RemovedCellIds[iNdEx])))
-			i--
-			dAtA[i] = 0x2a
-		}
-	}
-	if m.Changes {
-		i--
-		if m.Changes {
-			dAtA[i] = 1
-		} else {
-			dAtA[i] = 0
-		}
-		i--
-		dAtA[i] = 0x20
 	}
 	if m.Unchanged {
 		i--
@@ -5765,9 +5736,6 @@ func (m *CellsRequest) SizeVT() (n int) {
 	if m.KnownRevision != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.KnownRevision))
 	}
-	if m.AcceptChanges {
-		n += 2
-	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -5795,15 +5763,6 @@ func (m *CellsResponse) SizeVT() (n int) {
 	}
 	if m.Unchanged {
 		n += 2
-	}
-	if m.Changes {
-		n += 2
-	}
-	if len(m.RemovedCellIds) > 0 {
-		for _, s := range m.RemovedCellIds {
-			l = len(s)
-			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
-		}
 	}
 	n += len(m.unknownFields)
 	return n
@@ -13173,26 +13132,6 @@ func (m *CellsRequest) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
-		case 2:
-			if wireType != 0 {
-				return fmt.Errorf("proto: wrong wireType = %d for field AcceptChanges", wireType)
-			}
-			var v int
-			for shift := uint(0); ; shift += 7 {
-				if shift >= 64 {
-					return protohelpers.ErrIntOverflow
-				}
-				if iNdEx >= l {
-					return io.ErrUnexpectedEOF
-				}
-				b := dAtA[iNdEx]
-				iNdEx++
-				v |= int(b&0x7F) << shift
-				if b < 0x80 {
-					break
-				}
-			}
-			m.AcceptChanges = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -13325,58 +13264,6 @@ func (m *CellsResponse) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Unchanged = bool(v != 0)
-		case 4:
-			if wireType != 0 {
-				return fmt.Errorf("proto: wrong wireType = %d for field Changes", wireType)
-			}
-			var v int
-			for shift := uint(0); ; shift += 7 {
-				if shift >= 64 {
-					return protohelpers.ErrIntOverflow
-				}
-				if iNdEx >= l {
-					return io.ErrUnexpectedEOF
-				}
-				b := dAtA[iNdEx]
-				iNdEx++
-				v |= int(b&0x7F) << shift
-				if b < 0x80 {
-					break
-				}
-			}
-			m.Changes = bool(v != 0)
-		case 5:
-			if wireType != 2 {
-				return fmt.Errorf("proto: wrong wireType = %d for field RemovedCellIds", wireType)
-			}
-			var stringLen uint64
-			for shift := uint(0); ; shift += 7 {
-				if shift >= 64 {
-					return protohelpers.ErrIntOverflow
-				}
-				if iNdEx >= l {
-					return io.ErrUnexpectedEOF
-				}
-				b := dAtA[iNdEx]
-				iNdEx++
-				stringLen |= uint64(b&0x7F) << shift
-				if b < 0x80 {
-					break
-				}
-			}
-			intStringLen := int(stringLen)
-			if intStringLen < 0 {
-				return protohelpers.ErrInvalidLength
-			}
-			postIndex := iNdEx + intStringLen
-			if postIndex < 0 {
-				return protohelpers.ErrInvalidLength
-			}
-			if postIndex > l {
-				return io.ErrUnexpectedEOF
-			}
-			m.RemovedCellIds = append(m.RemovedCellIds, string(dAtA[iNdEx:postIndex]))
-			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
