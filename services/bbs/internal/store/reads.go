@@ -104,42 +104,37 @@ type LostCells struct {
 // read the store.
 func (s *Store) OnLostCells(skip func(cellID string) bool) (LostCells, int64) {
 	return readAt(s, func(st *state) (out LostCells) {
+		judged := map[string]bool{} // cell → lost and not skipped; out.Cells gets each such cell once
 		lost := func(cell string) bool {
-			_, present := st.cells[cell]
-			return cell != "" && !present && !skip(cell)
-		}
-		seen := map[string]bool{}
-		for cell, refs := range st.onCell {
-			if !lost(cell) {
-				continue
+			l, ok := judged[cell]
+			if !ok {
+				_, present := st.cells[cell]
+				l = cell != "" && !present && !skip(cell)
+				judged[cell] = l
+				if l {
+					out.Cells = append(out.Cells, cell)
+				}
 			}
-			seen[cell] = true
-			out.Cells = append(out.Cells, cell)
-			for ref := range refs {
-				out.Actual = append(out.Actual, st.actual[ref.guid][ref.slot].msg.(*modelsv1.ActualLRP))
+			return l
+		}
+		for cell, refs := range st.onCell {
+			if lost(cell) {
+				for ref := range refs {
+					out.Actual = append(out.Actual, st.actual[ref.guid][ref.slot].msg.(*modelsv1.ActualLRP))
+				}
 			}
 		}
 		for _, it := range st.tasks {
-			t := it.msg.(*modelsv1.Task)
-			if cell := t.GetCellId(); seen[cell] || lost(cell) {
-				if !seen[cell] {
-					seen[cell] = true
-					out.Cells = append(out.Cells, cell)
-				}
+			if t := it.msg.(*modelsv1.Task); lost(t.GetCellId()) {
 				out.Tasks = append(out.Tasks, t)
 			}
 		}
-		sort.Strings(out.Cells)
+		slices.Sort(out.Cells)
 		slices.SortFunc(out.Tasks, func(a, b *modelsv1.Task) int { return cmp.Compare(a.GetTaskGuid(), b.GetTaskGuid()) })
-		sort.Slice(out.Actual, func(i, j int) bool {
-			ki, kj := out.Actual[i].GetKey(), out.Actual[j].GetKey()
-			if ki.GetProcessGuid() != kj.GetProcessGuid() {
-				return ki.GetProcessGuid() < kj.GetProcessGuid()
-			}
-			if ki.GetIndex() != kj.GetIndex() {
-				return ki.GetIndex() < kj.GetIndex()
-			}
-			return out.Actual[i].GetPresence() < out.Actual[j].GetPresence()
+		slices.SortFunc(out.Actual, func(a, b *modelsv1.ActualLRP) int {
+			ka, kb := a.GetKey(), b.GetKey()
+			return cmp.Or(cmp.Compare(ka.GetProcessGuid(), kb.GetProcessGuid()), cmp.Compare(ka.GetIndex(), kb.GetIndex()),
+				cmp.Compare(a.GetPresence(), b.GetPresence()))
 		})
 		return out
 	})

@@ -168,21 +168,13 @@ func (s *Store) Synced() <-chan struct{} { return s.synced }
 // a cache with records missing.
 func (s *Store) Run(ctx context.Context, ready func()) error {
 	cctx, stopCommits := context.WithCancel(ctx)
-	commitsDone := make(chan struct{})
-	go func() {
-		defer close(commitsDone)
-		s.committer.run(cctx)
-	}()
-	leftDone := make(chan struct{})
-	go func() {
-		defer close(leftDone)
-		s.tellCellsLeft(cctx)
-	}()
+	var background sync.WaitGroup
+	background.Go(func() { s.committer.run(cctx) })
+	background.Go(func() { s.tellCellsLeft(cctx) })
 	// Stop forming batches and join the transactions in flight before returning.
 	defer func() {
 		stopCommits()
-		<-commitsDone
-		<-leftDone
+		background.Wait()
 	}()
 	for {
 		var rev int64
