@@ -143,7 +143,9 @@ func TestOCIInstanceAccess(t *testing.T) {
 	web.Action = &modelsv1.Action{Kind: &modelsv1.Action_Run{Run: &modelsv1.RunAction{Path: "/bin/probe", Args: []string{"sleep"}}}}
 	web.MemoryMb = 64
 	desire(t, env, web)
-	perform(t, r, []*repv1.LRPInstance{lrpWork(web, 0)}, nil)
+	if resp := perform(t, r, []*repv1.LRPInstance{lrpWork(web, 0)}, nil); len(resp.GetFailedLrps()) != 0 {
+		t.Fatalf("the oci cell refused web/0: %v", resp)
+	}
 	waitRunning(t, env, r, "web", 0)
 
 	testkit.EventuallyState(t, 15*time.Second, func() (bool, string) {

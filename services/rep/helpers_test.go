@@ -175,9 +175,16 @@ func actual(t *testing.T, env *bbstest.Env, guid string, index int32, p modelsv1
 func waitRunning(t *testing.T, env *bbstest.Env, r *repEnv, guid string, index int32) *modelsv1.ActualLRP {
 	t.Helper()
 	var got *modelsv1.ActualLRP
+	ctx := ctxT(t)
 	testkit.EventuallyState(t, 10*time.Second, func() (bool, string) {
 		got = actual(t, env, guid, index, modelsv1.ActualLRP_PRESENCE_ORDINARY)
-		return got.GetState() == modelsv1.ActualLRP_STATE_RUNNING && got.GetInstanceKey().GetCellId() == r.cfg.CellID, fmt.Sprint(got)
+		if got.GetState() == modelsv1.ActualLRP_STATE_RUNNING && got.GetInstanceKey().GetCellId() == r.cfg.CellID {
+			return true, ""
+		}
+		// What the cell holds says, on a failure, whether the rep still has the instance and
+		// whether it is starting.
+		held, err := r.client.State(ctx, &repv1.StateRequest{})
+		return false, fmt.Sprintf("record %v; the cell holds %v starting %d (%v)", got, held.GetLrps(), held.GetStartingContainerCount(), err)
 	}, fmt.Sprintf("%s/%d RUNNING on %s", guid, index, r.cfg.CellID))
 	return got
 }
