@@ -4,22 +4,8 @@ import (
 	"maps"
 	"slices"
 
-	"google.golang.org/protobuf/proto"
-
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 )
-
-// cloneMsg deep-copies a message, keeping nil as nil.
-func cloneMsg[T interface {
-	proto.Message
-	comparable
-}](m T) T {
-	var zero T
-	if m == zero {
-		return zero
-	}
-	return proto.Clone(m).(T)
-}
 
 func cloneRoutes(m map[string][]byte) map[string][]byte {
 	if m == nil {
@@ -38,7 +24,7 @@ func cloneEnv(env []*modelsv1.EnvironmentVariable) []*modelsv1.EnvironmentVariab
 	}
 	out := make([]*modelsv1.EnvironmentVariable, len(env))
 	for i, v := range env {
-		out[i] = cloneMsg(v)
+		out[i] = Clone(v)
 	}
 	return out
 }
@@ -61,12 +47,12 @@ func SchedulingInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPSchedulingInfo {
 			DiskMb:   d.GetDiskMb(),
 			MaxPids:  d.GetMaxPids(),
 		},
-		PlacementConstraint: cloneMsg(d.GetPlacementConstraint()),
+		PlacementConstraint: Clone(d.GetPlacementConstraint()),
 		Labels:              maps.Clone(d.GetLabels()),
 		Annotation:          d.GetAnnotation(),
 		Routes:              cloneRoutes(d.GetRoutes()),
-		ModificationTag:     cloneMsg(d.GetModificationTag()),
-		SpreadWith:          cloneMsg(d.GetSpreadWith()),
+		ModificationTag:     Clone(d.GetModificationTag()),
+		SpreadWith:          Clone(d.GetSpreadWith()),
 	}
 }
 
@@ -84,12 +70,12 @@ func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 		Properties:      maps.Clone(d.GetProperties()),
 		Ports:           slices.Clone(d.GetPorts()),
 		Env:             cloneEnv(d.GetEnv()),
-		Setup:           cloneMsg(d.GetSetup()),
-		Action:          cloneMsg(d.GetAction()),
-		Monitor:         cloneMsg(d.GetMonitor()),
-		CheckDefinition: cloneMsg(d.GetCheckDefinition()),
+		Setup:           Clone(d.GetSetup()),
+		Action:          Clone(d.GetAction()),
+		Monitor:         Clone(d.GetMonitor()),
+		CheckDefinition: Clone(d.GetCheckDefinition()),
 		StartTimeoutMs:  d.GetStartTimeoutMs(),
-		Links:           cloneMsg(d.GetLinks()),
+		Links:           Clone(d.GetLinks()),
 		Privileged:      d.GetPrivileged(),
 		CpuWeight:       d.GetCpuWeight(),
 		LogDrains:       slices.Clone(d.GetLogDrains()),
@@ -113,12 +99,12 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 		MemoryMb:            s.GetResources().GetMemoryMb(),
 		DiskMb:              s.GetResources().GetDiskMb(),
 		MaxPids:             s.GetResources().GetMaxPids(),
-		PlacementConstraint: cloneMsg(s.GetPlacementConstraint()),
+		PlacementConstraint: Clone(s.GetPlacementConstraint()),
 		Labels:              maps.Clone(s.GetLabels()),
 		Annotation:          s.GetAnnotation(),
 		Routes:              cloneRoutes(s.GetRoutes()),
-		ModificationTag:     cloneMsg(s.GetModificationTag()),
-		SpreadWith:          cloneMsg(s.GetSpreadWith()),
+		ModificationTag:     Clone(s.GetModificationTag()),
+		SpreadWith:          Clone(s.GetSpreadWith()),
 	}
 	if r == nil {
 		return d
@@ -126,12 +112,12 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 	d.Properties = maps.Clone(r.GetProperties())
 	d.Ports = slices.Clone(r.GetPorts())
 	d.Env = cloneEnv(r.GetEnv())
-	d.Setup = cloneMsg(r.GetSetup())
-	d.Action = cloneMsg(r.GetAction())
-	d.Monitor = cloneMsg(r.GetMonitor())
-	d.CheckDefinition = cloneMsg(r.GetCheckDefinition())
+	d.Setup = Clone(r.GetSetup())
+	d.Action = Clone(r.GetAction())
+	d.Monitor = Clone(r.GetMonitor())
+	d.CheckDefinition = Clone(r.GetCheckDefinition())
 	d.StartTimeoutMs = r.GetStartTimeoutMs()
-	d.Links = cloneMsg(r.GetLinks())
+	d.Links = Clone(r.GetLinks())
 	d.Privileged = r.GetPrivileged()
 	d.CpuWeight = r.GetCpuWeight()
 	d.LogDrains = slices.Clone(r.GetLogDrains())

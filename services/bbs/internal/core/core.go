@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
@@ -177,8 +176,6 @@ func bump(tag *modelsv1.ModificationTag) *modelsv1.ModificationTag {
 	}
 	return &modelsv1.ModificationTag{Epoch: tag.GetEpoch(), Index: tag.GetIndex() + 1}
 }
-
-func clone[T proto.Message](m T) T { return proto.Clone(m).(T) }
 
 // ListFilter converts the API's filter; the selector was validated with the request.
 func ListFilter(f *bbsv1.Filter) (store.ListFilter, error) {

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
@@ -93,7 +94,7 @@ func (c *deps) drainFirst() bool {
 
 // drained returns a copy of a withdrawn from routing and draining from now.
 func (c *deps) drained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
-	next := clone(a)
+	next := models.Clone(a)
 	next.Routable = false
 	next.DrainingSince = c.now()
 	next.ModificationTag = bump(a.GetModificationTag())
@@ -103,7 +104,7 @@ func (c *deps) drained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 // undrained returns a copy of a draining a routed again (its slot is desired again before it
 // was stopped); the Drainer finds it no longer draining and leaves it running.
 func undrained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
-	next := clone(a)
+	next := models.Clone(a)
 	next.Routable = true
 	next.DrainingSince = nil
 	next.ModificationTag = bump(a.GetModificationTag())

@@ -26,11 +26,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -388,8 +388,8 @@ func (c *Cell) state(summary bool) *repv1.StateResponse {
 		count(ctr)
 		if ctr.kind == executor.KindLRP {
 			out.Lrps = append(out.Lrps, &repv1.LRPInstance{
-				Key:                 proto.Clone(ctr.key).(*modelsv1.ActualLRPKey),
-				Resources:           proto.Clone(ctr.resources).(*modelsv1.Resources),
+				Key:                 models.Clone(ctr.key),
+				Resources:           models.Clone(ctr.resources),
 				Rootfs:              ctr.rootfs,
 				PlacementConstraint: cloneConstraint(ctr.constraint),
 				InstanceGuid:        ctr.guid,
@@ -398,7 +398,7 @@ func (c *Cell) state(summary bool) *repv1.StateResponse {
 			out.Tasks = append(out.Tasks, &repv1.TaskWork{
 				TaskGuid:            ctr.guid,
 				Domain:              ctr.domain,
-				Resources:           proto.Clone(ctr.resources).(*modelsv1.Resources),
+				Resources:           models.Clone(ctr.resources),
 				Rootfs:              ctr.rootfs,
 				PlacementConstraint: cloneConstraint(ctr.constraint),
 			})
@@ -411,7 +411,7 @@ func cloneConstraint(pc *modelsv1.PlacementConstraint) *modelsv1.PlacementConstr
 	if pc == nil {
 		return nil
 	}
-	return proto.Clone(pc).(*modelsv1.PlacementConstraint)
+	return models.Clone(pc)
 }
 
 // sortedLocked lists the containers by guid. c.mu must be held.
@@ -479,7 +479,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 			continue
 		}
 		ctr := c.reserveLocked(uuid.NewString(), executor.KindLRP, l.GetResources(), l.GetRootfs(), l.GetPlacementConstraint())
-		ctr.key = proto.Clone(l.GetKey()).(*modelsv1.ActualLRPKey)
+		ctr.key = models.Clone(l.GetKey())
 		ctr.trace = l.GetTrace()
 		started = append(started, ctr)
 	}
@@ -530,7 +530,7 @@ func (c *Cell) reserveLocked(guid string, kind executor.Kind, res *modelsv1.Reso
 	ctr := &container{
 		guid:       guid,
 		kind:       kind,
-		resources:  proto.Clone(res).(*modelsv1.Resources),
+		resources:  models.Clone(res),
 		rootfs:     rootfs,
 		constraint: cloneConstraint(pc),
 		ctx:        ctx,

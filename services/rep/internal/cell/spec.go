@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -35,10 +36,10 @@ func lrpSpec(d *modelsv1.DesiredLRP, key *modelsv1.ActualLRPKey, instanceGuid st
 		ImageUsername:       d.GetImageUsername(),
 		ImagePassword:       d.GetImagePassword(),
 		Env:                 env,
-		Setup:               cloneMsg(d.GetSetup()),
-		Action:              cloneMsg(d.GetAction()),
-		Monitor:             cloneMsg(d.GetMonitor()),
-		Checks:              cloneMsg(d.GetCheckDefinition()),
+		Setup:               models.Clone(d.GetSetup()),
+		Action:              models.Clone(d.GetAction()),
+		Monitor:             models.Clone(d.GetMonitor()),
+		Checks:              models.Clone(d.GetCheckDefinition()),
 		Ports:               append([]uint32(nil), d.GetPorts()...),
 		MemoryMB:            d.GetMemoryMb(),
 		DiskMB:              d.GetDiskMb(),
@@ -47,7 +48,7 @@ func lrpSpec(d *modelsv1.DesiredLRP, key *modelsv1.ActualLRPKey, instanceGuid st
 		Privileged:          d.GetPrivileged(),
 		StartTimeout:        time.Duration(d.GetStartTimeoutMs()) * time.Millisecond,
 		Properties:          maps.Clone(d.GetProperties()),
-		PlacementConstraint: cloneMsg(d.GetPlacementConstraint()),
+		PlacementConstraint: models.Clone(d.GetPlacementConstraint()),
 		LogGuid:             d.GetLogGuid(),
 		LogDrains:           slices.Clone(d.GetLogDrains()),
 	}
@@ -65,7 +66,7 @@ func taskSpec(t *modelsv1.Task) executor.Spec {
 		ImageUsername:       def.GetImageUsername(),
 		ImagePassword:       def.GetImagePassword(),
 		Env:                 cloneEnv(def.GetEnv()),
-		Action:              cloneMsg(def.GetAction()),
+		Action:              models.Clone(def.GetAction()),
 		MemoryMB:            def.GetMemoryMb(),
 		DiskMB:              def.GetDiskMb(),
 		MaxPids:             def.GetMaxPids(),
@@ -73,24 +74,16 @@ func taskSpec(t *modelsv1.Task) executor.Spec {
 		Privileged:          def.GetPrivileged(),
 		ResultFile:          def.GetResultFile(),
 		Properties:          maps.Clone(def.GetProperties()),
-		PlacementConstraint: cloneMsg(def.GetPlacementConstraint()),
+		PlacementConstraint: models.Clone(def.GetPlacementConstraint()),
 		LogDrains:           slices.Clone(def.GetLogDrains()),
 		LogGuid:             def.GetLogGuid(),
 	}
 }
 
-func cloneMsg[T proto.Message](m T) T {
-	var zero T
-	if any(m) == any(zero) || !m.ProtoReflect().IsValid() {
-		return zero
-	}
-	return proto.Clone(m).(T)
-}
-
 func cloneEnv(env []*modelsv1.EnvironmentVariable) []*modelsv1.EnvironmentVariable {
 	out := make([]*modelsv1.EnvironmentVariable, 0, len(env)+4)
 	for _, e := range env {
-		out = append(out, proto.Clone(e).(*modelsv1.EnvironmentVariable))
+		out = append(out, e.CloneVT())
 	}
 	return out
 }

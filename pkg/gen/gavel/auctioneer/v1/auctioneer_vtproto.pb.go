@@ -20,6 +20,213 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+func (m *LRPStartRequest) CloneVT() *LRPStartRequest {
+	if m == nil {
+		return (*LRPStartRequest)(nil)
+	}
+	r := new(LRPStartRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Domain = m.Domain
+	r.Rootfs = m.Rootfs
+	r.SpreadPeer = m.SpreadPeer.CloneVT()
+	if rhs := m.Indices; rhs != nil {
+		tmpContainer := make([]int32, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Indices = tmpContainer
+	}
+	if rhs := m.Resources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Resources }); ok {
+			r.Resources = vtpb.CloneVT()
+		} else {
+			r.Resources = proto.Clone(rhs).(*v1.Resources)
+		}
+	}
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LRPStartRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SpreadPeer) CloneVT() *SpreadPeer {
+	if m == nil {
+		return (*SpreadPeer)(nil)
+	}
+	r := new(SpreadPeer)
+	r.ProcessGuid = m.ProcessGuid
+	r.BelowIndex = m.BelowIndex
+	if rhs := m.CellInstances; rhs != nil {
+		tmpContainer := make(map[string]int32, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.CellInstances = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SpreadPeer) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskStartRequest) CloneVT() *TaskStartRequest {
+	if m == nil {
+		return (*TaskStartRequest)(nil)
+	}
+	r := new(TaskStartRequest)
+	r.TaskGuid = m.TaskGuid
+	r.Domain = m.Domain
+	r.Rootfs = m.Rootfs
+	if rhs := m.Resources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Resources }); ok {
+			r.Resources = vtpb.CloneVT()
+		} else {
+			r.Resources = proto.Clone(rhs).(*v1.Resources)
+		}
+	}
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskStartRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RequestLRPAuctionsRequest) CloneVT() *RequestLRPAuctionsRequest {
+	if m == nil {
+		return (*RequestLRPAuctionsRequest)(nil)
+	}
+	r := new(RequestLRPAuctionsRequest)
+	if rhs := m.Starts; rhs != nil {
+		tmpContainer := make([]*LRPStartRequest, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Starts = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RequestLRPAuctionsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RequestLRPAuctionsResponse) CloneVT() *RequestLRPAuctionsResponse {
+	if m == nil {
+		return (*RequestLRPAuctionsResponse)(nil)
+	}
+	r := new(RequestLRPAuctionsResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RequestLRPAuctionsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RequestTaskAuctionsRequest) CloneVT() *RequestTaskAuctionsRequest {
+	if m == nil {
+		return (*RequestTaskAuctionsRequest)(nil)
+	}
+	r := new(RequestTaskAuctionsRequest)
+	if rhs := m.Tasks; rhs != nil {
+		tmpContainer := make([]*TaskStartRequest, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Tasks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RequestTaskAuctionsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RequestTaskAuctionsResponse) CloneVT() *RequestTaskAuctionsResponse {
+	if m == nil {
+		return (*RequestTaskAuctionsResponse)(nil)
+	}
+	r := new(RequestTaskAuctionsResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RequestTaskAuctionsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
 func (m *LRPStartRequest) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

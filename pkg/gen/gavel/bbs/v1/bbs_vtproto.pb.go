@@ -9,10 +9,10 @@ import (
 	v1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	v11 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	timestamppb "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	timestamppb1 "github.com/planetscale/vtprotobuf/types/known/timestamppb"
 	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	timestamppb1 "google.golang.org/protobuf/types/known/timestamppb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	io "io"
 )
 
@@ -22,6 +22,1833 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *Filter) CloneVT() *Filter {
+	if m == nil {
+		return (*Filter)(nil)
+	}
+	r := new(Filter)
+	r.Domain = m.Domain
+	r.CellId = m.CellId
+	r.LabelSelector = m.LabelSelector
+	if rhs := m.ProcessGuids; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.ProcessGuids = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Filter) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpsertDomainRequest) CloneVT() *UpsertDomainRequest {
+	if m == nil {
+		return (*UpsertDomainRequest)(nil)
+	}
+	r := new(UpsertDomainRequest)
+	r.Domain = m.Domain
+	r.TtlSeconds = m.TtlSeconds
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpsertDomainRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpsertDomainResponse) CloneVT() *UpsertDomainResponse {
+	if m == nil {
+		return (*UpsertDomainResponse)(nil)
+	}
+	r := new(UpsertDomainResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpsertDomainResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DomainsRequest) CloneVT() *DomainsRequest {
+	if m == nil {
+		return (*DomainsRequest)(nil)
+	}
+	r := new(DomainsRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DomainsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DomainsResponse) CloneVT() *DomainsResponse {
+	if m == nil {
+		return (*DomainsResponse)(nil)
+	}
+	r := new(DomainsResponse)
+	r.Revision = m.Revision
+	if rhs := m.Domains; rhs != nil {
+		tmpContainer := make([]*v1.Domain, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.Domain }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.Domain)
+			}
+		}
+		r.Domains = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DomainsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireLRPRequest) CloneVT() *DesireLRPRequest {
+	if m == nil {
+		return (*DesireLRPRequest)(nil)
+	}
+	r := new(DesireLRPRequest)
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireLRPResponse) CloneVT() *DesireLRPResponse {
+	if m == nil {
+		return (*DesireLRPResponse)(nil)
+	}
+	r := new(DesireLRPResponse)
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdateDesiredLRPRequest) CloneVT() *UpdateDesiredLRPRequest {
+	if m == nil {
+		return (*UpdateDesiredLRPRequest)(nil)
+	}
+	r := new(UpdateDesiredLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	if rhs := m.Update; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRPUpdate }); ok {
+			r.Update = vtpb.CloneVT()
+		} else {
+			r.Update = proto.Clone(rhs).(*v1.DesiredLRPUpdate)
+		}
+	}
+	if rhs := m.ExpectedModificationTag; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ModificationTag }); ok {
+			r.ExpectedModificationTag = vtpb.CloneVT()
+		} else {
+			r.ExpectedModificationTag = proto.Clone(rhs).(*v1.ModificationTag)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdateDesiredLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdateDesiredLRPResponse) CloneVT() *UpdateDesiredLRPResponse {
+	if m == nil {
+		return (*UpdateDesiredLRPResponse)(nil)
+	}
+	r := new(UpdateDesiredLRPResponse)
+	r.Revision = m.Revision
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdateDesiredLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveDesiredLRPRequest) CloneVT() *RemoveDesiredLRPRequest {
+	if m == nil {
+		return (*RemoveDesiredLRPRequest)(nil)
+	}
+	r := new(RemoveDesiredLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Force = m.Force
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveDesiredLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveDesiredLRPResponse) CloneVT() *RemoveDesiredLRPResponse {
+	if m == nil {
+		return (*RemoveDesiredLRPResponse)(nil)
+	}
+	r := new(RemoveDesiredLRPResponse)
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveDesiredLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPsRequest) CloneVT() *DesiredLRPsRequest {
+	if m == nil {
+		return (*DesiredLRPsRequest)(nil)
+	}
+	r := new(DesiredLRPsRequest)
+	r.Filter = m.Filter.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPsResponse) CloneVT() *DesiredLRPsResponse {
+	if m == nil {
+		return (*DesiredLRPsResponse)(nil)
+	}
+	r := new(DesiredLRPsResponse)
+	r.Revision = m.Revision
+	if rhs := m.DesiredLrps; rhs != nil {
+		tmpContainer := make([]*v1.DesiredLRP, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.DesiredLRP)
+			}
+		}
+		r.DesiredLrps = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPByProcessGuidRequest) CloneVT() *DesiredLRPByProcessGuidRequest {
+	if m == nil {
+		return (*DesiredLRPByProcessGuidRequest)(nil)
+	}
+	r := new(DesiredLRPByProcessGuidRequest)
+	r.ProcessGuid = m.ProcessGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPByProcessGuidRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPByProcessGuidResponse) CloneVT() *DesiredLRPByProcessGuidResponse {
+	if m == nil {
+		return (*DesiredLRPByProcessGuidResponse)(nil)
+	}
+	r := new(DesiredLRPByProcessGuidResponse)
+	r.Revision = m.Revision
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPByProcessGuidResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPSchedulingInfosRequest) CloneVT() *DesiredLRPSchedulingInfosRequest {
+	if m == nil {
+		return (*DesiredLRPSchedulingInfosRequest)(nil)
+	}
+	r := new(DesiredLRPSchedulingInfosRequest)
+	r.Filter = m.Filter.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPSchedulingInfosRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPSchedulingInfosResponse) CloneVT() *DesiredLRPSchedulingInfosResponse {
+	if m == nil {
+		return (*DesiredLRPSchedulingInfosResponse)(nil)
+	}
+	r := new(DesiredLRPSchedulingInfosResponse)
+	r.Revision = m.Revision
+	if rhs := m.SchedulingInfos; rhs != nil {
+		tmpContainer := make([]*v1.DesiredLRPSchedulingInfo, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface {
+				CloneVT() *v1.DesiredLRPSchedulingInfo
+			}); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.DesiredLRPSchedulingInfo)
+			}
+		}
+		r.SchedulingInfos = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPSchedulingInfosResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPsRequest) CloneVT() *ActualLRPsRequest {
+	if m == nil {
+		return (*ActualLRPsRequest)(nil)
+	}
+	r := new(ActualLRPsRequest)
+	r.Filter = m.Filter.CloneVT()
+	if rhs := m.Index; rhs != nil {
+		tmpVal := *rhs
+		r.Index = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPsResponse) CloneVT() *ActualLRPsResponse {
+	if m == nil {
+		return (*ActualLRPsResponse)(nil)
+	}
+	r := new(ActualLRPsResponse)
+	r.Revision = m.Revision
+	if rhs := m.ActualLrps; rhs != nil {
+		tmpContainer := make([]*v1.ActualLRP, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.ActualLRP }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.ActualLRP)
+			}
+		}
+		r.ActualLrps = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ClaimActualLRPRequest) CloneVT() *ClaimActualLRPRequest {
+	if m == nil {
+		return (*ClaimActualLRPRequest)(nil)
+	}
+	r := new(ClaimActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.IncludeDesiredLrp = m.IncludeDesiredLrp
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ClaimActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ClaimActualLRPResponse) CloneVT() *ClaimActualLRPResponse {
+	if m == nil {
+		return (*ClaimActualLRPResponse)(nil)
+	}
+	r := new(ClaimActualLRPResponse)
+	if rhs := m.ActualLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.ActualLrp = vtpb.CloneVT()
+		} else {
+			r.ActualLrp = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ClaimActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartActualLRPRequest) CloneVT() *StartActualLRPRequest {
+	if m == nil {
+		return (*StartActualLRPRequest)(nil)
+	}
+	r := new(StartActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.Routable = m.Routable
+	r.Domain = m.Domain
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if rhs := m.NetInfo; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRPNetInfo }); ok {
+			r.NetInfo = vtpb.CloneVT()
+		} else {
+			r.NetInfo = proto.Clone(rhs).(*v1.ActualLRPNetInfo)
+		}
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ClaimActualLRPsRequest) CloneVT() *ClaimActualLRPsRequest {
+	if m == nil {
+		return (*ClaimActualLRPsRequest)(nil)
+	}
+	r := new(ClaimActualLRPsRequest)
+	if rhs := m.Claims; rhs != nil {
+		tmpContainer := make([]*ClaimActualLRPRequest, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Claims = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ClaimActualLRPsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ClaimActualLRPsResponse) CloneVT() *ClaimActualLRPsResponse {
+	if m == nil {
+		return (*ClaimActualLRPsResponse)(nil)
+	}
+	r := new(ClaimActualLRPsResponse)
+	if rhs := m.Results; rhs != nil {
+		tmpContainer := make([]*ClaimActualLRPResult, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Results = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ClaimActualLRPsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ClaimActualLRPResult) CloneVT() *ClaimActualLRPResult {
+	if m == nil {
+		return (*ClaimActualLRPResult)(nil)
+	}
+	r := new(ClaimActualLRPResult)
+	r.Response = m.Response.CloneVT()
+	r.Error = m.Error.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ClaimActualLRPResult) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartActualLRPsRequest) CloneVT() *StartActualLRPsRequest {
+	if m == nil {
+		return (*StartActualLRPsRequest)(nil)
+	}
+	r := new(StartActualLRPsRequest)
+	if rhs := m.Starts; rhs != nil {
+		tmpContainer := make([]*StartActualLRPRequest, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Starts = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartActualLRPsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartActualLRPsResponse) CloneVT() *StartActualLRPsResponse {
+	if m == nil {
+		return (*StartActualLRPsResponse)(nil)
+	}
+	r := new(StartActualLRPsResponse)
+	if rhs := m.Results; rhs != nil {
+		tmpContainer := make([]*StartActualLRPResult, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Results = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartActualLRPsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartActualLRPResult) CloneVT() *StartActualLRPResult {
+	if m == nil {
+		return (*StartActualLRPResult)(nil)
+	}
+	r := new(StartActualLRPResult)
+	r.Response = m.Response.CloneVT()
+	r.Error = m.Error.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartActualLRPResult) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *BatchItemError) CloneVT() *BatchItemError {
+	if m == nil {
+		return (*BatchItemError)(nil)
+	}
+	r := new(BatchItemError)
+	r.Code = m.Code
+	r.Message = m.Message
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *BatchItemError) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartActualLRPResponse) CloneVT() *StartActualLRPResponse {
+	if m == nil {
+		return (*StartActualLRPResponse)(nil)
+	}
+	r := new(StartActualLRPResponse)
+	if rhs := m.ActualLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.ActualLrp = vtpb.CloneVT()
+		} else {
+			r.ActualLrp = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CrashActualLRPRequest) CloneVT() *CrashActualLRPRequest {
+	if m == nil {
+		return (*CrashActualLRPRequest)(nil)
+	}
+	r := new(CrashActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.ErrorMessage = m.ErrorMessage
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CrashActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CrashActualLRPResponse) CloneVT() *CrashActualLRPResponse {
+	if m == nil {
+		return (*CrashActualLRPResponse)(nil)
+	}
+	r := new(CrashActualLRPResponse)
+	if rhs := m.ActualLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.ActualLrp = vtpb.CloneVT()
+		} else {
+			r.ActualLrp = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CrashActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *FailActualLRPRequest) CloneVT() *FailActualLRPRequest {
+	if m == nil {
+		return (*FailActualLRPRequest)(nil)
+	}
+	r := new(FailActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.PlacementError; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.PlacementError }); ok {
+			r.PlacementError = vtpb.CloneVT()
+		} else {
+			r.PlacementError = proto.Clone(rhs).(*v1.PlacementError)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *FailActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *FailActualLRPResponse) CloneVT() *FailActualLRPResponse {
+	if m == nil {
+		return (*FailActualLRPResponse)(nil)
+	}
+	r := new(FailActualLRPResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *FailActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveActualLRPRequest) CloneVT() *RemoveActualLRPRequest {
+	if m == nil {
+		return (*RemoveActualLRPRequest)(nil)
+	}
+	r := new(RemoveActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveActualLRPResponse) CloneVT() *RemoveActualLRPResponse {
+	if m == nil {
+		return (*RemoveActualLRPResponse)(nil)
+	}
+	r := new(RemoveActualLRPResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RetireActualLRPRequest) CloneVT() *RetireActualLRPRequest {
+	if m == nil {
+		return (*RetireActualLRPRequest)(nil)
+	}
+	r := new(RetireActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RetireActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RetireActualLRPResponse) CloneVT() *RetireActualLRPResponse {
+	if m == nil {
+		return (*RetireActualLRPResponse)(nil)
+	}
+	r := new(RetireActualLRPResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RetireActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateClaimedActualLRPRequest) CloneVT() *EvacuateClaimedActualLRPRequest {
+	if m == nil {
+		return (*EvacuateClaimedActualLRPRequest)(nil)
+	}
+	r := new(EvacuateClaimedActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateClaimedActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateClaimedActualLRPResponse) CloneVT() *EvacuateClaimedActualLRPResponse {
+	if m == nil {
+		return (*EvacuateClaimedActualLRPResponse)(nil)
+	}
+	r := new(EvacuateClaimedActualLRPResponse)
+	r.KeepContainer = m.KeepContainer
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateClaimedActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateRunningActualLRPRequest) CloneVT() *EvacuateRunningActualLRPRequest {
+	if m == nil {
+		return (*EvacuateRunningActualLRPRequest)(nil)
+	}
+	r := new(EvacuateRunningActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if rhs := m.NetInfo; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRPNetInfo }); ok {
+			r.NetInfo = vtpb.CloneVT()
+		} else {
+			r.NetInfo = proto.Clone(rhs).(*v1.ActualLRPNetInfo)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateRunningActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateRunningActualLRPResponse) CloneVT() *EvacuateRunningActualLRPResponse {
+	if m == nil {
+		return (*EvacuateRunningActualLRPResponse)(nil)
+	}
+	r := new(EvacuateRunningActualLRPResponse)
+	r.KeepContainer = m.KeepContainer
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateRunningActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateStoppedActualLRPRequest) CloneVT() *EvacuateStoppedActualLRPRequest {
+	if m == nil {
+		return (*EvacuateStoppedActualLRPRequest)(nil)
+	}
+	r := new(EvacuateStoppedActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateStoppedActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateStoppedActualLRPResponse) CloneVT() *EvacuateStoppedActualLRPResponse {
+	if m == nil {
+		return (*EvacuateStoppedActualLRPResponse)(nil)
+	}
+	r := new(EvacuateStoppedActualLRPResponse)
+	r.KeepContainer = m.KeepContainer
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateStoppedActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateCrashedActualLRPRequest) CloneVT() *EvacuateCrashedActualLRPRequest {
+	if m == nil {
+		return (*EvacuateCrashedActualLRPRequest)(nil)
+	}
+	r := new(EvacuateCrashedActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.ErrorMessage = m.ErrorMessage
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateCrashedActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateCrashedActualLRPResponse) CloneVT() *EvacuateCrashedActualLRPResponse {
+	if m == nil {
+		return (*EvacuateCrashedActualLRPResponse)(nil)
+	}
+	r := new(EvacuateCrashedActualLRPResponse)
+	r.KeepContainer = m.KeepContainer
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateCrashedActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveEvacuatingActualLRPRequest) CloneVT() *RemoveEvacuatingActualLRPRequest {
+	if m == nil {
+		return (*RemoveEvacuatingActualLRPRequest)(nil)
+	}
+	r := new(RemoveEvacuatingActualLRPRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveEvacuatingActualLRPRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RemoveEvacuatingActualLRPResponse) CloneVT() *RemoveEvacuatingActualLRPResponse {
+	if m == nil {
+		return (*RemoveEvacuatingActualLRPResponse)(nil)
+	}
+	r := new(RemoveEvacuatingActualLRPResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RemoveEvacuatingActualLRPResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireTaskRequest) CloneVT() *DesireTaskRequest {
+	if m == nil {
+		return (*DesireTaskRequest)(nil)
+	}
+	r := new(DesireTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	r.Domain = m.Domain
+	if rhs := m.Definition; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TaskDefinition }); ok {
+			r.Definition = vtpb.CloneVT()
+		} else {
+			r.Definition = proto.Clone(rhs).(*v1.TaskDefinition)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireTaskResponse) CloneVT() *DesireTaskResponse {
+	if m == nil {
+		return (*DesireTaskResponse)(nil)
+	}
+	r := new(DesireTaskResponse)
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TasksRequest) CloneVT() *TasksRequest {
+	if m == nil {
+		return (*TasksRequest)(nil)
+	}
+	r := new(TasksRequest)
+	r.Filter = m.Filter.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TasksRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TasksResponse) CloneVT() *TasksResponse {
+	if m == nil {
+		return (*TasksResponse)(nil)
+	}
+	r := new(TasksResponse)
+	r.Revision = m.Revision
+	if rhs := m.Tasks; rhs != nil {
+		tmpContainer := make([]*v1.Task, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.Task }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.Task)
+			}
+		}
+		r.Tasks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TasksResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskByGuidRequest) CloneVT() *TaskByGuidRequest {
+	if m == nil {
+		return (*TaskByGuidRequest)(nil)
+	}
+	r := new(TaskByGuidRequest)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskByGuidRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskByGuidResponse) CloneVT() *TaskByGuidResponse {
+	if m == nil {
+		return (*TaskByGuidResponse)(nil)
+	}
+	r := new(TaskByGuidResponse)
+	r.Revision = m.Revision
+	if rhs := m.Task; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Task }); ok {
+			r.Task = vtpb.CloneVT()
+		} else {
+			r.Task = proto.Clone(rhs).(*v1.Task)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskByGuidResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartTaskRequest) CloneVT() *StartTaskRequest {
+	if m == nil {
+		return (*StartTaskRequest)(nil)
+	}
+	r := new(StartTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	r.CellId = m.CellId
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StartTaskResponse) CloneVT() *StartTaskResponse {
+	if m == nil {
+		return (*StartTaskResponse)(nil)
+	}
+	r := new(StartTaskResponse)
+	r.ShouldStart = m.ShouldStart
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StartTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelTaskRequest) CloneVT() *CancelTaskRequest {
+	if m == nil {
+		return (*CancelTaskRequest)(nil)
+	}
+	r := new(CancelTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelTaskResponse) CloneVT() *CancelTaskResponse {
+	if m == nil {
+		return (*CancelTaskResponse)(nil)
+	}
+	r := new(CancelTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RejectTaskRequest) CloneVT() *RejectTaskRequest {
+	if m == nil {
+		return (*RejectTaskRequest)(nil)
+	}
+	r := new(RejectTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	r.RejectionReason = m.RejectionReason
+	if rhs := m.PlacementError; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.PlacementError }); ok {
+			r.PlacementError = vtpb.CloneVT()
+		} else {
+			r.PlacementError = proto.Clone(rhs).(*v1.PlacementError)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RejectTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RejectTaskResponse) CloneVT() *RejectTaskResponse {
+	if m == nil {
+		return (*RejectTaskResponse)(nil)
+	}
+	r := new(RejectTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RejectTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CompleteTaskRequest) CloneVT() *CompleteTaskRequest {
+	if m == nil {
+		return (*CompleteTaskRequest)(nil)
+	}
+	r := new(CompleteTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	r.CellId = m.CellId
+	r.Failed = m.Failed
+	r.FailureReason = m.FailureReason
+	r.Result = m.Result
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CompleteTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CompleteTaskResponse) CloneVT() *CompleteTaskResponse {
+	if m == nil {
+		return (*CompleteTaskResponse)(nil)
+	}
+	r := new(CompleteTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CompleteTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ResolvingTaskRequest) CloneVT() *ResolvingTaskRequest {
+	if m == nil {
+		return (*ResolvingTaskRequest)(nil)
+	}
+	r := new(ResolvingTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ResolvingTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ResolvingTaskResponse) CloneVT() *ResolvingTaskResponse {
+	if m == nil {
+		return (*ResolvingTaskResponse)(nil)
+	}
+	r := new(ResolvingTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ResolvingTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteTaskRequest) CloneVT() *DeleteTaskRequest {
+	if m == nil {
+		return (*DeleteTaskRequest)(nil)
+	}
+	r := new(DeleteTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteTaskResponse) CloneVT() *DeleteTaskResponse {
+	if m == nil {
+		return (*DeleteTaskResponse)(nil)
+	}
+	r := new(DeleteTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CellsRequest) CloneVT() *CellsRequest {
+	if m == nil {
+		return (*CellsRequest)(nil)
+	}
+	r := new(CellsRequest)
+	r.KnownRevision = m.KnownRevision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CellsResponse) CloneVT() *CellsResponse {
+	if m == nil {
+		return (*CellsResponse)(nil)
+	}
+	r := new(CellsResponse)
+	r.Revision = m.Revision
+	r.Unchanged = m.Unchanged
+	if rhs := m.Cells; rhs != nil {
+		tmpContainer := make([]*v1.CellPresence, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.CellPresence }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.CellPresence)
+			}
+		}
+		r.Cells = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TagsRequest) CloneVT() *TagsRequest {
+	if m == nil {
+		return (*TagsRequest)(nil)
+	}
+	r := new(TagsRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TagsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TagsResponse) CloneVT() *TagsResponse {
+	if m == nil {
+		return (*TagsResponse)(nil)
+	}
+	r := new(TagsResponse)
+	if rhs := m.Tags; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Tags = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TagsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ReportRoutesPublishedRequest) CloneVT() *ReportRoutesPublishedRequest {
+	if m == nil {
+		return (*ReportRoutesPublishedRequest)(nil)
+	}
+	r := new(ReportRoutesPublishedRequest)
+	r.EmitterId = m.EmitterId
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ReportRoutesPublishedRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ReportRoutesPublishedResponse) CloneVT() *ReportRoutesPublishedResponse {
+	if m == nil {
+		return (*ReportRoutesPublishedResponse)(nil)
+	}
+	r := new(ReportRoutesPublishedResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ReportRoutesPublishedResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ResolveLinksRequest) CloneVT() *ResolveLinksRequest {
+	if m == nil {
+		return (*ResolveLinksRequest)(nil)
+	}
+	r := new(ResolveLinksRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.CellId = m.CellId
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ResolveLinksRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ResolveLinksResponse) CloneVT() *ResolveLinksResponse {
+	if m == nil {
+		return (*ResolveLinksResponse)(nil)
+	}
+	r := new(ResolveLinksResponse)
+	r.Revision = m.Revision
+	if rhs := m.Links; rhs != nil {
+		tmpContainer := make(map[string]*v1.ResolvedLink, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.ResolvedLink }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.ResolvedLink)
+			}
+		}
+		r.Links = tmpContainer
+	}
+	if rhs := m.Instances; rhs != nil {
+		tmpContainer := make([]*v1.InstanceLinks, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v1.InstanceLinks }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v1.InstanceLinks)
+			}
+		}
+		r.Instances = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ResolveLinksResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SubscribeToEventsRequest) CloneVT() *SubscribeToEventsRequest {
+	if m == nil {
+		return (*SubscribeToEventsRequest)(nil)
+	}
+	r := new(SubscribeToEventsRequest)
+	r.SinceRevision = m.SinceRevision
+	r.Filter = m.Filter.CloneVT()
+	if rhs := m.Kinds; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Kinds = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SubscribeToEventsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SubscribeToEventsResponse) CloneVT() *SubscribeToEventsResponse {
+	if m == nil {
+		return (*SubscribeToEventsResponse)(nil)
+	}
+	r := new(SubscribeToEventsResponse)
+	r.Revision = m.Revision
+	r.Bookmark = m.Bookmark
+	if rhs := m.Events; rhs != nil {
+		tmpContainer := make([]*Event, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Events = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SubscribeToEventsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StreamLogsRequest) CloneVT() *StreamLogsRequest {
+	if m == nil {
+		return (*StreamLogsRequest)(nil)
+	}
+	r := new(StreamLogsRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.TaskGuid = m.TaskGuid
+	r.Since = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Since).CloneVT())
+	r.Follow = m.Follow
+	if rhs := m.Index; rhs != nil {
+		tmpVal := *rhs
+		r.Index = &tmpVal
+	}
+	if rhs := m.Tail; rhs != nil {
+		tmpVal := *rhs
+		r.Tail = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StreamLogsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StreamLogsResponse) CloneVT() *StreamLogsResponse {
+	if m == nil {
+		return (*StreamLogsResponse)(nil)
+	}
+	r := new(StreamLogsResponse)
+	r.CellId = m.CellId
+	if rhs := m.Lines; rhs != nil {
+		tmpContainer := make([]*v11.LogLine, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v11.LogLine }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v11.LogLine)
+			}
+		}
+		r.Lines = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StreamLogsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InstanceMetricsRequest) CloneVT() *InstanceMetricsRequest {
+	if m == nil {
+		return (*InstanceMetricsRequest)(nil)
+	}
+	r := new(InstanceMetricsRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.TaskGuid = m.TaskGuid
+	if rhs := m.Index; rhs != nil {
+		tmpVal := *rhs
+		r.Index = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InstanceMetricsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InstanceMetricsResponse) CloneVT() *InstanceMetricsResponse {
+	if m == nil {
+		return (*InstanceMetricsResponse)(nil)
+	}
+	r := new(InstanceMetricsResponse)
+	if rhs := m.Containers; rhs != nil {
+		tmpContainer := make([]*v11.ContainerMetrics, len(rhs))
+		for k, v := range rhs {
+			if vtpb, ok := interface{}(v).(interface{ CloneVT() *v11.ContainerMetrics }); ok {
+				tmpContainer[k] = vtpb.CloneVT()
+			} else {
+				tmpContainer[k] = proto.Clone(v).(*v11.ContainerMetrics)
+			}
+		}
+		r.Containers = tmpContainer
+	}
+	if rhs := m.Unreachable; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Unreachable = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InstanceMetricsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ExecRequest) CloneVT() *ExecRequest {
+	if m == nil {
+		return (*ExecRequest)(nil)
+	}
+	r := new(ExecRequest)
+	r.CloseStdin = m.CloseStdin
+	if rhs := m.Start; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v11.ExecStart }); ok {
+			r.Start = vtpb.CloneVT()
+		} else {
+			r.Start = proto.Clone(rhs).(*v11.ExecStart)
+		}
+	}
+	if rhs := m.Stdin; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stdin = tmpBytes
+	}
+	if rhs := m.Resize; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v11.TerminalSize }); ok {
+			r.Resize = vtpb.CloneVT()
+		} else {
+			r.Resize = proto.Clone(rhs).(*v11.TerminalSize)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ExecRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ExecResponse) CloneVT() *ExecResponse {
+	if m == nil {
+		return (*ExecResponse)(nil)
+	}
+	r := new(ExecResponse)
+	r.InstanceGuid = m.InstanceGuid
+	r.CellId = m.CellId
+	if rhs := m.Stdout; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stdout = tmpBytes
+	}
+	if rhs := m.Stderr; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stderr = tmpBytes
+	}
+	if rhs := m.ExitCode; rhs != nil {
+		tmpVal := *rhs
+		r.ExitCode = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ExecResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *Filter) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -4061,7 +5888,7 @@ func (m *StreamLogsRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x30
 	}
 	if m.Since != nil {
-		size, err := (*timestamppb.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -5949,7 +7776,7 @@ func (m *StreamLogsRequest) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(*m.Tail))
 	}
 	if m.Since != nil {
-		l = (*timestamppb.Timestamp)(m.Since).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Since).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Follow {
@@ -14362,9 +16189,9 @@ func (m *StreamLogsRequest) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Since == nil {
-				m.Since = &timestamppb1.Timestamp{}
+				m.Since = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

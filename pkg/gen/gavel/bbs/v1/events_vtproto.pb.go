@@ -20,6 +20,474 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+func (m *Event) CloneVT() *Event {
+	if m == nil {
+		return (*Event)(nil)
+	}
+	r := new(Event)
+	r.Revision = m.Revision
+	if m.Kind != nil {
+		r.Kind = m.Kind.(interface{ CloneVT() isEvent_Kind }).CloneVT()
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Event) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Event_DesiredLrpCreated) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_DesiredLrpCreated)(nil)
+	}
+	r := new(Event_DesiredLrpCreated)
+	r.DesiredLrpCreated = m.DesiredLrpCreated.CloneVT()
+	return r
+}
+
+func (m *Event_DesiredLrpChanged) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_DesiredLrpChanged)(nil)
+	}
+	r := new(Event_DesiredLrpChanged)
+	r.DesiredLrpChanged = m.DesiredLrpChanged.CloneVT()
+	return r
+}
+
+func (m *Event_DesiredLrpRemoved) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_DesiredLrpRemoved)(nil)
+	}
+	r := new(Event_DesiredLrpRemoved)
+	r.DesiredLrpRemoved = m.DesiredLrpRemoved.CloneVT()
+	return r
+}
+
+func (m *Event_ActualLrpCreated) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_ActualLrpCreated)(nil)
+	}
+	r := new(Event_ActualLrpCreated)
+	r.ActualLrpCreated = m.ActualLrpCreated.CloneVT()
+	return r
+}
+
+func (m *Event_ActualLrpChanged) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_ActualLrpChanged)(nil)
+	}
+	r := new(Event_ActualLrpChanged)
+	r.ActualLrpChanged = m.ActualLrpChanged.CloneVT()
+	return r
+}
+
+func (m *Event_ActualLrpRemoved) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_ActualLrpRemoved)(nil)
+	}
+	r := new(Event_ActualLrpRemoved)
+	r.ActualLrpRemoved = m.ActualLrpRemoved.CloneVT()
+	return r
+}
+
+func (m *Event_ActualLrpCrashed) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_ActualLrpCrashed)(nil)
+	}
+	r := new(Event_ActualLrpCrashed)
+	r.ActualLrpCrashed = m.ActualLrpCrashed.CloneVT()
+	return r
+}
+
+func (m *Event_TaskCreated) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_TaskCreated)(nil)
+	}
+	r := new(Event_TaskCreated)
+	r.TaskCreated = m.TaskCreated.CloneVT()
+	return r
+}
+
+func (m *Event_TaskChanged) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_TaskChanged)(nil)
+	}
+	r := new(Event_TaskChanged)
+	r.TaskChanged = m.TaskChanged.CloneVT()
+	return r
+}
+
+func (m *Event_TaskRemoved) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_TaskRemoved)(nil)
+	}
+	r := new(Event_TaskRemoved)
+	r.TaskRemoved = m.TaskRemoved.CloneVT()
+	return r
+}
+
+func (m *Event_CellAppeared) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_CellAppeared)(nil)
+	}
+	r := new(Event_CellAppeared)
+	r.CellAppeared = m.CellAppeared.CloneVT()
+	return r
+}
+
+func (m *Event_CellDisappeared) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_CellDisappeared)(nil)
+	}
+	r := new(Event_CellDisappeared)
+	r.CellDisappeared = m.CellDisappeared.CloneVT()
+	return r
+}
+
+func (m *Event_LinksChanged) CloneVT() isEvent_Kind {
+	if m == nil {
+		return (*Event_LinksChanged)(nil)
+	}
+	r := new(Event_LinksChanged)
+	r.LinksChanged = m.LinksChanged.CloneVT()
+	return r
+}
+
+func (m *DesiredLRPCreated) CloneVT() *DesiredLRPCreated {
+	if m == nil {
+		return (*DesiredLRPCreated)(nil)
+	}
+	r := new(DesiredLRPCreated)
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPCreated) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPChanged) CloneVT() *DesiredLRPChanged {
+	if m == nil {
+		return (*DesiredLRPChanged)(nil)
+	}
+	r := new(DesiredLRPChanged)
+	if rhs := m.Before; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.Before = vtpb.CloneVT()
+		} else {
+			r.Before = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if rhs := m.After; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.After = vtpb.CloneVT()
+		} else {
+			r.After = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPChanged) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPRemoved) CloneVT() *DesiredLRPRemoved {
+	if m == nil {
+		return (*DesiredLRPRemoved)(nil)
+	}
+	r := new(DesiredLRPRemoved)
+	if rhs := m.DesiredLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.DesiredLRP }); ok {
+			r.DesiredLrp = vtpb.CloneVT()
+		} else {
+			r.DesiredLrp = proto.Clone(rhs).(*v1.DesiredLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPRemoved) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPCreated) CloneVT() *ActualLRPCreated {
+	if m == nil {
+		return (*ActualLRPCreated)(nil)
+	}
+	r := new(ActualLRPCreated)
+	if rhs := m.ActualLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.ActualLrp = vtpb.CloneVT()
+		} else {
+			r.ActualLrp = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPCreated) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPChanged) CloneVT() *ActualLRPChanged {
+	if m == nil {
+		return (*ActualLRPChanged)(nil)
+	}
+	r := new(ActualLRPChanged)
+	if rhs := m.Before; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.Before = vtpb.CloneVT()
+		} else {
+			r.Before = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if rhs := m.After; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.After = vtpb.CloneVT()
+		} else {
+			r.After = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPChanged) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPRemoved) CloneVT() *ActualLRPRemoved {
+	if m == nil {
+		return (*ActualLRPRemoved)(nil)
+	}
+	r := new(ActualLRPRemoved)
+	if rhs := m.ActualLrp; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRP }); ok {
+			r.ActualLrp = vtpb.CloneVT()
+		} else {
+			r.ActualLrp = proto.Clone(rhs).(*v1.ActualLRP)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPRemoved) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPCrashed) CloneVT() *ActualLRPCrashed {
+	if m == nil {
+		return (*ActualLRPCrashed)(nil)
+	}
+	r := new(ActualLRPCrashed)
+	r.CrashCount = m.CrashCount
+	r.CrashReason = m.CrashReason
+	if rhs := m.Key; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRPKey }); ok {
+			r.Key = vtpb.CloneVT()
+		} else {
+			r.Key = proto.Clone(rhs).(*v1.ActualLRPKey)
+		}
+	}
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPCrashed) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskCreated) CloneVT() *TaskCreated {
+	if m == nil {
+		return (*TaskCreated)(nil)
+	}
+	r := new(TaskCreated)
+	if rhs := m.Task; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Task }); ok {
+			r.Task = vtpb.CloneVT()
+		} else {
+			r.Task = proto.Clone(rhs).(*v1.Task)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskCreated) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskChanged) CloneVT() *TaskChanged {
+	if m == nil {
+		return (*TaskChanged)(nil)
+	}
+	r := new(TaskChanged)
+	if rhs := m.Before; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Task }); ok {
+			r.Before = vtpb.CloneVT()
+		} else {
+			r.Before = proto.Clone(rhs).(*v1.Task)
+		}
+	}
+	if rhs := m.After; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Task }); ok {
+			r.After = vtpb.CloneVT()
+		} else {
+			r.After = proto.Clone(rhs).(*v1.Task)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskChanged) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskRemoved) CloneVT() *TaskRemoved {
+	if m == nil {
+		return (*TaskRemoved)(nil)
+	}
+	r := new(TaskRemoved)
+	if rhs := m.Task; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Task }); ok {
+			r.Task = vtpb.CloneVT()
+		} else {
+			r.Task = proto.Clone(rhs).(*v1.Task)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskRemoved) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CellAppeared) CloneVT() *CellAppeared {
+	if m == nil {
+		return (*CellAppeared)(nil)
+	}
+	r := new(CellAppeared)
+	if rhs := m.Cell; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.CellPresence }); ok {
+			r.Cell = vtpb.CloneVT()
+		} else {
+			r.Cell = proto.Clone(rhs).(*v1.CellPresence)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellAppeared) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CellDisappeared) CloneVT() *CellDisappeared {
+	if m == nil {
+		return (*CellDisappeared)(nil)
+	}
+	r := new(CellDisappeared)
+	if rhs := m.Cell; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.CellPresence }); ok {
+			r.Cell = vtpb.CloneVT()
+		} else {
+			r.Cell = proto.Clone(rhs).(*v1.CellPresence)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellDisappeared) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LinksChanged) CloneVT() *LinksChanged {
+	if m == nil {
+		return (*LinksChanged)(nil)
+	}
+	r := new(LinksChanged)
+	r.ProcessGuid = m.ProcessGuid
+	r.Domain = m.Domain
+	if rhs := m.Errors; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Errors = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LinksChanged) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
 func (m *Event) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

@@ -7,6 +7,7 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,355 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *Action) CloneVT() *Action {
+	if m == nil {
+		return (*Action)(nil)
+	}
+	r := new(Action)
+	if m.Kind != nil {
+		r.Kind = m.Kind.(interface{ CloneVT() isAction_Kind }).CloneVT()
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Action) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Action_Run) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Run)(nil)
+	}
+	r := new(Action_Run)
+	r.Run = m.Run.CloneVT()
+	return r
+}
+
+func (m *Action_Download) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Download)(nil)
+	}
+	r := new(Action_Download)
+	r.Download = m.Download.CloneVT()
+	return r
+}
+
+func (m *Action_Serial) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Serial)(nil)
+	}
+	r := new(Action_Serial)
+	r.Serial = m.Serial.CloneVT()
+	return r
+}
+
+func (m *Action_Parallel) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Parallel)(nil)
+	}
+	r := new(Action_Parallel)
+	r.Parallel = m.Parallel.CloneVT()
+	return r
+}
+
+func (m *Action_Codependent) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Codependent)(nil)
+	}
+	r := new(Action_Codependent)
+	r.Codependent = m.Codependent.CloneVT()
+	return r
+}
+
+func (m *Action_Try) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Try)(nil)
+	}
+	r := new(Action_Try)
+	r.Try = m.Try.CloneVT()
+	return r
+}
+
+func (m *Action_Timeout) CloneVT() isAction_Kind {
+	if m == nil {
+		return (*Action_Timeout)(nil)
+	}
+	r := new(Action_Timeout)
+	r.Timeout = m.Timeout.CloneVT()
+	return r
+}
+
+func (m *RunAction) CloneVT() *RunAction {
+	if m == nil {
+		return (*RunAction)(nil)
+	}
+	r := new(RunAction)
+	r.Path = m.Path
+	r.Dir = m.Dir
+	r.User = m.User
+	r.LogSource = m.LogSource
+	r.SuppressLogOutput = m.SuppressLogOutput
+	r.NofileLimit = m.NofileLimit
+	if rhs := m.Args; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Args = tmpContainer
+	}
+	if rhs := m.Env; rhs != nil {
+		tmpContainer := make([]*EnvironmentVariable, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Env = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RunAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DownloadAction) CloneVT() *DownloadAction {
+	if m == nil {
+		return (*DownloadAction)(nil)
+	}
+	r := new(DownloadAction)
+	r.From = m.From
+	r.To = m.To
+	r.CacheKey = m.CacheKey
+	r.User = m.User
+	r.ChecksumAlgorithm = m.ChecksumAlgorithm
+	r.ChecksumValue = m.ChecksumValue
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DownloadAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SerialAction) CloneVT() *SerialAction {
+	if m == nil {
+		return (*SerialAction)(nil)
+	}
+	r := new(SerialAction)
+	if rhs := m.Actions; rhs != nil {
+		tmpContainer := make([]*Action, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Actions = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SerialAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ParallelAction) CloneVT() *ParallelAction {
+	if m == nil {
+		return (*ParallelAction)(nil)
+	}
+	r := new(ParallelAction)
+	if rhs := m.Actions; rhs != nil {
+		tmpContainer := make([]*Action, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Actions = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ParallelAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CodependentAction) CloneVT() *CodependentAction {
+	if m == nil {
+		return (*CodependentAction)(nil)
+	}
+	r := new(CodependentAction)
+	if rhs := m.Actions; rhs != nil {
+		tmpContainer := make([]*Action, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Actions = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CodependentAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TryAction) CloneVT() *TryAction {
+	if m == nil {
+		return (*TryAction)(nil)
+	}
+	r := new(TryAction)
+	r.Action = m.Action.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TryAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TimeoutAction) CloneVT() *TimeoutAction {
+	if m == nil {
+		return (*TimeoutAction)(nil)
+	}
+	r := new(TimeoutAction)
+	r.Action = m.Action.CloneVT()
+	r.TimeoutMs = m.TimeoutMs
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TimeoutAction) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CheckDefinition) CloneVT() *CheckDefinition {
+	if m == nil {
+		return (*CheckDefinition)(nil)
+	}
+	r := new(CheckDefinition)
+	r.LogSource = m.LogSource
+	if rhs := m.Checks; rhs != nil {
+		tmpContainer := make([]*Check, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Checks = tmpContainer
+	}
+	if rhs := m.ReadinessChecks; rhs != nil {
+		tmpContainer := make([]*Check, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.ReadinessChecks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CheckDefinition) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Check) CloneVT() *Check {
+	if m == nil {
+		return (*Check)(nil)
+	}
+	r := new(Check)
+	if m.Kind != nil {
+		r.Kind = m.Kind.(interface{ CloneVT() isCheck_Kind }).CloneVT()
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Check) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Check_Tcp) CloneVT() isCheck_Kind {
+	if m == nil {
+		return (*Check_Tcp)(nil)
+	}
+	r := new(Check_Tcp)
+	r.Tcp = m.Tcp.CloneVT()
+	return r
+}
+
+func (m *Check_Http) CloneVT() isCheck_Kind {
+	if m == nil {
+		return (*Check_Http)(nil)
+	}
+	r := new(Check_Http)
+	r.Http = m.Http.CloneVT()
+	return r
+}
+
+func (m *TCPCheck) CloneVT() *TCPCheck {
+	if m == nil {
+		return (*TCPCheck)(nil)
+	}
+	r := new(TCPCheck)
+	r.Port = m.Port
+	r.ConnectTimeoutMs = m.ConnectTimeoutMs
+	r.IntervalMs = m.IntervalMs
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TCPCheck) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *HTTPCheck) CloneVT() *HTTPCheck {
+	if m == nil {
+		return (*HTTPCheck)(nil)
+	}
+	r := new(HTTPCheck)
+	r.Port = m.Port
+	r.Path = m.Path
+	r.RequestTimeoutMs = m.RequestTimeoutMs
+	r.IntervalMs = m.IntervalMs
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *HTTPCheck) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *Action) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

@@ -7,9 +7,10 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	timestamppb "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	timestamppb1 "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	timestamppb1 "google.golang.org/protobuf/types/known/timestamppb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	io "io"
 )
 
@@ -19,6 +20,123 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *ActualLRPKey) CloneVT() *ActualLRPKey {
+	if m == nil {
+		return (*ActualLRPKey)(nil)
+	}
+	r := new(ActualLRPKey)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.Domain = m.Domain
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPKey) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPInstanceKey) CloneVT() *ActualLRPInstanceKey {
+	if m == nil {
+		return (*ActualLRPInstanceKey)(nil)
+	}
+	r := new(ActualLRPInstanceKey)
+	r.InstanceGuid = m.InstanceGuid
+	r.CellId = m.CellId
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPInstanceKey) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PortMapping) CloneVT() *PortMapping {
+	if m == nil {
+		return (*PortMapping)(nil)
+	}
+	r := new(PortMapping)
+	r.ContainerPort = m.ContainerPort
+	r.HostPort = m.HostPort
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PortMapping) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRPNetInfo) CloneVT() *ActualLRPNetInfo {
+	if m == nil {
+		return (*ActualLRPNetInfo)(nil)
+	}
+	r := new(ActualLRPNetInfo)
+	r.Address = m.Address
+	r.InstanceAddress = m.InstanceAddress
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]*PortMapping, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Ports = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRPNetInfo) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ActualLRP) CloneVT() *ActualLRP {
+	if m == nil {
+		return (*ActualLRP)(nil)
+	}
+	r := new(ActualLRP)
+	r.Key = m.Key.CloneVT()
+	r.InstanceKey = m.InstanceKey.CloneVT()
+	r.State = m.State
+	r.Presence = m.Presence
+	r.NetInfo = m.NetInfo.CloneVT()
+	r.Zone = m.Zone
+	r.CrashCount = m.CrashCount
+	r.CrashReason = m.CrashReason
+	r.PlacementError = m.PlacementError.CloneVT()
+	r.Since = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Since).CloneVT())
+	r.Routable = m.Routable
+	r.ModificationTag = m.ModificationTag.CloneVT()
+	r.DrainingSince = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.DrainingSince).CloneVT())
+	r.Trace = m.Trace.CloneVT()
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ActualLRP) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *ActualLRPKey) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -285,7 +403,7 @@ func (m *ActualLRP) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		}
 	}
 	if m.DrainingSince != nil {
-		size, err := (*timestamppb.Timestamp)(m.DrainingSince).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.DrainingSince).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -315,7 +433,7 @@ func (m *ActualLRP) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x58
 	}
 	if m.Since != nil {
-		size, err := (*timestamppb.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -515,7 +633,7 @@ func (m *ActualLRP) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Since != nil {
-		l = (*timestamppb.Timestamp)(m.Since).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Since).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Routable {
@@ -526,7 +644,7 @@ func (m *ActualLRP) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.DrainingSince != nil {
-		l = (*timestamppb.Timestamp)(m.DrainingSince).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.DrainingSince).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if len(m.TraceContext) > 0 {
@@ -1356,9 +1474,9 @@ func (m *ActualLRP) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Since == nil {
-				m.Since = &timestamppb1.Timestamp{}
+				m.Since = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -1448,9 +1566,9 @@ func (m *ActualLRP) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.DrainingSince == nil {
-				m.DrainingSince = &timestamppb1.Timestamp{}
+				m.DrainingSince = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.DrainingSince).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.DrainingSince).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

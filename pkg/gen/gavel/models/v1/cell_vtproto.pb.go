@@ -7,6 +7,7 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,81 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *CellCapacity) CloneVT() *CellCapacity {
+	if m == nil {
+		return (*CellCapacity)(nil)
+	}
+	r := new(CellCapacity)
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.Containers = m.Containers
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellCapacity) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CellPresence) CloneVT() *CellPresence {
+	if m == nil {
+		return (*CellPresence)(nil)
+	}
+	r := new(CellPresence)
+	r.CellId = m.CellId
+	r.RepAddress = m.RepAddress
+	r.Zone = m.Zone
+	r.Capacity = m.Capacity.CloneVT()
+	r.Address = m.Address
+	if rhs := m.PlacementTags; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.PlacementTags = tmpContainer
+	}
+	if rhs := m.PreloadedRootfses; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.PreloadedRootfses = tmpContainer
+	}
+	if rhs := m.RootfsProviders; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.RootfsProviders = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CellPresence) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Domain) CloneVT() *Domain {
+	if m == nil {
+		return (*Domain)(nil)
+	}
+	r := new(Domain)
+	r.Name = m.Name
+	r.TtlSeconds = m.TtlSeconds
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Domain) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *CellCapacity) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

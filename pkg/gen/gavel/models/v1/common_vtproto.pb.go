@@ -7,6 +7,7 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,124 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *ModificationTag) CloneVT() *ModificationTag {
+	if m == nil {
+		return (*ModificationTag)(nil)
+	}
+	r := new(ModificationTag)
+	r.Epoch = m.Epoch
+	r.Index = m.Index
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ModificationTag) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementConstraint) CloneVT() *PlacementConstraint {
+	if m == nil {
+		return (*PlacementConstraint)(nil)
+	}
+	r := new(PlacementConstraint)
+	if rhs := m.Require; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Require = tmpContainer
+	}
+	if rhs := m.Disallow; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Disallow = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementConstraint) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementError) CloneVT() *PlacementError {
+	if m == nil {
+		return (*PlacementError)(nil)
+	}
+	r := new(PlacementError)
+	r.Code = m.Code
+	r.Message = m.Message
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementError) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EnvironmentVariable) CloneVT() *EnvironmentVariable {
+	if m == nil {
+		return (*EnvironmentVariable)(nil)
+	}
+	r := new(EnvironmentVariable)
+	r.Name = m.Name
+	r.Value = m.Value
+	r.Secret = m.Secret
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EnvironmentVariable) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Resources) CloneVT() *Resources {
+	if m == nil {
+		return (*Resources)(nil)
+	}
+	r := new(Resources)
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.MaxPids = m.MaxPids
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Resources) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TraceContext) CloneVT() *TraceContext {
+	if m == nil {
+		return (*TraceContext)(nil)
+	}
+	r := new(TraceContext)
+	r.Traceparent = m.Traceparent
+	r.Tracestate = m.Tracestate
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TraceContext) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *ModificationTag) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

@@ -7,6 +7,7 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,337 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *DesiredLRP) CloneVT() *DesiredLRP {
+	if m == nil {
+		return (*DesiredLRP)(nil)
+	}
+	r := new(DesiredLRP)
+	r.ProcessGuid = m.ProcessGuid
+	r.Domain = m.Domain
+	r.Rootfs = m.Rootfs
+	r.Instances = m.Instances
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.MaxPids = m.MaxPids
+	r.PlacementConstraint = m.PlacementConstraint.CloneVT()
+	r.Annotation = m.Annotation
+	r.Setup = m.Setup.CloneVT()
+	r.Action = m.Action.CloneVT()
+	r.Monitor = m.Monitor.CloneVT()
+	r.CheckDefinition = m.CheckDefinition.CloneVT()
+	r.StartTimeoutMs = m.StartTimeoutMs
+	r.Links = m.Links.CloneVT()
+	r.LogGuid = m.LogGuid
+	r.ModificationTag = m.ModificationTag.CloneVT()
+	r.Privileged = m.Privileged
+	r.CpuWeight = m.CpuWeight
+	r.SpreadWith = m.SpreadWith.CloneVT()
+	r.ImageUsername = m.ImageUsername
+	r.ImagePassword = m.ImagePassword
+	if rhs := m.Properties; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Properties = tmpContainer
+	}
+	if rhs := m.Labels; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Labels = tmpContainer
+	}
+	if rhs := m.Routes; rhs != nil {
+		tmpContainer := make(map[string][]byte, len(rhs))
+		for k, v := range rhs {
+			tmpBytes := make([]byte, len(v))
+			copy(tmpBytes, v)
+			tmpContainer[k] = tmpBytes
+		}
+		r.Routes = tmpContainer
+	}
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]uint32, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ports = tmpContainer
+	}
+	if rhs := m.Env; rhs != nil {
+		tmpContainer := make([]*EnvironmentVariable, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Env = tmpContainer
+	}
+	if rhs := m.LogDrains; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.LogDrains = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRP) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SpreadWith) CloneVT() *SpreadWith {
+	if m == nil {
+		return (*SpreadWith)(nil)
+	}
+	r := new(SpreadWith)
+	r.ProcessGuid = m.ProcessGuid
+	r.TotalInstances = m.TotalInstances
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SpreadWith) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPSchedulingInfo) CloneVT() *DesiredLRPSchedulingInfo {
+	if m == nil {
+		return (*DesiredLRPSchedulingInfo)(nil)
+	}
+	r := new(DesiredLRPSchedulingInfo)
+	r.ProcessGuid = m.ProcessGuid
+	r.Domain = m.Domain
+	r.LogGuid = m.LogGuid
+	r.Rootfs = m.Rootfs
+	r.Instances = m.Instances
+	r.Resources = m.Resources.CloneVT()
+	r.PlacementConstraint = m.PlacementConstraint.CloneVT()
+	r.Annotation = m.Annotation
+	r.ModificationTag = m.ModificationTag.CloneVT()
+	r.SpreadWith = m.SpreadWith.CloneVT()
+	if rhs := m.Labels; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Labels = tmpContainer
+	}
+	if rhs := m.Routes; rhs != nil {
+		tmpContainer := make(map[string][]byte, len(rhs))
+		for k, v := range rhs {
+			tmpBytes := make([]byte, len(v))
+			copy(tmpBytes, v)
+			tmpContainer[k] = tmpBytes
+		}
+		r.Routes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPSchedulingInfo) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPRunInfo) CloneVT() *DesiredLRPRunInfo {
+	if m == nil {
+		return (*DesiredLRPRunInfo)(nil)
+	}
+	r := new(DesiredLRPRunInfo)
+	r.ProcessGuid = m.ProcessGuid
+	r.Domain = m.Domain
+	r.Setup = m.Setup.CloneVT()
+	r.Action = m.Action.CloneVT()
+	r.Monitor = m.Monitor.CloneVT()
+	r.CheckDefinition = m.CheckDefinition.CloneVT()
+	r.StartTimeoutMs = m.StartTimeoutMs
+	r.Links = m.Links.CloneVT()
+	r.Privileged = m.Privileged
+	r.CpuWeight = m.CpuWeight
+	r.ImageUsername = m.ImageUsername
+	r.ImagePassword = m.ImagePassword
+	if rhs := m.Properties; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Properties = tmpContainer
+	}
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]uint32, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ports = tmpContainer
+	}
+	if rhs := m.Env; rhs != nil {
+		tmpContainer := make([]*EnvironmentVariable, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Env = tmpContainer
+	}
+	if rhs := m.LogDrains; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.LogDrains = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPRunInfo) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesiredLRPUpdate) CloneVT() *DesiredLRPUpdate {
+	if m == nil {
+		return (*DesiredLRPUpdate)(nil)
+	}
+	r := new(DesiredLRPUpdate)
+	r.Routes = m.Routes.CloneVT()
+	r.Labels = m.Labels.CloneVT()
+	r.Ports = m.Ports.CloneVT()
+	r.PlacementConstraint = m.PlacementConstraint.CloneVT()
+	r.SpreadWith = m.SpreadWith.CloneVT()
+	r.LogDrains = m.LogDrains.CloneVT()
+	if rhs := m.Instances; rhs != nil {
+		tmpVal := *rhs
+		r.Instances = &tmpVal
+	}
+	if rhs := m.Annotation; rhs != nil {
+		tmpVal := *rhs
+		r.Annotation = &tmpVal
+	}
+	if rhs := m.Rootfs; rhs != nil {
+		tmpVal := *rhs
+		r.Rootfs = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesiredLRPUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SpreadWithUpdate) CloneVT() *SpreadWithUpdate {
+	if m == nil {
+		return (*SpreadWithUpdate)(nil)
+	}
+	r := new(SpreadWithUpdate)
+	r.SpreadWith = m.SpreadWith.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SpreadWithUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LogDrainsUpdate) CloneVT() *LogDrainsUpdate {
+	if m == nil {
+		return (*LogDrainsUpdate)(nil)
+	}
+	r := new(LogDrainsUpdate)
+	if rhs := m.LogDrains; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.LogDrains = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LogDrainsUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RoutesUpdate) CloneVT() *RoutesUpdate {
+	if m == nil {
+		return (*RoutesUpdate)(nil)
+	}
+	r := new(RoutesUpdate)
+	if rhs := m.Routes; rhs != nil {
+		tmpContainer := make(map[string][]byte, len(rhs))
+		for k, v := range rhs {
+			tmpBytes := make([]byte, len(v))
+			copy(tmpBytes, v)
+			tmpContainer[k] = tmpBytes
+		}
+		r.Routes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RoutesUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LabelsUpdate) CloneVT() *LabelsUpdate {
+	if m == nil {
+		return (*LabelsUpdate)(nil)
+	}
+	r := new(LabelsUpdate)
+	if rhs := m.Labels; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Labels = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LabelsUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PortsUpdate) CloneVT() *PortsUpdate {
+	if m == nil {
+		return (*PortsUpdate)(nil)
+	}
+	r := new(PortsUpdate)
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]uint32, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ports = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PortsUpdate) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *DesiredLRP) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

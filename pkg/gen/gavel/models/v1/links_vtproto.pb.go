@@ -7,6 +7,7 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,166 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *Links) CloneVT() *Links {
+	if m == nil {
+		return (*Links)(nil)
+	}
+	r := new(Links)
+	r.SignalOnChange = m.SignalOnChange
+	if rhs := m.Provides; rhs != nil {
+		tmpContainer := make([]*LinkProvide, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Provides = tmpContainer
+	}
+	if rhs := m.Consumes; rhs != nil {
+		tmpContainer := make([]*LinkConsume, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Consumes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Links) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LinkProvide) CloneVT() *LinkProvide {
+	if m == nil {
+		return (*LinkProvide)(nil)
+	}
+	r := new(LinkProvide)
+	r.Name = m.Name
+	r.Type = m.Type
+	r.As = m.As
+	r.Shared = m.Shared
+	r.Port = m.Port
+	if rhs := m.Properties; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Properties = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LinkProvide) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LinkConsume) CloneVT() *LinkConsume {
+	if m == nil {
+		return (*LinkConsume)(nil)
+	}
+	r := new(LinkConsume)
+	r.Name = m.Name
+	r.Type = m.Type
+	r.From = m.From
+	r.Network = m.Network
+	r.Optional = m.Optional
+	r.Colocated = m.Colocated
+	r.Custom = m.Custom.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LinkConsume) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ResolvedLink) CloneVT() *ResolvedLink {
+	if m == nil {
+		return (*ResolvedLink)(nil)
+	}
+	r := new(ResolvedLink)
+	r.Node = m.Node.CloneVT()
+	if rhs := m.Nodes; rhs != nil {
+		tmpContainer := make([]*LinkNode, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Nodes = tmpContainer
+	}
+	if rhs := m.Properties; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Properties = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ResolvedLink) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InstanceLinks) CloneVT() *InstanceLinks {
+	if m == nil {
+		return (*InstanceLinks)(nil)
+	}
+	r := new(InstanceLinks)
+	r.Index = m.Index
+	r.InstanceGuid = m.InstanceGuid
+	r.CellId = m.CellId
+	if rhs := m.Links; rhs != nil {
+		tmpContainer := make(map[string]*ResolvedLink, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Links = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InstanceLinks) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LinkNode) CloneVT() *LinkNode {
+	if m == nil {
+		return (*LinkNode)(nil)
+	}
+	r := new(LinkNode)
+	r.Name = m.Name
+	r.Id = m.Id
+	r.Index = m.Index
+	r.Az = m.Az
+	r.Address = m.Address
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LinkNode) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *Links) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

@@ -7,9 +7,10 @@ package modelsv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	timestamppb "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	timestamppb1 "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	timestamppb1 "google.golang.org/protobuf/types/known/timestamppb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	io "io"
 )
 
@@ -19,6 +20,93 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *TaskDefinition) CloneVT() *TaskDefinition {
+	if m == nil {
+		return (*TaskDefinition)(nil)
+	}
+	r := new(TaskDefinition)
+	r.Rootfs = m.Rootfs
+	r.Action = m.Action.CloneVT()
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.MaxPids = m.MaxPids
+	r.CpuWeight = m.CpuWeight
+	r.PlacementConstraint = m.PlacementConstraint.CloneVT()
+	r.ResultFile = m.ResultFile
+	r.CompletionCallbackUrl = m.CompletionCallbackUrl
+	r.Annotation = m.Annotation
+	r.Privileged = m.Privileged
+	r.LogGuid = m.LogGuid
+	r.MaxRejections = m.MaxRejections
+	r.ImageUsername = m.ImageUsername
+	r.ImagePassword = m.ImagePassword
+	if rhs := m.Properties; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Properties = tmpContainer
+	}
+	if rhs := m.Labels; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Labels = tmpContainer
+	}
+	if rhs := m.Env; rhs != nil {
+		tmpContainer := make([]*EnvironmentVariable, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Env = tmpContainer
+	}
+	if rhs := m.LogDrains; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.LogDrains = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskDefinition) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Task) CloneVT() *Task {
+	if m == nil {
+		return (*Task)(nil)
+	}
+	r := new(Task)
+	r.TaskGuid = m.TaskGuid
+	r.Domain = m.Domain
+	r.Definition = m.Definition.CloneVT()
+	r.State = m.State
+	r.CellId = m.CellId
+	r.Failed = m.Failed
+	r.FailureReason = m.FailureReason
+	r.Result = m.Result
+	r.RejectionCount = m.RejectionCount
+	r.PlacementError = m.PlacementError.CloneVT()
+	r.CreatedAt = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.CreatedAt).CloneVT())
+	r.UpdatedAt = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.UpdatedAt).CloneVT())
+	r.FirstCompletedAt = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.FirstCompletedAt).CloneVT())
+	r.ModificationTag = m.ModificationTag.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Task) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *TaskDefinition) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -265,7 +353,7 @@ func (m *Task) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x72
 	}
 	if m.FirstCompletedAt != nil {
-		size, err := (*timestamppb.Timestamp)(m.FirstCompletedAt).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.FirstCompletedAt).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -275,7 +363,7 @@ func (m *Task) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x6a
 	}
 	if m.UpdatedAt != nil {
-		size, err := (*timestamppb.Timestamp)(m.UpdatedAt).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.UpdatedAt).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -285,7 +373,7 @@ func (m *Task) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x62
 	}
 	if m.CreatedAt != nil {
-		size, err := (*timestamppb.Timestamp)(m.CreatedAt).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.CreatedAt).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -508,15 +596,15 @@ func (m *Task) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.CreatedAt != nil {
-		l = (*timestamppb.Timestamp)(m.CreatedAt).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.CreatedAt).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.UpdatedAt != nil {
-		l = (*timestamppb.Timestamp)(m.UpdatedAt).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.UpdatedAt).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.FirstCompletedAt != nil {
-		l = (*timestamppb.Timestamp)(m.FirstCompletedAt).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.FirstCompletedAt).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.ModificationTag != nil {
@@ -1658,9 +1746,9 @@ func (m *Task) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.CreatedAt == nil {
-				m.CreatedAt = &timestamppb1.Timestamp{}
+				m.CreatedAt = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.CreatedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.CreatedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -1694,9 +1782,9 @@ func (m *Task) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdatedAt == nil {
-				m.UpdatedAt = &timestamppb1.Timestamp{}
+				m.UpdatedAt = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdatedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdatedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -1730,9 +1818,9 @@ func (m *Task) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.FirstCompletedAt == nil {
-				m.FirstCompletedAt = &timestamppb1.Timestamp{}
+				m.FirstCompletedAt = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.FirstCompletedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.FirstCompletedAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

@@ -8,10 +8,10 @@ import (
 	fmt "fmt"
 	v1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	structpb "github.com/planetscale/vtprotobuf/types/known/structpb"
+	structpb1 "github.com/planetscale/vtprotobuf/types/known/structpb"
 	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	structpb1 "google.golang.org/protobuf/types/known/structpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	io "io"
 )
 
@@ -21,6 +21,1052 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *HealthCheck) CloneVT() *HealthCheck {
+	if m == nil {
+		return (*HealthCheck)(nil)
+	}
+	r := new(HealthCheck)
+	r.Type = m.Type
+	r.HttpEndpoint = m.HttpEndpoint
+	r.IntervalMs = m.IntervalMs
+	r.TimeoutMs = m.TimeoutMs
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *HealthCheck) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *App) CloneVT() *App {
+	if m == nil {
+		return (*App)(nil)
+	}
+	r := new(App)
+	r.Guid = m.Guid
+	r.Name = m.Name
+	r.SpaceGuid = m.SpaceGuid
+	r.Stack = m.Stack
+	r.DockerImage = m.DockerImage
+	r.Command = m.Command
+	r.Instances = m.Instances
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.Routes = (*structpb.Value)((*structpb1.Value)(m.Routes).CloneVT())
+	r.HealthCheck = m.HealthCheck.CloneVT()
+	r.Version = m.Version
+	if rhs := m.Env; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Env = tmpContainer
+	}
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]uint32, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ports = tmpContainer
+	}
+	if rhs := m.SecretEnv; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.SecretEnv = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *App) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppRecord) CloneVT() *AppRecord {
+	if m == nil {
+		return (*AppRecord)(nil)
+	}
+	r := new(AppRecord)
+	r.App = m.App.CloneVT()
+	r.State = m.State
+	r.Rootfs = m.Rootfs
+	r.PendingVersion = m.PendingVersion
+	r.PendingRootfs = m.PendingRootfs
+	r.PendingSinceUnixMs = m.PendingSinceUnixMs
+	r.DrainingVersion = m.DrainingVersion
+	r.DrainUntilUnixMs = m.DrainUntilUnixMs
+	r.Deployment = m.Deployment.CloneVT()
+	r.Queued = m.Queued.CloneVT()
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.PendingConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PendingConstraint = vtpb.CloneVT()
+		} else {
+			r.PendingConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.LastError; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.PlacementError }); ok {
+			r.LastError = vtpb.CloneVT()
+		} else {
+			r.LastError = proto.Clone(rhs).(*v1.PlacementError)
+		}
+	}
+	if rhs := m.Deployments; rhs != nil {
+		tmpContainer := make([]*Deployment, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Deployments = tmpContainer
+	}
+	if rhs := m.Versions; rhs != nil {
+		tmpContainer := make([]*AppVersion, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Versions = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppRecord) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppVersion) CloneVT() *AppVersion {
+	if m == nil {
+		return (*AppVersion)(nil)
+	}
+	r := new(AppVersion)
+	r.Version = m.Version
+	r.App = m.App.CloneVT()
+	r.Rootfs = m.Rootfs
+	r.CreatedUnixMs = m.CreatedUnixMs
+	r.Healthy = m.Healthy
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppVersion) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeploymentOptions) CloneVT() *DeploymentOptions {
+	if m == nil {
+		return (*DeploymentOptions)(nil)
+	}
+	r := new(DeploymentOptions)
+	r.Strategy = m.Strategy
+	r.MaxInFlight = m.MaxInFlight
+	r.Canaries = m.Canaries
+	r.MinHealthyTimeMs = m.MinHealthyTimeMs
+	r.ProgressDeadlineMs = m.ProgressDeadlineMs
+	r.NoAutoRevert = m.NoAutoRevert
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeploymentOptions) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Deployment) CloneVT() *Deployment {
+	if m == nil {
+		return (*Deployment)(nil)
+	}
+	r := new(Deployment)
+	r.Id = m.Id
+	r.AppGuid = m.AppGuid
+	r.FromVersion = m.FromVersion
+	r.ToVersion = m.ToVersion
+	r.Options = m.Options.CloneVT()
+	r.State = m.State
+	r.Message = m.Message
+	r.RevertOf = m.RevertOf
+	r.Promoted = m.Promoted
+	r.NewDesired = m.NewDesired
+	r.OldDesired = m.OldDesired
+	r.NewHealthy = m.NewHealthy
+	r.OldLeft = m.OldLeft
+	r.ReadyObserved = m.ReadyObserved
+	r.ReadySinceUnixMs = m.ReadySinceUnixMs
+	r.CreatedUnixMs = m.CreatedUnixMs
+	r.ProgressUnixMs = m.ProgressUnixMs
+	r.FinishedUnixMs = m.FinishedUnixMs
+	r.CancelRequested = m.CancelRequested
+	if rhs := m.PlacementError; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.PlacementError }); ok {
+			r.PlacementError = vtpb.CloneVT()
+		} else {
+			r.PlacementError = proto.Clone(rhs).(*v1.PlacementError)
+		}
+	}
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Deployment) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeployAppRequest) CloneVT() *DeployAppRequest {
+	if m == nil {
+		return (*DeployAppRequest)(nil)
+	}
+	r := new(DeployAppRequest)
+	r.App = m.App.CloneVT()
+	r.Options = m.Options.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeployAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeployAppResponse) CloneVT() *DeployAppResponse {
+	if m == nil {
+		return (*DeployAppResponse)(nil)
+	}
+	r := new(DeployAppResponse)
+	r.App = m.App.CloneVT()
+	r.Deployment = m.Deployment.CloneVT()
+	r.Outcome = m.Outcome
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeployAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *GetDeploymentRequest) CloneVT() *GetDeploymentRequest {
+	if m == nil {
+		return (*GetDeploymentRequest)(nil)
+	}
+	r := new(GetDeploymentRequest)
+	r.AppGuid = m.AppGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *GetDeploymentRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *GetDeploymentResponse) CloneVT() *GetDeploymentResponse {
+	if m == nil {
+		return (*GetDeploymentResponse)(nil)
+	}
+	r := new(GetDeploymentResponse)
+	r.Deployment = m.Deployment.CloneVT()
+	r.Queued = m.Queued.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *GetDeploymentResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListDeploymentsRequest) CloneVT() *ListDeploymentsRequest {
+	if m == nil {
+		return (*ListDeploymentsRequest)(nil)
+	}
+	r := new(ListDeploymentsRequest)
+	r.AppGuid = m.AppGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListDeploymentsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListDeploymentsResponse) CloneVT() *ListDeploymentsResponse {
+	if m == nil {
+		return (*ListDeploymentsResponse)(nil)
+	}
+	r := new(ListDeploymentsResponse)
+	if rhs := m.Deployments; rhs != nil {
+		tmpContainer := make([]*Deployment, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Deployments = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListDeploymentsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PromoteDeploymentRequest) CloneVT() *PromoteDeploymentRequest {
+	if m == nil {
+		return (*PromoteDeploymentRequest)(nil)
+	}
+	r := new(PromoteDeploymentRequest)
+	r.AppGuid = m.AppGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PromoteDeploymentRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PromoteDeploymentResponse) CloneVT() *PromoteDeploymentResponse {
+	if m == nil {
+		return (*PromoteDeploymentResponse)(nil)
+	}
+	r := new(PromoteDeploymentResponse)
+	r.Deployment = m.Deployment.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PromoteDeploymentResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelDeploymentRequest) CloneVT() *CancelDeploymentRequest {
+	if m == nil {
+		return (*CancelDeploymentRequest)(nil)
+	}
+	r := new(CancelDeploymentRequest)
+	r.AppGuid = m.AppGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelDeploymentRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelDeploymentResponse) CloneVT() *CancelDeploymentResponse {
+	if m == nil {
+		return (*CancelDeploymentResponse)(nil)
+	}
+	r := new(CancelDeploymentResponse)
+	r.Deployment = m.Deployment.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelDeploymentResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RollbackAppRequest) CloneVT() *RollbackAppRequest {
+	if m == nil {
+		return (*RollbackAppRequest)(nil)
+	}
+	r := new(RollbackAppRequest)
+	r.AppGuid = m.AppGuid
+	r.Version = m.Version
+	r.Options = m.Options.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RollbackAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RollbackAppResponse) CloneVT() *RollbackAppResponse {
+	if m == nil {
+		return (*RollbackAppResponse)(nil)
+	}
+	r := new(RollbackAppResponse)
+	r.Deployment = m.Deployment.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RollbackAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppVersionsRequest) CloneVT() *AppVersionsRequest {
+	if m == nil {
+		return (*AppVersionsRequest)(nil)
+	}
+	r := new(AppVersionsRequest)
+	r.AppGuid = m.AppGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppVersionsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppVersionsResponse) CloneVT() *AppVersionsResponse {
+	if m == nil {
+		return (*AppVersionsResponse)(nil)
+	}
+	r := new(AppVersionsResponse)
+	if rhs := m.Versions; rhs != nil {
+		tmpContainer := make([]*AppVersion, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Versions = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppVersionsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppInfo) CloneVT() *AppInfo {
+	if m == nil {
+		return (*AppInfo)(nil)
+	}
+	r := new(AppInfo)
+	r.App = m.App.CloneVT()
+	r.State = m.State
+	r.ProcessGuid = m.ProcessGuid
+	r.Desired = m.Desired
+	r.Running = m.Running
+	r.Crashed = m.Crashed
+	r.RestartToApply = m.RestartToApply
+	r.PendingVersion = m.PendingVersion
+	r.CountsUnknown = m.CountsUnknown
+	r.Deployment = m.Deployment.CloneVT()
+	if rhs := m.PlacementError; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.PlacementError }); ok {
+			r.PlacementError = vtpb.CloneVT()
+		} else {
+			r.PlacementError = proto.Clone(rhs).(*v1.PlacementError)
+		}
+	}
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppInfo) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireAppRequest) CloneVT() *DesireAppRequest {
+	if m == nil {
+		return (*DesireAppRequest)(nil)
+	}
+	r := new(DesireAppRequest)
+	r.App = m.App.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DesireAppResponse) CloneVT() *DesireAppResponse {
+	if m == nil {
+		return (*DesireAppResponse)(nil)
+	}
+	r := new(DesireAppResponse)
+	r.App = m.App.CloneVT()
+	r.ProcessGuid = m.ProcessGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DesireAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdateAppRequest) CloneVT() *UpdateAppRequest {
+	if m == nil {
+		return (*UpdateAppRequest)(nil)
+	}
+	r := new(UpdateAppRequest)
+	r.Guid = m.Guid
+	r.Routes = (*structpb.Value)((*structpb1.Value)(m.Routes).CloneVT())
+	if rhs := m.Instances; rhs != nil {
+		tmpVal := *rhs
+		r.Instances = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdateAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdateAppResponse) CloneVT() *UpdateAppResponse {
+	if m == nil {
+		return (*UpdateAppResponse)(nil)
+	}
+	r := new(UpdateAppResponse)
+	r.App = m.App.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdateAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RestartAppRequest) CloneVT() *RestartAppRequest {
+	if m == nil {
+		return (*RestartAppRequest)(nil)
+	}
+	r := new(RestartAppRequest)
+	r.Guid = m.Guid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RestartAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RestartAppResponse) CloneVT() *RestartAppResponse {
+	if m == nil {
+		return (*RestartAppResponse)(nil)
+	}
+	r := new(RestartAppResponse)
+	r.App = m.App.CloneVT()
+	r.ProcessGuid = m.ProcessGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RestartAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StopAppRequest) CloneVT() *StopAppRequest {
+	if m == nil {
+		return (*StopAppRequest)(nil)
+	}
+	r := new(StopAppRequest)
+	r.Guid = m.Guid
+	r.Delete = m.Delete
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StopAppRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StopAppResponse) CloneVT() *StopAppResponse {
+	if m == nil {
+		return (*StopAppResponse)(nil)
+	}
+	r := new(StopAppResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StopAppResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppsRequest) CloneVT() *AppsRequest {
+	if m == nil {
+		return (*AppsRequest)(nil)
+	}
+	r := new(AppsRequest)
+	r.SpaceGuid = m.SpaceGuid
+	if rhs := m.Guids; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Guids = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *AppsResponse) CloneVT() *AppsResponse {
+	if m == nil {
+		return (*AppsResponse)(nil)
+	}
+	r := new(AppsResponse)
+	if rhs := m.Apps; rhs != nil {
+		tmpContainer := make([]*AppInfo, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Apps = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *AppsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RunTaskRequest) CloneVT() *RunTaskRequest {
+	if m == nil {
+		return (*RunTaskRequest)(nil)
+	}
+	r := new(RunTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	r.AppGuid = m.AppGuid
+	r.Command = m.Command
+	r.MemoryMb = m.MemoryMb
+	r.DiskMb = m.DiskMb
+	r.Name = m.Name
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RunTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RunTaskResponse) CloneVT() *RunTaskResponse {
+	if m == nil {
+		return (*RunTaskResponse)(nil)
+	}
+	r := new(RunTaskResponse)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RunTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementPool) CloneVT() *PlacementPool {
+	if m == nil {
+		return (*PlacementPool)(nil)
+	}
+	r := new(PlacementPool)
+	r.Name = m.Name
+	if rhs := m.Require; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Require = tmpContainer
+	}
+	if rhs := m.Disallow; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Disallow = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementPool) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementPoolInfo) CloneVT() *PlacementPoolInfo {
+	if m == nil {
+		return (*PlacementPoolInfo)(nil)
+	}
+	r := new(PlacementPoolInfo)
+	r.Pool = m.Pool.CloneVT()
+	r.IsDefault = m.IsDefault
+	if rhs := m.SpaceGuids; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.SpaceGuids = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementPoolInfo) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CreatePlacementPoolRequest) CloneVT() *CreatePlacementPoolRequest {
+	if m == nil {
+		return (*CreatePlacementPoolRequest)(nil)
+	}
+	r := new(CreatePlacementPoolRequest)
+	r.Pool = m.Pool.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CreatePlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CreatePlacementPoolResponse) CloneVT() *CreatePlacementPoolResponse {
+	if m == nil {
+		return (*CreatePlacementPoolResponse)(nil)
+	}
+	r := new(CreatePlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CreatePlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdatePlacementPoolRequest) CloneVT() *UpdatePlacementPoolRequest {
+	if m == nil {
+		return (*UpdatePlacementPoolRequest)(nil)
+	}
+	r := new(UpdatePlacementPoolRequest)
+	r.Pool = m.Pool.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdatePlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UpdatePlacementPoolResponse) CloneVT() *UpdatePlacementPoolResponse {
+	if m == nil {
+		return (*UpdatePlacementPoolResponse)(nil)
+	}
+	r := new(UpdatePlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UpdatePlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeletePlacementPoolRequest) CloneVT() *DeletePlacementPoolRequest {
+	if m == nil {
+		return (*DeletePlacementPoolRequest)(nil)
+	}
+	r := new(DeletePlacementPoolRequest)
+	r.Name = m.Name
+	r.Force = m.Force
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeletePlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeletePlacementPoolResponse) CloneVT() *DeletePlacementPoolResponse {
+	if m == nil {
+		return (*DeletePlacementPoolResponse)(nil)
+	}
+	r := new(DeletePlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeletePlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementPoolsRequest) CloneVT() *PlacementPoolsRequest {
+	if m == nil {
+		return (*PlacementPoolsRequest)(nil)
+	}
+	r := new(PlacementPoolsRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementPoolsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PlacementPoolsResponse) CloneVT() *PlacementPoolsResponse {
+	if m == nil {
+		return (*PlacementPoolsResponse)(nil)
+	}
+	r := new(PlacementPoolsResponse)
+	r.DefaultPool = m.DefaultPool
+	if rhs := m.Pools; rhs != nil {
+		tmpContainer := make([]*PlacementPoolInfo, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Pools = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PlacementPoolsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *BindPlacementPoolRequest) CloneVT() *BindPlacementPoolRequest {
+	if m == nil {
+		return (*BindPlacementPoolRequest)(nil)
+	}
+	r := new(BindPlacementPoolRequest)
+	r.SpaceGuid = m.SpaceGuid
+	r.Pool = m.Pool
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *BindPlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *BindPlacementPoolResponse) CloneVT() *BindPlacementPoolResponse {
+	if m == nil {
+		return (*BindPlacementPoolResponse)(nil)
+	}
+	r := new(BindPlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *BindPlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UnbindPlacementPoolRequest) CloneVT() *UnbindPlacementPoolRequest {
+	if m == nil {
+		return (*UnbindPlacementPoolRequest)(nil)
+	}
+	r := new(UnbindPlacementPoolRequest)
+	r.SpaceGuid = m.SpaceGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UnbindPlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *UnbindPlacementPoolResponse) CloneVT() *UnbindPlacementPoolResponse {
+	if m == nil {
+		return (*UnbindPlacementPoolResponse)(nil)
+	}
+	r := new(UnbindPlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *UnbindPlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SetDefaultPlacementPoolRequest) CloneVT() *SetDefaultPlacementPoolRequest {
+	if m == nil {
+		return (*SetDefaultPlacementPoolRequest)(nil)
+	}
+	r := new(SetDefaultPlacementPoolRequest)
+	r.Pool = m.Pool
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SetDefaultPlacementPoolRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SetDefaultPlacementPoolResponse) CloneVT() *SetDefaultPlacementPoolResponse {
+	if m == nil {
+		return (*SetDefaultPlacementPoolResponse)(nil)
+	}
+	r := new(SetDefaultPlacementPoolResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SetDefaultPlacementPoolResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *HealthCheck) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -132,7 +1178,7 @@ func (m *App) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x6a
 	}
 	if m.Routes != nil {
-		size, err := (*structpb.Value)(m.Routes).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*structpb1.Value)(m.Routes).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1709,7 +2755,7 @@ func (m *UpdateAppRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		copy(dAtA[i:], m.unknownFields)
 	}
 	if m.Routes != nil {
-		size, err := (*structpb.Value)(m.Routes).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*structpb1.Value)(m.Routes).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2898,7 +3944,7 @@ func (m *App) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(l)) + l
 	}
 	if m.Routes != nil {
-		l = (*structpb.Value)(m.Routes).SizeVT()
+		l = (*structpb1.Value)(m.Routes).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.HealthCheck != nil {
@@ -3492,7 +4538,7 @@ func (m *UpdateAppRequest) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(*m.Instances))
 	}
 	if m.Routes != nil {
-		l = (*structpb.Value)(m.Routes).SizeVT()
+		l = (*structpb1.Value)(m.Routes).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
@@ -4535,9 +5581,9 @@ func (m *App) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Routes == nil {
-				m.Routes = &structpb1.Value{}
+				m.Routes = &structpb.Value{}
 			}
-			if err := (*structpb.Value)(m.Routes).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*structpb1.Value)(m.Routes).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -8289,9 +9335,9 @@ func (m *UpdateAppRequest) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Routes == nil {
-				m.Routes = &structpb1.Value{}
+				m.Routes = &structpb.Value{}
 			}
-			if err := (*structpb.Value)(m.Routes).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*structpb1.Value)(m.Routes).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

@@ -9,10 +9,10 @@ import (
 	fmt "fmt"
 	v1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	timestamppb "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	timestamppb1 "github.com/planetscale/vtprotobuf/types/known/timestamppb"
 	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	timestamppb1 "google.golang.org/protobuf/types/known/timestamppb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	io "io"
 	math "math"
 )
@@ -23,6 +23,629 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *LRPInstance) CloneVT() *LRPInstance {
+	if m == nil {
+		return (*LRPInstance)(nil)
+	}
+	r := new(LRPInstance)
+	r.Rootfs = m.Rootfs
+	r.InstanceGuid = m.InstanceGuid
+	if rhs := m.Key; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRPKey }); ok {
+			r.Key = vtpb.CloneVT()
+		} else {
+			r.Key = proto.Clone(rhs).(*v1.ActualLRPKey)
+		}
+	}
+	if rhs := m.Resources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Resources }); ok {
+			r.Resources = vtpb.CloneVT()
+		} else {
+			r.Resources = proto.Clone(rhs).(*v1.Resources)
+		}
+	}
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LRPInstance) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TaskWork) CloneVT() *TaskWork {
+	if m == nil {
+		return (*TaskWork)(nil)
+	}
+	r := new(TaskWork)
+	r.TaskGuid = m.TaskGuid
+	r.Domain = m.Domain
+	r.Rootfs = m.Rootfs
+	if rhs := m.Resources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.Resources }); ok {
+			r.Resources = vtpb.CloneVT()
+		} else {
+			r.Resources = proto.Clone(rhs).(*v1.Resources)
+		}
+	}
+	if rhs := m.PlacementConstraint; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.PlacementConstraint
+		}); ok {
+			r.PlacementConstraint = vtpb.CloneVT()
+		} else {
+			r.PlacementConstraint = proto.Clone(rhs).(*v1.PlacementConstraint)
+		}
+	}
+	if rhs := m.TraceContext; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.TraceContext = tmpContainer
+	}
+	if rhs := m.Trace; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.TraceContext }); ok {
+			r.Trace = vtpb.CloneVT()
+		} else {
+			r.Trace = proto.Clone(rhs).(*v1.TraceContext)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TaskWork) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StateRequest) CloneVT() *StateRequest {
+	if m == nil {
+		return (*StateRequest)(nil)
+	}
+	r := new(StateRequest)
+	r.Summary = m.Summary
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StateRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StateResponse) CloneVT() *StateResponse {
+	if m == nil {
+		return (*StateResponse)(nil)
+	}
+	r := new(StateResponse)
+	r.CellId = m.CellId
+	r.Zone = m.Zone
+	r.StartingContainerCount = m.StartingContainerCount
+	r.Evacuating = m.Evacuating
+	r.PresenceLapsed = m.PresenceLapsed
+	r.Isolation = m.Isolation
+	if rhs := m.TotalResources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.CellCapacity }); ok {
+			r.TotalResources = vtpb.CloneVT()
+		} else {
+			r.TotalResources = proto.Clone(rhs).(*v1.CellCapacity)
+		}
+	}
+	if rhs := m.AvailableResources; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.CellCapacity }); ok {
+			r.AvailableResources = vtpb.CloneVT()
+		} else {
+			r.AvailableResources = proto.Clone(rhs).(*v1.CellCapacity)
+		}
+	}
+	if rhs := m.PlacementTags; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.PlacementTags = tmpContainer
+	}
+	if rhs := m.PreloadedRootfses; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.PreloadedRootfses = tmpContainer
+	}
+	if rhs := m.RootfsProviders; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.RootfsProviders = tmpContainer
+	}
+	if rhs := m.Lrps; rhs != nil {
+		tmpContainer := make([]*LRPInstance, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Lrps = tmpContainer
+	}
+	if rhs := m.Tasks; rhs != nil {
+		tmpContainer := make([]*TaskWork, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Tasks = tmpContainer
+	}
+	if rhs := m.Notes; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Notes = tmpContainer
+	}
+	if rhs := m.LrpInstances; rhs != nil {
+		tmpContainer := make(map[string]int32, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.LrpInstances = tmpContainer
+	}
+	if rhs := m.Enforced; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Enforced = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StateResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PerformRequest) CloneVT() *PerformRequest {
+	if m == nil {
+		return (*PerformRequest)(nil)
+	}
+	r := new(PerformRequest)
+	r.IncludeState = m.IncludeState
+	if rhs := m.Lrps; rhs != nil {
+		tmpContainer := make([]*LRPInstance, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Lrps = tmpContainer
+	}
+	if rhs := m.Tasks; rhs != nil {
+		tmpContainer := make([]*TaskWork, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Tasks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PerformRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PerformResponse) CloneVT() *PerformResponse {
+	if m == nil {
+		return (*PerformResponse)(nil)
+	}
+	r := new(PerformResponse)
+	r.State = m.State.CloneVT()
+	if rhs := m.FailedLrps; rhs != nil {
+		tmpContainer := make([]*LRPInstance, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.FailedLrps = tmpContainer
+	}
+	if rhs := m.FailedTasks; rhs != nil {
+		tmpContainer := make([]*TaskWork, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.FailedTasks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PerformResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StopLRPInstanceRequest) CloneVT() *StopLRPInstanceRequest {
+	if m == nil {
+		return (*StopLRPInstanceRequest)(nil)
+	}
+	r := new(StopLRPInstanceRequest)
+	if rhs := m.Key; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface{ CloneVT() *v1.ActualLRPKey }); ok {
+			r.Key = vtpb.CloneVT()
+		} else {
+			r.Key = proto.Clone(rhs).(*v1.ActualLRPKey)
+		}
+	}
+	if rhs := m.InstanceKey; rhs != nil {
+		if vtpb, ok := interface{}(rhs).(interface {
+			CloneVT() *v1.ActualLRPInstanceKey
+		}); ok {
+			r.InstanceKey = vtpb.CloneVT()
+		} else {
+			r.InstanceKey = proto.Clone(rhs).(*v1.ActualLRPInstanceKey)
+		}
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StopLRPInstanceRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StopLRPInstanceResponse) CloneVT() *StopLRPInstanceResponse {
+	if m == nil {
+		return (*StopLRPInstanceResponse)(nil)
+	}
+	r := new(StopLRPInstanceResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StopLRPInstanceResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelTaskRequest) CloneVT() *CancelTaskRequest {
+	if m == nil {
+		return (*CancelTaskRequest)(nil)
+	}
+	r := new(CancelTaskRequest)
+	r.TaskGuid = m.TaskGuid
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelTaskRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *CancelTaskResponse) CloneVT() *CancelTaskResponse {
+	if m == nil {
+		return (*CancelTaskResponse)(nil)
+	}
+	r := new(CancelTaskResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *CancelTaskResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateRequest) CloneVT() *EvacuateRequest {
+	if m == nil {
+		return (*EvacuateRequest)(nil)
+	}
+	r := new(EvacuateRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EvacuateResponse) CloneVT() *EvacuateResponse {
+	if m == nil {
+		return (*EvacuateResponse)(nil)
+	}
+	r := new(EvacuateResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EvacuateResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InstanceMetricsRequest) CloneVT() *InstanceMetricsRequest {
+	if m == nil {
+		return (*InstanceMetricsRequest)(nil)
+	}
+	r := new(InstanceMetricsRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.TaskGuid = m.TaskGuid
+	if rhs := m.Index; rhs != nil {
+		tmpVal := *rhs
+		r.Index = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InstanceMetricsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InstanceMetricsResponse) CloneVT() *InstanceMetricsResponse {
+	if m == nil {
+		return (*InstanceMetricsResponse)(nil)
+	}
+	r := new(InstanceMetricsResponse)
+	if rhs := m.Containers; rhs != nil {
+		tmpContainer := make([]*ContainerMetrics, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Containers = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InstanceMetricsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ContainerMetrics) CloneVT() *ContainerMetrics {
+	if m == nil {
+		return (*ContainerMetrics)(nil)
+	}
+	r := new(ContainerMetrics)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.InstanceGuid = m.InstanceGuid
+	r.TaskGuid = m.TaskGuid
+	r.State = m.State
+	r.SampledAt = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.SampledAt).CloneVT())
+	r.CpuPercent = m.CpuPercent
+	r.CpuSeconds = m.CpuSeconds
+	r.MemoryBytes = m.MemoryBytes
+	r.MemoryLimitBytes = m.MemoryLimitBytes
+	r.DiskBytes = m.DiskBytes
+	r.DiskLimitBytes = m.DiskLimitBytes
+	r.CellId = m.CellId
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ContainerMetrics) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ExecRequest) CloneVT() *ExecRequest {
+	if m == nil {
+		return (*ExecRequest)(nil)
+	}
+	r := new(ExecRequest)
+	r.Start = m.Start.CloneVT()
+	r.Resize = m.Resize.CloneVT()
+	r.CloseStdin = m.CloseStdin
+	if rhs := m.Stdin; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stdin = tmpBytes
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ExecRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ExecStart) CloneVT() *ExecStart {
+	if m == nil {
+		return (*ExecStart)(nil)
+	}
+	r := new(ExecStart)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.Tty = m.Tty
+	r.Size = m.Size.CloneVT()
+	if rhs := m.Command; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Command = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ExecStart) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TerminalSize) CloneVT() *TerminalSize {
+	if m == nil {
+		return (*TerminalSize)(nil)
+	}
+	r := new(TerminalSize)
+	r.Rows = m.Rows
+	r.Cols = m.Cols
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TerminalSize) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ExecResponse) CloneVT() *ExecResponse {
+	if m == nil {
+		return (*ExecResponse)(nil)
+	}
+	r := new(ExecResponse)
+	r.InstanceGuid = m.InstanceGuid
+	if rhs := m.Stdout; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stdout = tmpBytes
+	}
+	if rhs := m.Stderr; rhs != nil {
+		tmpBytes := make([]byte, len(rhs))
+		copy(tmpBytes, rhs)
+		r.Stderr = tmpBytes
+	}
+	if rhs := m.ExitCode; rhs != nil {
+		tmpVal := *rhs
+		r.ExitCode = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ExecResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StreamLogsRequest) CloneVT() *StreamLogsRequest {
+	if m == nil {
+		return (*StreamLogsRequest)(nil)
+	}
+	r := new(StreamLogsRequest)
+	r.ProcessGuid = m.ProcessGuid
+	r.TaskGuid = m.TaskGuid
+	r.Since = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Since).CloneVT())
+	r.Follow = m.Follow
+	if rhs := m.Index; rhs != nil {
+		tmpVal := *rhs
+		r.Index = &tmpVal
+	}
+	if rhs := m.Tail; rhs != nil {
+		tmpVal := *rhs
+		r.Tail = &tmpVal
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StreamLogsRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StreamLogsResponse) CloneVT() *StreamLogsResponse {
+	if m == nil {
+		return (*StreamLogsResponse)(nil)
+	}
+	r := new(StreamLogsResponse)
+	if rhs := m.Lines; rhs != nil {
+		tmpContainer := make([]*LogLine, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Lines = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StreamLogsResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *LogLine) CloneVT() *LogLine {
+	if m == nil {
+		return (*LogLine)(nil)
+	}
+	r := new(LogLine)
+	r.Timestamp = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Timestamp).CloneVT())
+	r.Source = m.Source
+	r.Index = m.Index
+	r.InstanceGuid = m.InstanceGuid
+	r.Stream = m.Stream
+	r.Text = m.Text
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *LogLine) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *LRPInstance) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -1121,7 +1744,7 @@ func (m *ContainerMetrics) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x39
 	}
 	if m.SampledAt != nil {
-		size, err := (*timestamppb.Timestamp)(m.SampledAt).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.SampledAt).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1453,7 +2076,7 @@ func (m *StreamLogsRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x30
 	}
 	if m.Since != nil {
-		size, err := (*timestamppb.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1596,7 +2219,7 @@ func (m *LogLine) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x12
 	}
 	if m.Timestamp != nil {
-		size, err := (*timestamppb.Timestamp)(m.Timestamp).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Timestamp).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2046,7 +2669,7 @@ func (m *ContainerMetrics) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.SampledAt != nil {
-		l = (*timestamppb.Timestamp)(m.SampledAt).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.SampledAt).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.CpuPercent != 0 {
@@ -2192,7 +2815,7 @@ func (m *StreamLogsRequest) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(*m.Tail))
 	}
 	if m.Since != nil {
-		l = (*timestamppb.Timestamp)(m.Since).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Since).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Follow {
@@ -2225,7 +2848,7 @@ func (m *LogLine) SizeVT() (n int) {
 	var l int
 	_ = l
 	if m.Timestamp != nil {
-		l = (*timestamppb.Timestamp)(m.Timestamp).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Timestamp).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	l = len(m.Source)
@@ -4926,9 +5549,9 @@ func (m *ContainerMetrics) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.SampledAt == nil {
-				m.SampledAt = &timestamppb1.Timestamp{}
+				m.SampledAt = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.SampledAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.SampledAt).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -5874,9 +6497,9 @@ func (m *StreamLogsRequest) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Since == nil {
-				m.Since = &timestamppb1.Timestamp{}
+				m.Since = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -6066,9 +6689,9 @@ func (m *LogLine) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Timestamp == nil {
-				m.Timestamp = &timestamppb1.Timestamp{}
+				m.Timestamp = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Timestamp).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Timestamp).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

@@ -7,6 +7,7 @@ package routeemitterv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	io "io"
 )
@@ -17,6 +18,147 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *Endpoint) CloneVT() *Endpoint {
+	if m == nil {
+		return (*Endpoint)(nil)
+	}
+	r := new(Endpoint)
+	r.ProcessGuid = m.ProcessGuid
+	r.Index = m.Index
+	r.InstanceGuid = m.InstanceGuid
+	r.Address = m.Address
+	r.Port = m.Port
+	r.ContainerPort = m.ContainerPort
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Endpoint) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Route) CloneVT() *Route {
+	if m == nil {
+		return (*Route)(nil)
+	}
+	r := new(Route)
+	r.Protocol = m.Protocol
+	r.Hostname = m.Hostname
+	r.IncomingPort = m.IncomingPort
+	r.TlsOnly = m.TlsOnly
+	if rhs := m.Endpoints; rhs != nil {
+		tmpContainer := make([]*Endpoint, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Endpoints = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Route) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RoutingTableRequest) CloneVT() *RoutingTableRequest {
+	if m == nil {
+		return (*RoutingTableRequest)(nil)
+	}
+	r := new(RoutingTableRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RoutingTableRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RoutingTableResponse) CloneVT() *RoutingTableResponse {
+	if m == nil {
+		return (*RoutingTableResponse)(nil)
+	}
+	r := new(RoutingTableResponse)
+	r.TableId = m.TableId
+	r.Version = m.Version
+	if rhs := m.Routes; rhs != nil {
+		tmpContainer := make([]*Route, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Routes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RoutingTableResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchRoutesRequest) CloneVT() *WatchRoutesRequest {
+	if m == nil {
+		return (*WatchRoutesRequest)(nil)
+	}
+	r := new(WatchRoutesRequest)
+	r.TableId = m.TableId
+	r.SinceVersion = m.SinceVersion
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchRoutesRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchRoutesResponse) CloneVT() *WatchRoutesResponse {
+	if m == nil {
+		return (*WatchRoutesResponse)(nil)
+	}
+	r := new(WatchRoutesResponse)
+	r.TableId = m.TableId
+	r.Version = m.Version
+	r.Snapshot = m.Snapshot
+	if rhs := m.Upserts; rhs != nil {
+		tmpContainer := make([]*Route, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Upserts = tmpContainer
+	}
+	if rhs := m.Removals; rhs != nil {
+		tmpContainer := make([]*Route, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Removals = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchRoutesResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *Endpoint) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {

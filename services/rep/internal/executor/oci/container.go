@@ -23,7 +23,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/moby/sys/user"
-	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -439,7 +438,7 @@ func (c *container) Guid() string { return c.spec.Guid }
 
 // NetInfo is the cell address, the instance address and the host ports (only with a Network).
 func (c *container) NetInfo() *modelsv1.ActualLRPNetInfo {
-	return proto.Clone(c.netInfo).(*modelsv1.ActualLRPNetInfo)
+	return c.netInfo.CloneVT()
 }
 
 // Healthy is closed when the health checks first pass.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -149,7 +148,7 @@ func (c *container) Guid() string { return c.spec.Guid }
 
 // NetInfo is the cell address and the host port of every container port.
 func (c *container) NetInfo() *modelsv1.ActualLRPNetInfo {
-	return proto.Clone(c.netInfo).(*modelsv1.ActualLRPNetInfo)
+	return c.netInfo.CloneVT()
 }
 
 // Healthy is closed when the health checks first pass.
