@@ -79,13 +79,6 @@ type ServerConfig struct {
 	// GracefulStopTimeout is how long Run waits, once stopping, for
 	// in-flight calls to finish before closing connections; zero means 10s.
 	GracefulStopTimeout time.Duration
-	// StreamWorkers is how many long-lived goroutines serve calls (gRPC's NumStreamWorkers); a
-	// call arriving while every one is busy gets a goroutine of its own, as with zero (none).
-	// A worker keeps the stack its calls grew, where a new goroutine starts small and copies
-	// its stack as each call's interceptors and handler deepen it: runtime.newstack was 6% of
-	// the BBS's CPU under load. For a server with many calls at once (the BBS); each worker
-	// holds its stack while idle.
-	StreamWorkers uint32
 }
 
 // Validate reports whether cfg is usable.
@@ -249,9 +242,6 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		// A server span for every call when tracing is on, parented by the caller's W3C trace
 		// context (pkg/tracing); the context reaches the handler either way.
 		grpc.StatsHandler(serverSpans{otelgrpc.NewServerHandler()}),
-	}
-	if cfg.StreamWorkers > 0 {
-		grpcOpts = append(grpcOpts, grpc.NumStreamWorkers(cfg.StreamWorkers))
 	}
 	s := &Server{
 		GRPC:     grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),

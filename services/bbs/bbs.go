@@ -134,10 +134,6 @@ const DefaultCompactionInterval = 5 * time.Minute
 // DefaultIncomingPortRange is the default of Config.IncomingPortRange: every unprivileged port.
 const DefaultIncomingPortRange = "1024-65535"
 
-// streamWorkers is how many goroutines serve the BBS's calls and keep their stacks between
-// calls (grpcx.ServerConfig.StreamWorkers); calls beyond them get goroutines of their own.
-const streamWorkers = 512
-
 // Duration is a time.Duration written as a string ("10s") in config files and flags.
 type Duration = config.Duration
 
@@ -405,9 +401,7 @@ func New(cfg Config, logger hclog.Logger, etcd *clientv3.Client, opts ...Option)
 	v := validate.Validator{Limits: limits}
 	audit := logger.Named("audit")
 	authorizer := authz.New(cfg.Authz, api.Policy(cfg.Authz, api.Lookup{DesiredLRP: c.DesiredLRPs.DesiredLRP, Task: c.Tasks.Task}), audit)
-	// Stream workers: the cells' claims and starts arrive hundreds at once under load, and each
-	// on a new goroutine grew its stack through the interceptors, the handler and the store.
-	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS, StreamWorkers: streamWorkers}, logger.Named("grpc"),
+	server, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: cfg.ListenAddress, TLS: cfg.TLS}, logger.Named("grpc"),
 		grpcx.WithListener(o.listener),
 		grpcx.WithUnaryInterceptors(authorizer.Unary(),
 			api.NewAdmission(cfg.MaxInflightWrites, time.Duration(cfg.OverloadRetryAfter), logger.Named("admission")).UnaryServerInterceptor(),
@@ -509,9 +503,6 @@ func (s *Service) CommitStats() CommitStats {
 func (s *Service) Run(ctx context.Context, ready func()) error {
 	defer func() { _ = s.reps.Close() }() // closing idle connections at exit cannot fail usefully
 	defer s.transformers.Close()
-	// The gRPC server's stream workers run from its construction: stopped here too, for a Run
-	// that ends before its grpc member starts (a stop after the member's own is a no-op).
-	defer s.server.GRPC.Stop()
 	members := []lifecycle.Member{
 		{Name: "layout", Runner: lifecycle.RunFunc(s.runLayout)},
 		{Name: "store", Runner: lifecycle.RunFunc(s.store.Run)},
