@@ -69,7 +69,7 @@ func (b *batcher[Req, Resp]) do(ctx context.Context, req Req) (Resp, error) {
 	b.busy = true
 	b.mu.Unlock()
 	if lead {
-		b.lead()
+		go b.drain()
 	}
 	select {
 	case r := <-p.done:
@@ -82,57 +82,26 @@ func (b *batcher[Req, Resp]) do(ctx context.Context, req Req) (Resp, error) {
 	}
 }
 
-// lead sends the first round on the leading caller's goroutine and hands what queued meanwhile
-// to a drain goroutine. The caller's stack is already grown by its own work; a goroutine started
-// for every call grew a new one through the gRPC call (runtime.newstack, 2.4% of a sim host's
-// CPU). The leader's item is first in the queue, so its answer is in once the round returns; a
-// leader whose caller goes meanwhile still waits for its round's call, at most callTimeout.
-func (b *batcher[Req, Resp]) lead() {
-	round, ok := b.next()
-	if !ok {
-		return
-	}
-	b.send(round)
-	b.mu.Lock()
-	more := len(b.queue) > 0
-	if !more {
-		b.busy = false
-	}
-	b.mu.Unlock()
-	if more {
-		go b.drain()
-	}
-}
-
 // drain sends the queue in rounds until it is empty.
 func (b *batcher[Req, Resp]) drain() {
 	for {
-		round, ok := b.next()
-		if !ok {
+		b.mu.Lock()
+		n := min(len(b.queue), maxBatch)
+		if n == 0 {
+			b.busy = false
+			b.mu.Unlock()
 			return
 		}
+		round := make([]*pendingItem[Req, Resp], 0, n)
+		for _, p := range b.queue[:n] {
+			if p.ctx.Err() == nil { // its caller has gone: not sent
+				round = append(round, p)
+			}
+		}
+		b.queue = append(b.queue[:0], b.queue[n:]...)
+		b.mu.Unlock()
 		b.send(round)
 	}
-}
-
-// next takes the next round off the queue, leaving out items whose callers have gone; with
-// the queue empty it ends the busy period and reports false.
-func (b *batcher[Req, Resp]) next() ([]*pendingItem[Req, Resp], bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := min(len(b.queue), maxBatch)
-	if n == 0 {
-		b.busy = false
-		return nil, false
-	}
-	round := make([]*pendingItem[Req, Resp], 0, n)
-	for _, p := range b.queue[:n] {
-		if p.ctx.Err() == nil { // its caller has gone: not sent
-			round = append(round, p)
-		}
-	}
-	b.queue = append(b.queue[:0], b.queue[n:]...)
-	return round, true
 }
 
 // send sends one round: alone as its single call, else as a batch call.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,36 +130,6 @@ func TestBatcherGroupsWhatQueuesBehindACall(t *testing.T) {
 	if len(f.singles) != 1 || len(f.batches) != 1 || len(f.batches[0]) != 3 ||
 		f.batches[0][0] != "a" || f.batches[0][1] != "bad" || f.batches[0][2] != "b" {
 		t.Errorf("singles %v, batches %v; want [first] then one batch [a bad b]", f.singles, f.batches)
-	}
-}
-
-// TestBatcherLeaderCallsOnItsOwnGoroutine: an item that finds no call out is sent on its
-// caller's goroutine, not on a goroutine started for it, and the busy period ends with it, so
-// the next lone item is sent the same way.
-func TestBatcherLeaderCallsOnItsOwnGoroutine(t *testing.T) {
-	var stacks []string
-	b := &strBatcher{
-		base: context.Background(), callTimeout: time.Minute,
-		one: func(ctx context.Context, r *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
-			buf := make([]byte, 16<<10)
-			stacks = append(stacks, string(buf[:runtime.Stack(buf, false)]))
-			return wrapperspb.String("ok " + r.GetValue()), nil
-		},
-	}
-	for _, name := range []string{"first", "second"} {
-		resp, err := b.do(context.Background(), wrapperspb.String(name))
-		if err != nil || resp.GetValue() != "ok "+name {
-			t.Fatalf("%s answered %v, %v", name, resp, err)
-		}
-	}
-	for i, st := range stacks {
-		// The test function's own frame (its closures' frames are named ….func1).
-		if !strings.Contains(st, "TestBatcherLeaderCallsOnItsOwnGoroutine(") {
-			t.Errorf("call %d was made on another goroutine than its caller's:\n%s", i, st)
-		}
-	}
-	if len(stacks) != 2 || b.busy {
-		t.Errorf("%d calls, busy %v after both returned; want 2 calls and no call out", len(stacks), b.busy)
 	}
 }
 
