@@ -162,6 +162,23 @@ func TestGeneratedEncodingIsTheRuntimes(t *testing.T) {
 					t.Errorf("%s round %d: %s encoding: got %v, want %v", name, round, what, out, msg)
 				}
 			}
+
+			// The generated copy (models.Clone) is the runtime's: equal, and sharing nothing
+			// (the copy filled again at random leaves the original as it was).
+			cloner, ok := msg.(interface{ CloneMessageVT() proto.Message })
+			if !ok {
+				t.Errorf("%s has no generated copy", name)
+				continue
+			}
+			want := proto.Clone(msg)
+			copied := cloner.CloneMessageVT()
+			if !proto.Equal(copied, msg) {
+				t.Errorf("%s round %d: generated copy %v, want %v", name, round, copied, msg)
+			}
+			fill(r, copied.ProtoReflect(), 3)
+			if !proto.Equal(msg, want) {
+				t.Errorf("%s round %d: changing the generated copy changed the original", name, round)
+			}
 		}
 	}
 }
