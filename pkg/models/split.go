@@ -24,7 +24,7 @@ func cloneEnv(env []*modelsv1.EnvironmentVariable) []*modelsv1.EnvironmentVariab
 	}
 	out := make([]*modelsv1.EnvironmentVariable, len(env))
 	for i, v := range env {
-		out[i] = Clone(v)
+		out[i] = v.CloneVT()
 	}
 	return out
 }
@@ -47,12 +47,12 @@ func SchedulingInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPSchedulingInfo {
 			DiskMb:   d.GetDiskMb(),
 			MaxPids:  d.GetMaxPids(),
 		},
-		PlacementConstraint: Clone(d.GetPlacementConstraint()),
+		PlacementConstraint: d.GetPlacementConstraint().CloneVT(),
 		Labels:              maps.Clone(d.GetLabels()),
 		Annotation:          d.GetAnnotation(),
 		Routes:              cloneRoutes(d.GetRoutes()),
-		ModificationTag:     Clone(d.GetModificationTag()),
-		SpreadWith:          Clone(d.GetSpreadWith()),
+		ModificationTag:     d.GetModificationTag().CloneVT(),
+		SpreadWith:          d.GetSpreadWith().CloneVT(),
 	}
 }
 
@@ -70,12 +70,12 @@ func RunInfo(d *modelsv1.DesiredLRP) *modelsv1.DesiredLRPRunInfo {
 		Properties:      maps.Clone(d.GetProperties()),
 		Ports:           slices.Clone(d.GetPorts()),
 		Env:             cloneEnv(d.GetEnv()),
-		Setup:           Clone(d.GetSetup()),
-		Action:          Clone(d.GetAction()),
-		Monitor:         Clone(d.GetMonitor()),
-		CheckDefinition: Clone(d.GetCheckDefinition()),
+		Setup:           d.GetSetup().CloneVT(),
+		Action:          d.GetAction().CloneVT(),
+		Monitor:         d.GetMonitor().CloneVT(),
+		CheckDefinition: d.GetCheckDefinition().CloneVT(),
 		StartTimeoutMs:  d.GetStartTimeoutMs(),
-		Links:           Clone(d.GetLinks()),
+		Links:           d.GetLinks().CloneVT(),
 		Privileged:      d.GetPrivileged(),
 		CpuWeight:       d.GetCpuWeight(),
 		LogDrains:       slices.Clone(d.GetLogDrains()),
@@ -99,12 +99,12 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 		MemoryMb:            s.GetResources().GetMemoryMb(),
 		DiskMb:              s.GetResources().GetDiskMb(),
 		MaxPids:             s.GetResources().GetMaxPids(),
-		PlacementConstraint: Clone(s.GetPlacementConstraint()),
+		PlacementConstraint: s.GetPlacementConstraint().CloneVT(),
 		Labels:              maps.Clone(s.GetLabels()),
 		Annotation:          s.GetAnnotation(),
 		Routes:              cloneRoutes(s.GetRoutes()),
-		ModificationTag:     Clone(s.GetModificationTag()),
-		SpreadWith:          Clone(s.GetSpreadWith()),
+		ModificationTag:     s.GetModificationTag().CloneVT(),
+		SpreadWith:          s.GetSpreadWith().CloneVT(),
 	}
 	if r == nil {
 		return d
@@ -112,12 +112,12 @@ func JoinDesiredLRP(s *modelsv1.DesiredLRPSchedulingInfo, r *modelsv1.DesiredLRP
 	d.Properties = maps.Clone(r.GetProperties())
 	d.Ports = slices.Clone(r.GetPorts())
 	d.Env = cloneEnv(r.GetEnv())
-	d.Setup = Clone(r.GetSetup())
-	d.Action = Clone(r.GetAction())
-	d.Monitor = Clone(r.GetMonitor())
-	d.CheckDefinition = Clone(r.GetCheckDefinition())
+	d.Setup = r.GetSetup().CloneVT()
+	d.Action = r.GetAction().CloneVT()
+	d.Monitor = r.GetMonitor().CloneVT()
+	d.CheckDefinition = r.GetCheckDefinition().CloneVT()
 	d.StartTimeoutMs = r.GetStartTimeoutMs()
-	d.Links = Clone(r.GetLinks())
+	d.Links = r.GetLinks().CloneVT()
 	d.Privileged = r.GetPrivileged()
 	d.CpuWeight = r.GetCpuWeight()
 	d.LogDrains = slices.Clone(r.GetLogDrains())

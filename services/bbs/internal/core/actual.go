@@ -36,7 +36,7 @@ type ActualLRPs struct{ *deps }
 // changed returns a copy of a with its modification tag bumped and since set when the state
 // changes.
 func (c *ActualLRPs) changed(a *modelsv1.ActualLRP, state modelsv1.ActualLRP_State) *modelsv1.ActualLRP {
-	next := models.Clone(a)
+	next := a.CloneVT()
 	if next.GetState() != state {
 		next.Since = c.now()
 	}
@@ -93,7 +93,7 @@ func (c *ActualLRPs) ClaimActualLRP(ctx context.Context, guid string, index int3
 			return nil, rpcerr.FailedPrecondition("%s cannot be claimed in state %s", describe(guid, index), a.GetState())
 		}
 		next := c.changed(a, claimed)
-		next.InstanceKey = models.Clone(ik)
+		next.InstanceKey = ik.CloneVT()
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
 		return next, putActual(t, next)
@@ -150,8 +150,8 @@ func (c *ActualLRPs) StartActualLRP(ctx context.Context, guid string, index int3
 			return nil, rpcerr.FailedPrecondition("%s cannot be started in state %s", describe(guid, index), a.GetState())
 		}
 		next := c.changed(a, running)
-		next.InstanceKey = models.Clone(ik)
-		next.NetInfo = models.Clone(net)
+		next.InstanceKey = ik.CloneVT()
+		next.NetInfo = net.CloneVT()
 		next.Routable = routable
 		next.PlacementError = nil
 		next.Zone = c.zoneOf(ik.GetCellId())
@@ -270,7 +270,7 @@ func (c *ActualLRPs) FailActualLRP(ctx context.Context, guid string, index int32
 			return rpcerr.FailedPrecondition("%s cannot fail placement in state %s", describe(guid, index), a.GetState())
 		}
 		next := c.changed(a, unclaimed)
-		next.PlacementError = models.Clone(pe)
+		next.PlacementError = pe.CloneVT()
 		return putActual(t, next)
 	})
 	if err != nil {

@@ -164,7 +164,7 @@ func (c *ActualLRPs) ConvergeSuspectLRPs(ctx context.Context, cellID string, mar
 				continue
 			}
 			if a.GetState() == running {
-				sus := models.Clone(a)
+				sus := a.CloneVT()
 				sus.Presence = suspect
 				sus.ModificationTag = bump(a.GetModificationTag())
 				if err := putActual(t, sus); err != nil {
@@ -236,7 +236,7 @@ func (c *ActualLRPs) ConvergePromoteSuspectLRP(ctx context.Context, guid string,
 		if ord != nil && ord.GetState() != unclaimed && ord.GetState() != claimed {
 			return false, nil // the replacement runs (or crashed): the suspect is left for removal
 		}
-		promoted := models.Clone(sus)
+		promoted := sus.CloneVT()
 		promoted.Presence = ordinary
 		promoted.ModificationTag = bump(sus.GetModificationTag())
 		if ord != nil {

@@ -60,7 +60,7 @@ func (c *DesiredLRPs) DesireLRP(ctx context.Context, d *modelsv1.DesiredLRP) (in
 	if err := c.checkLinks(transformed); err != nil {
 		return 0, fmt.Errorf("desire lrp %s: %w", d.GetProcessGuid(), err)
 	}
-	d = models.Clone(transformed)
+	d = transformed.CloneVT()
 	d.ModificationTag = newTag()
 	rootfs, err := models.CanonicalRootfs(d.GetRootfs())
 	if err != nil {
@@ -145,13 +145,13 @@ func (c *DesiredLRPs) UpdateDesiredLRP(ctx context.Context, guid string, u *mode
 		if d := u.GetLogDrains(); d != nil && !slices.Equal(d.GetLogDrains(), run.GetLogDrains()) {
 			// The drains live in the run info: its key changes, and the DesiredLRPChanged event
 			// (which cells follow for drains) carries them.
-			run = models.Clone(run)
+			run = run.CloneVT()
 			run.LogDrains = slices.Clone(d.GetLogDrains())
 			if err := t.Put(store.DesiredRunKey(guid), run); err != nil {
 				return none, err
 			}
 		}
-		next := models.Clone(sched)
+		next := sched.CloneVT()
 		if u.Instances != nil {
 			next.Instances = u.GetInstances()
 		}

@@ -9,7 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
 
@@ -94,7 +93,7 @@ func (c *deps) drainFirst() bool {
 
 // drained returns a copy of a withdrawn from routing and draining from now.
 func (c *deps) drained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
-	next := models.Clone(a)
+	next := a.CloneVT()
 	next.Routable = false
 	next.DrainingSince = c.now()
 	next.ModificationTag = bump(a.GetModificationTag())
@@ -104,7 +103,7 @@ func (c *deps) drained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
 // undrained returns a copy of a draining a routed again (its slot is desired again before it
 // was stopped); the Drainer finds it no longer draining and leaves it running.
 func undrained(a *modelsv1.ActualLRP) *modelsv1.ActualLRP {
-	next := models.Clone(a)
+	next := a.CloneVT()
 	next.Routable = true
 	next.DrainingSince = nil
 	next.ModificationTag = bump(a.GetModificationTag())

@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
 )
@@ -75,7 +74,7 @@ func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, 
 			}
 			if !proto.Equal(evac.GetNetInfo(), net) {
 				next := c.changed(evac, running)
-				next.NetInfo = models.Clone(net)
+				next.NetInfo = net.CloneVT()
 				return true, nil, putActual(t, next)
 			}
 			return true, nil, nil
@@ -89,8 +88,8 @@ func (c *ActualLRPs) EvacuateRunningActualLRP(ctx context.Context, guid string, 
 		}
 		copyOf := c.changed(ord, running)
 		copyOf.Presence = evacuating
-		copyOf.InstanceKey = models.Clone(ik)
-		copyOf.NetInfo = models.Clone(net)
+		copyOf.InstanceKey = ik.CloneVT()
+		copyOf.NetInfo = net.CloneVT()
 		copyOf.PlacementError = nil
 		if !mine {
 			copyOf.Zone = c.zoneOf(ik.GetCellId())

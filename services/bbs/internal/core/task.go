@@ -35,7 +35,7 @@ func taskOf(t *store.Txn, guid string) (*modelsv1.Task, error) {
 
 // changedTask returns a copy of task in state with its tag bumped and updated_at set.
 func (c *Tasks) changedTask(task *modelsv1.Task, state modelsv1.Task_State) *modelsv1.Task {
-	next := models.Clone(task)
+	next := task.CloneVT()
 	next.State = state
 	next.UpdatedAt = c.now()
 	next.ModificationTag = bump(task.GetModificationTag())
@@ -63,7 +63,7 @@ func (c *Tasks) DesireTask(ctx context.Context, guid, domain string, def *models
 		return 0, fmt.Errorf("desire task %s: %w", guid, err)
 	}
 	now := c.now()
-	def = models.Clone(def)
+	def = def.CloneVT()
 	rootfs, err := models.CanonicalRootfs(def.GetRootfs())
 	if err != nil {
 		return 0, rpcerr.Invalid("definition.rootfs", "%s", err.Error())
@@ -178,7 +178,7 @@ func (c *Tasks) RejectTask(ctx context.Context, guid, reason string, pe *modelsv
 			after.FailureReason = reason
 		}
 		after.RejectionCount = count
-		after.PlacementError = models.Clone(pe)
+		after.PlacementError = pe.CloneVT()
 		return after, putTask(t, after)
 	})
 	if err != nil {

@@ -280,10 +280,10 @@ func pick(pending []*commitReq, maxOps int) (batch, rest []*commitReq) {
 	return batch, rest
 }
 
-// batchContext is the context of work for reqs: it ends once the context of picks for every
-// request has ended (callerCtx before sending, flightCtx for a transaction), so that nobody
-// waits for an answer no one takes, and it carries etcd's require-leader flag, so that a member cut off
-// from its cluster refuses the transaction at once instead of proposing it.
+// batchContext is the context of work for reqs: it ends once, for every request, the context
+// that of picks has ended (callerCtx before sending, flightCtx for a transaction), so that
+// nobody waits for an answer no one takes, and it carries etcd's require-leader flag, so that a
+// member cut off from its cluster refuses the transaction at once instead of proposing it.
 func batchContext(reqs []*commitReq, of func(*commitReq) context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
 	left := atomic.Int64{}

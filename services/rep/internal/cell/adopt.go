@@ -83,7 +83,7 @@ func (c *Cell) adoptedContainer(s executor.Spec) *container {
 		domain:     s.Domain,
 		resources:  &modelsv1.Resources{MemoryMb: s.MemoryMB, DiskMb: s.DiskMB, MaxPids: s.MaxPids},
 		rootfs:     s.Rootfs,
-		constraint: cloneConstraint(s.PlacementConstraint),
+		constraint: s.PlacementConstraint.CloneVT(),
 		ctx:        ctx,
 		cancel:     cancel,
 		done:       make(chan struct{}),

@@ -30,7 +30,6 @@ import (
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
-	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/pkg/rpcerr"
 	"github.com/gavel-sched/gavel/services/rep/internal/drain"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -388,30 +387,23 @@ func (c *Cell) state(summary bool) *repv1.StateResponse {
 		count(ctr)
 		if ctr.kind == executor.KindLRP {
 			out.Lrps = append(out.Lrps, &repv1.LRPInstance{
-				Key:                 models.Clone(ctr.key),
-				Resources:           models.Clone(ctr.resources),
+				Key:                 ctr.key.CloneVT(),
+				Resources:           ctr.resources.CloneVT(),
 				Rootfs:              ctr.rootfs,
-				PlacementConstraint: cloneConstraint(ctr.constraint),
+				PlacementConstraint: ctr.constraint.CloneVT(),
 				InstanceGuid:        ctr.guid,
 			})
 		} else {
 			out.Tasks = append(out.Tasks, &repv1.TaskWork{
 				TaskGuid:            ctr.guid,
 				Domain:              ctr.domain,
-				Resources:           models.Clone(ctr.resources),
+				Resources:           ctr.resources.CloneVT(),
 				Rootfs:              ctr.rootfs,
-				PlacementConstraint: cloneConstraint(ctr.constraint),
+				PlacementConstraint: ctr.constraint.CloneVT(),
 			})
 		}
 	}
 	return out
-}
-
-func cloneConstraint(pc *modelsv1.PlacementConstraint) *modelsv1.PlacementConstraint {
-	if pc == nil {
-		return nil
-	}
-	return models.Clone(pc)
 }
 
 // sortedLocked lists the containers by guid. c.mu must be held.
@@ -479,7 +471,7 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 			continue
 		}
 		ctr := c.reserveLocked(uuid.NewString(), executor.KindLRP, l.GetResources(), l.GetRootfs(), l.GetPlacementConstraint())
-		ctr.key = models.Clone(l.GetKey())
+		ctr.key = l.GetKey().CloneVT()
 		ctr.trace = l.GetTrace()
 		started = append(started, ctr)
 	}
@@ -530,9 +522,9 @@ func (c *Cell) reserveLocked(guid string, kind executor.Kind, res *modelsv1.Reso
 	ctr := &container{
 		guid:       guid,
 		kind:       kind,
-		resources:  models.Clone(res),
+		resources:  res.CloneVT(),
 		rootfs:     rootfs,
-		constraint: cloneConstraint(pc),
+		constraint: pc.CloneVT(),
 		ctx:        ctx,
 		cancel:     cancel,
 		done:       make(chan struct{}),

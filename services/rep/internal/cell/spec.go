@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
-	"github.com/gavel-sched/gavel/pkg/models"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
@@ -36,10 +35,10 @@ func lrpSpec(d *modelsv1.DesiredLRP, key *modelsv1.ActualLRPKey, instanceGuid st
 		ImageUsername:       d.GetImageUsername(),
 		ImagePassword:       d.GetImagePassword(),
 		Env:                 env,
-		Setup:               models.Clone(d.GetSetup()),
-		Action:              models.Clone(d.GetAction()),
-		Monitor:             models.Clone(d.GetMonitor()),
-		Checks:              models.Clone(d.GetCheckDefinition()),
+		Setup:               d.GetSetup().CloneVT(),
+		Action:              d.GetAction().CloneVT(),
+		Monitor:             d.GetMonitor().CloneVT(),
+		Checks:              d.GetCheckDefinition().CloneVT(),
 		Ports:               append([]uint32(nil), d.GetPorts()...),
 		MemoryMB:            d.GetMemoryMb(),
 		DiskMB:              d.GetDiskMb(),
@@ -48,7 +47,7 @@ func lrpSpec(d *modelsv1.DesiredLRP, key *modelsv1.ActualLRPKey, instanceGuid st
 		Privileged:          d.GetPrivileged(),
 		StartTimeout:        time.Duration(d.GetStartTimeoutMs()) * time.Millisecond,
 		Properties:          maps.Clone(d.GetProperties()),
-		PlacementConstraint: models.Clone(d.GetPlacementConstraint()),
+		PlacementConstraint: d.GetPlacementConstraint().CloneVT(),
 		LogGuid:             d.GetLogGuid(),
 		LogDrains:           slices.Clone(d.GetLogDrains()),
 	}
@@ -66,7 +65,7 @@ func taskSpec(t *modelsv1.Task) executor.Spec {
 		ImageUsername:       def.GetImageUsername(),
 		ImagePassword:       def.GetImagePassword(),
 		Env:                 cloneEnv(def.GetEnv()),
-		Action:              models.Clone(def.GetAction()),
+		Action:              def.GetAction().CloneVT(),
 		MemoryMB:            def.GetMemoryMb(),
 		DiskMB:              def.GetDiskMb(),
 		MaxPids:             def.GetMaxPids(),
@@ -74,7 +73,7 @@ func taskSpec(t *modelsv1.Task) executor.Spec {
 		Privileged:          def.GetPrivileged(),
 		ResultFile:          def.GetResultFile(),
 		Properties:          maps.Clone(def.GetProperties()),
-		PlacementConstraint: models.Clone(def.GetPlacementConstraint()),
+		PlacementConstraint: def.GetPlacementConstraint().CloneVT(),
 		LogDrains:           slices.Clone(def.GetLogDrains()),
 		LogGuid:             def.GetLogGuid(),
 	}
