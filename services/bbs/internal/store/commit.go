@@ -53,7 +53,8 @@ type commitReq struct {
 	// caller's life): a caller that gives up then still learns the outcome, so that a change
 	// etcd made is never taken for one it may not have made, and its effects after the commit
 	// (auctions, stops) still happen. The transaction that carries the request is cancelled
-	// once every request of its batch is past its flight.
+	// once every request of its batch is past its flight (flightContext). Once the request is
+	// sent, only its deadline ends it: its caller ends it only after the answer.
 	flight context.Context
 	// state says how far the request got: queued, picked into a batch, sent to etcd, or
 	// withdrawn by its caller before it was sent (then it never is).
@@ -280,17 +281,15 @@ func pick(pending []*commitReq, maxOps int) (batch, rest []*commitReq) {
 	return batch, rest
 }
 
-// batchContext is the context of work for reqs: it ends once, for every request, the context
-// that of picks has ended (callerCtx before sending, flightCtx for a transaction), so that
-// nobody waits for an answer no one takes, and it carries etcd's require-leader flag, so that a
-// member cut off from its cluster refuses the transaction at once instead of proposing it.
-func batchContext(reqs []*commitReq, of func(*commitReq) context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+// callersContext is the context of waiting for etcd on behalf of reqs: it ends once every
+// request's caller has gone, so that nobody waits for an answer no one takes.
+func callersContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
 	left := atomic.Int64{}
 	left.Store(int64(len(reqs)))
 	stops := make([]func() bool, 0, len(reqs))
 	for _, r := range reqs {
-		stops = append(stops, context.AfterFunc(of(r), func() {
+		stops = append(stops, context.AfterFunc(r.ctx, func() {
 			if left.Add(-1) == 0 {
 				cancel()
 			}
@@ -304,9 +303,30 @@ func batchContext(reqs []*commitReq, of func(*commitReq) context.Context) (conte
 	}
 }
 
-// callerCtx and flightCtx pick a request's context for batchContext.
-func callerCtx(r *commitReq) context.Context { return r.ctx }
-func flightCtx(r *commitReq) context.Context { return r.flight }
+// flightContext is the context of the transaction that carries reqs, all sent: it lasts until
+// the latest of their flights' deadlines. A sent request's flight has no other end (its caller
+// waits for the transaction's answer before it ends its flight), so this is when the last of
+// them is past its flight, found without a callback per request. It carries etcd's
+// require-leader flag, so that a member cut off from its cluster refuses the transaction at
+// once instead of proposing it.
+func flightContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, r := range reqs {
+		d, ok := r.flight.Deadline()
+		if !ok {
+			last = time.Time{}
+			break
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	ctx := clientv3.WithRequireLeader(context.Background())
+	if last.IsZero() { // a flight without a deadline: the transaction ends with its answer
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, last)
+}
 
 // awaitReachable waits until the etcd client has a connection ready, for at most the
 // committer's unreachable bound or until ctx ends; it reports whether one is.
@@ -355,9 +375,13 @@ func (c *committer) commitBatch(batch []*commitReq) {
 	for _, r := range batch {
 		r.state.CompareAndSwap(reqQueued, reqPicked)
 	}
-	gctx, gcancel := batchContext(batch, callerCtx)
-	reachable := c.awaitReachable(gctx)
-	gcancel()
+	// Only an etcd out of reach makes the batch wait, for as long as one of its callers does.
+	reachable := c.connected()
+	if !reachable {
+		gctx, gcancel := callersContext(batch)
+		reachable = c.awaitReachable(gctx)
+		gcancel()
+	}
 	if !reachable {
 		// Callers withdraw on their own bound; those still waiting are answered at once.
 		for _, r := range batch {
@@ -372,14 +396,17 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		return
 	}
 	c.stats.requests.Add(int64(len(batch)))
-	ctx, cancel := batchContext(batch, flightCtx)
+	ctx, cancel := flightContext(batch)
 	defer cancel()
 	if len(batch) == 1 {
 		batch[0].done <- c.txn(ctx, batch[0].cmps, batch[0].ops)
 		return
 	}
-	var cmps []clientv3.Cmp
-	var ops []clientv3.Op
+	nCmps, nOps := 0, 0
+	for _, r := range batch {
+		nCmps, nOps = nCmps+len(r.cmps), nOps+len(r.ops)
+	}
+	cmps, ops := make([]clientv3.Cmp, 0, nCmps), make([]clientv3.Op, 0, nOps)
 	for _, r := range batch {
 		cmps = append(cmps, r.cmps...)
 		ops = append(ops, r.ops...)
@@ -417,7 +444,7 @@ func (c *committer) commitBatch(batch []*commitReq) {
 			if len(one) == 0 {
 				return
 			}
-			rctx, rcancel := batchContext(one, flightCtx)
+			rctx, rcancel := flightContext(one)
 			defer rcancel()
 			r.done <- c.txn(rctx, r.cmps, r.ops)
 		}()

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/pkg/etcdx/etcdembed"
@@ -184,5 +186,83 @@ func TestCallerGoneAfterSendGetsTheOutcome(t *testing.T) {
 	}
 	if len(got.Kvs) != 1 || got.Kvs[0].ModRevision != res.rev {
 		t.Fatalf("stored %v, want the key at revision %d", got.Kvs, res.rev)
+	}
+}
+
+// TestFlightContextLastsForTheLatestFlight checks the context a batch's transaction runs
+// under: it ends at the latest of its requests' flight deadlines, not at an earlier one nor when
+// a caller goes, never when one of them has no deadline, and it asks etcd for a leader.
+func TestFlightContextLastsForTheLatestFlight(t *testing.T) {
+	now := time.Now()
+	reqs := twoKeyRequests("flight", 3)
+	var cancels []context.CancelFunc
+	for i, r := range reqs {
+		caller, cancel := context.WithCancel(t.Context())
+		cancel() // every caller has gone: a sent request's flight goes on without it
+		r.ctx = caller
+		var cancelFlight context.CancelFunc
+		r.flight, cancelFlight = context.WithDeadline(context.WithoutCancel(caller), now.Add(time.Duration(i+1)*time.Hour))
+		cancels = append(cancels, cancelFlight)
+	}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	ctx, cancel := flightContext(reqs)
+	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(now.Add(3*time.Hour)) {
+		t.Fatalf("deadline %v (set %v), want the latest flight's, %v", d, ok, now.Add(3*time.Hour))
+	}
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("ended with its callers: %v", err)
+	}
+	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(rpctypes.MetadataRequireLeaderKey)) == 0 {
+		t.Errorf("the transaction's context does not require a leader")
+	}
+	cancel()
+	if ctx.Err() == nil {
+		t.Errorf("still open after its cancel")
+	}
+
+	reqs[1].flight = context.WithoutCancel(reqs[1].ctx) // no deadline
+	open, cancelOpen := flightContext(reqs)
+	defer cancelOpen()
+	if d, ok := open.Deadline(); ok {
+		t.Errorf("deadline %v with a flight that has none", d)
+	}
+}
+
+// BenchmarkCommitBatch commits batches of 32 independent two-key requests as the store hands
+// them to the committer (each with its caller's context and a flight of the write timeout) to
+// an embedded etcd, and reports the committer's allocations per request beside the time.
+func BenchmarkCommitBatch(b *testing.B) {
+	const perBatch = 32
+	_, cli := etcdtest.Start(b)
+	c := newCommitter(cli, time.Second, nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		batch := twoKeyRequests(fmt.Sprintf("bench/%d", i), perBatch)
+		var cancels []context.CancelFunc
+		for _, r := range batch {
+			var cancel, cancelFlight context.CancelFunc
+			r.ctx, cancel = context.WithTimeout(b.Context(), 10*time.Second)
+			r.flight, cancelFlight = context.WithTimeout(context.WithoutCancel(r.ctx), 10*time.Second)
+			cancels = append(cancels, cancel, cancelFlight)
+		}
+		b.StartTimer()
+		c.commitBatch(batch)
+		for _, r := range batch {
+			if res := <-r.done; res.err != nil || !res.ok {
+				b.Fatalf("ok %v, error %v", res.ok, res.err)
+			}
+		}
+		b.StopTimer()
+		for _, cancel := range cancels {
+			cancel()
+		}
+		b.StartTimer()
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -175,7 +176,9 @@ func (t *Txn) Put(key string, msg proto.Message, opts ...clientv3.OpOption) erro
 	if err != nil {
 		return err
 	}
-	t.ops = append(t.ops, clientv3.OpPut(key, string(b), opts...))
+	// b is encode's own new buffer and nothing writes it again, so the value is handed to etcd's
+	// client without another copy of the record (OpPut makes its own).
+	t.ops = append(t.ops, clientv3.OpPut(key, unsafe.String(unsafe.SliceData(b), len(b)), opts...))
 	return nil
 }
 
