@@ -15,8 +15,9 @@ import (
 // and the layer snapshots no other image shares; the next container of the image pulls it again. An image this backend
 // never saw used (an earlier rep's) counts as unused from the first sweep that found it.
 func TestImageGC(t *testing.T) {
-	b := newTestBackend(t)
-	b.cfg.ImageUnusedFor = time.Hour
+	// Set before New: the backend's sweeper reads it from its own goroutine.
+	unusedForAnHour := func(c *Config) { c.ImageUnusedFor = time.Hour }
+	b := newTestBackend(t, unusedForAnHour)
 	uri := pushProbeImage(t, "collected")
 	ref, _, err := imageRef(uri, false)
 	if err != nil {
@@ -70,8 +71,7 @@ func TestImageGC(t *testing.T) {
 
 	// A fresh backend (a restarted rep) has not seen the image used: its first sweep starts
 	// its unused time, a sweep an hour later removes it.
-	b2 := newTestBackend(t)
-	b2.cfg.ImageUnusedFor = time.Hour
+	b2 := newTestBackend(t, unusedForAnHour)
 	now := time.Now()
 	if removed := b2.sweepImages(now); slices.Contains(removed, ref) {
 		t.Fatalf("first sweep removed an image it had never seen")

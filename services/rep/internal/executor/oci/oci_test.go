@@ -104,8 +104,8 @@ func makeRootfs(dir string) error {
 }
 
 // newTestBackend connects a backend to the tests' containerd, with its work directory under
-// t.TempDir, or skips t.
-func newTestBackend(t *testing.T) *Backend {
+// t.TempDir and its config changed by configure before it starts, or skips t.
+func newTestBackend(t *testing.T, configure ...func(*Config)) *Backend {
 	t.Helper()
 	switch {
 	case testing.Short():
@@ -113,13 +113,17 @@ func newTestBackend(t *testing.T) *Backend {
 	case skipReason != "":
 		testkit.SkipWithoutTool(t, skipReason)
 	}
-	b, err := New(Config{
+	cfg := Config{
 		Socket:    daemon.Socket,
 		WorkDir:   filepath.Join(t.TempDir(), "work"),
 		NetnsDir:  t.TempDir(),
 		KillGrace: 2 * time.Second,
 		Logger:    logtest.New(t),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	b, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
