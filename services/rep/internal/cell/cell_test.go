@@ -3,7 +3,9 @@ package cell
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"testing"
+	"time"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
@@ -89,5 +91,43 @@ func TestSpecLimits(t *testing.T) {
 				t.Fatalf("spec limits: memory %d, pids %d, cpu %d, user %q, nofile %d", s.MemoryMB, s.MaxPids, s.CPUWeight, r.GetUser(), r.GetNofileLimit())
 			}
 		})
+	}
+}
+
+// TestUntilClosed: the context of a report ends when the container's done channel closes or
+// its parent ends, and its watcher goroutine is gone once it is released.
+func TestUntilClosed(t *testing.T) {
+	before := runtime.NumGoroutine()
+	done := make(chan struct{})
+	ctx, end := untilClosed(context.Background(), done)
+	if ctx.Err() != nil {
+		t.Fatal("ended before done was closed")
+	}
+	close(done)
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ended within 5s of done closing")
+	}
+	end()
+
+	parent, cancel := context.WithCancel(context.Background())
+	ctx, end = untilClosed(parent, make(chan struct{}))
+	cancel()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ended within 5s of its parent")
+	}
+	end()
+
+	_, end = untilClosed(context.Background(), make(chan struct{}))
+	end()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > before {
+		t.Fatalf("%d goroutines after every context was released, %d before", g, before)
 	}
 }

@@ -115,17 +115,15 @@ func (c *Cell) runLRP(ctr *container) {
 // its own. started is called once it is reported running.
 func (c *Cell) watchLRP(ctr *container, exec executor.Container, log hclog.Logger, span trace.Span, started func(why string)) {
 	net := exec.NetInfo()
-	// The reports of this container keep trying until they land, the container ends, or the
-	// rep stops it: an instance that runs must not stay CLAIMED because the BBS was busy.
-	reportCtx, endReports := context.WithCancel(ctr.ctx)
-	defer endReports()
-	go func() {
-		select {
-		case <-exec.Done():
-			endReports()
-		case <-reportCtx.Done():
-		}
-	}()
+	// A report of this container keeps trying until it lands, the container ends, or the rep
+	// stops it: an instance that runs must not stay CLAIMED because the BBS was busy. Only a
+	// report under way watches for the container's end (between reports this loop does), so a
+	// running instance holds one goroutine, not two.
+	report := func(ctx context.Context, routable, first bool) {
+		rctx, end := untilClosed(ctx, exec.Done())
+		defer end()
+		c.reportRunning(rctx, ctr, log, net, routable, first)
+	}
 	healthy, routableCh := exec.Healthy(), exec.Routable()
 	routable := false
 	for waiting := true; waiting; {
@@ -134,7 +132,7 @@ func (c *Cell) watchLRP(ctr *container, exec executor.Container, log hclog.Logge
 			healthy = nil
 			ctr.logs.Cell("health check passed, instance running")
 			routable = latest(routableCh, routable)
-			c.reportRunning(trace.ContextWithSpan(reportCtx, span), ctr, log, net, routable, true)
+			report(trace.ContextWithSpan(ctr.ctx, span), routable, true)
 			started("")
 		case r, ok := <-routableCh:
 			if !ok {
@@ -144,7 +142,7 @@ func (c *Cell) watchLRP(ctr *container, exec executor.Container, log hclog.Logge
 			if r != routable {
 				routable = r
 				if healthy == nil {
-					c.reportRunning(reportCtx, ctr, log, net, routable, false)
+					report(ctr.ctx, routable, false)
 				}
 			}
 		case <-exec.Done():
@@ -158,6 +156,19 @@ func (c *Cell) watchLRP(ctr *container, exec executor.Container, log hclog.Logge
 		reason = "exited"
 	}
 	c.lrpEnded(ctr, log, reason)
+}
+
+// untilClosed is ctx, ended also once done is closed; end releases it.
+func untilClosed(ctx context.Context, done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, end := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-done:
+			end()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, end
 }
 
 // latest drains the readiness changes already sent and returns the last one.

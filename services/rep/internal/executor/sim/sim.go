@@ -2,8 +2,8 @@
 // healthy after Options.SimStartLatency, are routable at once, get fake host ports from the
 // port range (no socket is opened), and LRPs crash with probability Options.SimCrashRate per
 // second. Tasks succeed after the latency with Output "sim". A running container writes a
-// synthetic line to its log sink every Options.SimLogInterval. A container costs one goroutine
-// and two timers, so one process can host thousands of them.
+// synthetic line to its log sink every Options.SimLogInterval. A container is timers and no
+// goroutine of its own, so one process can host tens of thousands of them.
 package sim
 
 import (
@@ -92,7 +92,6 @@ func (b *Backend) Start(_ context.Context, spec executor.Spec) (executor.Contain
 		healthy:  make(chan struct{}),
 		routable: make(chan bool, 1),
 		done:     make(chan struct{}),
-		stop:     make(chan struct{}),
 		usage:    newSimUsage(spec),
 		release: func() {
 			b.mu.Lock()
@@ -100,22 +99,25 @@ func (b *Backend) Start(_ context.Context, spec executor.Spec) (executor.Contain
 			b.mu.Unlock()
 		},
 	}
-	go c.run(spec, b.opts)
+	c.begin(spec, b.opts)
 	return c, nil
 }
 
-// container is one simulated container. Its goroutine owns the lifecycle; Stop only signals.
+// container is one simulated container. Its life is timers (the start latency, then a crash
+// and the log lines), each step taken under mu and only while the container has not ended.
 type container struct {
 	guid     string
 	net      *modelsv1.ActualLRPNetInfo
 	healthy  chan struct{}
 	routable chan bool
 	done     chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
 	release  func()
 	usage    simUsage
 	result   executor.Result // written before done is closed
+
+	mu     sync.Mutex
+	ended  bool
+	timers []*time.Timer // the start latency's, then the crash's and the log lines'
 }
 
 var _ executor.Container = (*container)(nil)
@@ -147,11 +149,22 @@ func (c *container) Result() executor.Result { return c.result }
 // Stop ends the container at once (nothing runs, so there is no grace to give) and waits for
 // Done.
 func (c *container) Stop(time.Duration) {
-	c.stopOnce.Do(func() { close(c.stop) })
+	c.mu.Lock()
+	c.finishLocked(true, ReasonStopped, "")
+	c.mu.Unlock()
 	<-c.done
 }
 
-func (c *container) finish(failed bool, reason, out string) {
+// finishLocked ends the container with its result, unless it has ended already; the caller
+// holds c.mu.
+func (c *container) finishLocked(failed bool, reason, out string) {
+	if c.ended {
+		return
+	}
+	c.ended = true
+	for _, t := range c.timers {
+		t.Stop()
+	}
 	c.end(executor.Result{Failed: failed, Reason: reason, Output: out})
 }
 
@@ -163,62 +176,61 @@ func (c *container) end(r executor.Result) {
 	close(c.done)
 }
 
-// run plays the container's life: start latency (bounded by the start timeout), then for an
-// LRP healthy and routable until a simulated crash or Stop; for a task success.
-func (c *container) run(spec executor.Spec, o executor.Options) {
+// step runs fn under c.mu if the container has not ended.
+func (c *container) step(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		fn()
+	}
+}
+
+// begin plays the container's life: start latency (bounded by the start timeout), then for an
+// LRP healthy and routable until a simulated crash or Stop, with a log line every log
+// interval; for a task success.
+func (c *container) begin(spec executor.Spec, o executor.Options) {
 	latency := o.SimStartLatency
 	timedOut := spec.Kind == executor.KindLRP && spec.StartTimeout > 0 && latency > spec.StartTimeout
 	if timedOut {
 		latency = spec.StartTimeout
-	}
-	start := time.NewTimer(latency)
-	select {
-	case <-c.stop:
-		start.Stop()
-		c.finish(true, ReasonStopped, "")
-		return
-	case <-start.C:
-	}
-	if timedOut {
-		c.finish(true, ReasonStartTimeout, "")
-		return
 	}
 	logLine := func(n int) {
 		if spec.Log != nil {
 			spec.Log.Line("", "stdout", fmt.Sprintf("sim: %s index %d line %d", spec.Guid, spec.Index, n))
 		}
 	}
-	if spec.Kind == executor.KindTask {
-		logLine(1)
-		c.finish(false, "", TaskOutput)
-		return
-	}
-	c.routable <- true
-	close(c.healthy)
-	var crash <-chan time.Time
-	if d, ok := timeToCrash(o.SimCrashRate); ok {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		crash = t.C
-	}
-	var lines <-chan time.Time
-	if spec.Log != nil && o.SimLogInterval > 0 {
-		t := time.NewTicker(o.SimLogInterval)
-		defer t.Stop()
-		lines = t.C
-	}
-	for n := 1; ; n++ {
-		select {
-		case <-c.stop:
-			c.finish(true, ReasonStopped, "")
-			return
-		case <-crash:
-			c.finish(true, ReasonCrash, "")
-			return
-		case <-lines:
-			logLine(n)
+	started := func() {
+		switch {
+		case timedOut:
+			c.finishLocked(true, ReasonStartTimeout, "")
+		case spec.Kind == executor.KindTask:
+			logLine(1)
+			c.finishLocked(false, "", TaskOutput)
+		default:
+			c.routable <- true
+			close(c.healthy)
+			if d, ok := timeToCrash(o.SimCrashRate); ok {
+				c.timers = append(c.timers, time.AfterFunc(d, func() {
+					c.step(func() { c.finishLocked(true, ReasonCrash, "") })
+				}))
+			}
+			if spec.Log != nil && o.SimLogInterval > 0 {
+				n := 0
+				var tick *time.Timer
+				tick = time.AfterFunc(o.SimLogInterval, func() {
+					c.step(func() {
+						n++
+						logLine(n)
+						tick.Reset(o.SimLogInterval)
+					})
+				})
+				c.timers = append(c.timers, tick)
+			}
 		}
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timers = append(c.timers, time.AfterFunc(latency, func() { c.step(started) }))
 }
 
 // timeToCrash draws when a container crashing with probability p per second crashes: the

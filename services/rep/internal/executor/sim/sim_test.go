@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,8 +107,69 @@ func TestTenThousandContainers(t *testing.T) {
 	for _, c := range cs {
 		wait(t, c.Healthy(), "healthy")
 	}
+	// A running container is timers, not a goroutine: the scale harness's sim hosts run tens of
+	// thousands.
+	if g := runtime.NumGoroutine(); g > n/100 {
+		t.Errorf("%d goroutines with %d containers running, want no goroutine per container", g, n)
+	}
 	for _, c := range cs {
 		c.Stop(0)
 	}
 	t.Logf("%d containers started, healthy and stopped in %s", n, time.Since(start))
+}
+
+// lines is a LogSink that keeps the lines it gets.
+type lines struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *lines) Line(_, _, text string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, text)
+}
+
+func (l *lines) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.got)
+}
+
+// TestStopBeforeHealthyAndLogLines: a container stopped during its start latency ends stopped
+// and never becomes healthy; a running one writes a line every log interval, numbered from 1,
+// and none after it was stopped.
+func TestStopBeforeHealthyAndLogLines(t *testing.T) {
+	slow := newBackend(t, executor.Options{SimStartLatency: time.Hour})
+	c, _ := slow.Start(context.Background(), executor.Spec{Guid: "early", Kind: executor.KindLRP})
+	c.Stop(0)
+	if res := c.Result(); !res.Failed || res.Reason != ReasonStopped {
+		t.Fatalf("result of a container stopped while starting: %+v", res)
+	}
+	select {
+	case <-c.Healthy():
+		t.Fatal("a container stopped while starting became healthy")
+	default:
+	}
+
+	log := &lines{}
+	b := newBackend(t, executor.Options{SimStartLatency: time.Millisecond, SimLogInterval: 5 * time.Millisecond})
+	c, _ = b.Start(context.Background(), executor.Spec{Guid: "talks", Kind: executor.KindLRP, Log: log})
+	wait(t, c.Healthy(), "healthy")
+	deadline := time.Now().Add(5 * time.Second)
+	for log.count() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.Stop(0)
+	n := log.count()
+	if n < 3 {
+		t.Fatalf("%d log lines within 5s at one every 5ms", n)
+	}
+	if want := "sim: talks index 0 line 1"; log.got[0] != want {
+		t.Errorf("first line %q, want %q", log.got[0], want)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if after := log.count(); after != n {
+		t.Errorf("%d lines written after Stop", after-n)
+	}
 }
