@@ -63,9 +63,11 @@ test-fast:
 	$(GO) test -short -count=1 -timeout 5m $(PKGS)
 
 ## test-race: the race detector over the packages with concurrency: the BBS (its service tests
-## drive internal/core, which has no tests of its own), its store, callbacks and peers; the rep
-## and its cell; the auctioneer; the route-emitter; nsync; the router; grpcx, lifecycle, etcdx
+## drive internal/core, which has no tests of its own), its store, callbacks and peers; the rep,
+## its cell and its sim backend; the auctioneer; the route-emitter; nsync; the router; grpcx,
+## lifecycle, etcdx
 RACE_PKGS ?= ./services/bbs/ ./services/bbs/internal/... ./services/rep/ ./services/rep/internal/cell/ \
+	./services/rep/internal/executor/sim/ \
 	./services/auctioneer/... ./services/routeemitter/... ./services/nsync/... ./services/router/... \
 	./pkg/grpcx/ ./pkg/lifecycle/ ./pkg/etcdx/...
 test-race:
