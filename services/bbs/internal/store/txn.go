@@ -176,8 +176,7 @@ func (t *Txn) Put(key string, msg proto.Message, opts ...clientv3.OpOption) erro
 	if err != nil {
 		return err
 	}
-	// b is encode's own new buffer and nothing writes it again, so the value is handed to etcd's
-	// client without another copy of the record (OpPut makes its own).
+	// OpPut copies the value into the op, so b is handed over without a string copy of its own.
 	t.ops = append(t.ops, clientv3.OpPut(key, unsafe.String(unsafe.SliceData(b), len(b)), opts...))
 	return nil
 }

@@ -149,10 +149,15 @@ func (c *container) Result() executor.Result { return c.result }
 // Stop ends the container at once (nothing runs, so there is no grace to give) and waits for
 // Done.
 func (c *container) Stop(time.Duration) {
-	c.mu.Lock()
-	c.finishLocked(true, ReasonStopped, "")
-	c.mu.Unlock()
+	c.finish(true, ReasonStopped, "")
 	<-c.done
+}
+
+// finish ends the container with its result, unless it has ended already.
+func (c *container) finish(failed bool, reason, out string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.finishLocked(failed, reason, out)
 }
 
 // finishLocked ends the container with its result, unless it has ended already; the caller
@@ -210,9 +215,7 @@ func (c *container) begin(spec executor.Spec, o executor.Options) {
 			c.routable <- true
 			close(c.healthy)
 			if d, ok := timeToCrash(o.SimCrashRate); ok {
-				c.timers = append(c.timers, time.AfterFunc(d, func() {
-					c.step(func() { c.finishLocked(true, ReasonCrash, "") })
-				}))
+				c.timers = append(c.timers, time.AfterFunc(d, func() { c.finish(true, ReasonCrash, "") }))
 			}
 			if spec.Log != nil && o.SimLogInterval > 0 {
 				n := 0
