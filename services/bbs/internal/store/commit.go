@@ -49,13 +49,13 @@ type commitReq struct {
 	done   chan commitRes
 	// ctx is the caller's: a request whose caller ends before it was sent is withdrawn.
 	ctx context.Context
-	// flight bounds the request once it was sent (the store's write timeout, not the
+	// flightEnd bounds the request once it was sent (the store's write timeout, not the
 	// caller's life): a caller that gives up then still learns the outcome, so that a change
 	// etcd made is never taken for one it may not have made, and its effects after the commit
 	// (auctions, stops) still happen. The transaction that carries the request is cancelled
-	// once every request of its batch is past its flight (flightContext). Once the request is
-	// sent, only its deadline ends it: its caller ends it only after the answer.
-	flight context.Context
+	// once every request of its batch is past its flight's end (flightContext). The zero time
+	// is no end: the transaction then ends with etcd's answer.
+	flightEnd time.Time
 	// state says how far the request got: queued, picked into a batch, sent to etcd, or
 	// withdrawn by its caller before it was sent (then it never is).
 	state atomic.Int32
@@ -162,11 +162,12 @@ func (e unreachableError) Error() string {
 // commit queues a transaction and waits for its outcome: the result, or an error. A request
 // that could not be sent within the committer's unreachable bound while etcd is out of reach, or
 // before ctx ended, is withdrawn and answered with res.unsent set: it is never sent afterwards.
-// Once it was sent, commit waits for etcd's answer even after ctx ends, for as long as flight
-// lasts: the transaction's outcome, not the caller's impatience, decides what commit returns.
-func (c *committer) commit(ctx, flight context.Context, r *commitReq) (commitRes, error) {
+// Once it was sent, commit waits for etcd's answer even after ctx ends, until flightEnd at the
+// latest (the zero time: no end): the transaction's outcome, not the caller's impatience,
+// decides what commit returns.
+func (c *committer) commit(ctx context.Context, flightEnd time.Time, r *commitReq) (commitRes, error) {
 	r.done = make(chan commitRes, 1)
-	r.ctx, r.flight = ctx, flight
+	r.ctx, r.flightEnd = ctx, flightEnd
 	unsent := commitRes{unsent: true}
 	select {
 	case c.reqs <- r:
@@ -193,7 +194,7 @@ func (c *committer) commit(ctx, flight context.Context, r *commitReq) (commitRes
 			if r.withdraw() {
 				return unsent, ctx.Err()
 			}
-			// Sent: its transaction answers by the end of its flight at the latest.
+			// Sent: its transaction answers by its flight's end at the latest.
 			gone = nil
 		case <-c.stopped:
 			// A request queued but never picked gets no answer; one in flight answered before
@@ -304,21 +305,18 @@ func callersContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
 }
 
 // flightContext is the context of the transaction that carries reqs, all sent: it lasts until
-// the latest of their flights' deadlines. A sent request's flight has no other end (its caller
-// waits for the transaction's answer before it ends its flight), so this is when the last of
-// them is past its flight, found without a callback per request. It carries etcd's
-// require-leader flag, so that a member cut off from its cluster refuses the transaction at
-// once instead of proposing it.
+// the latest of their flights' ends, when the last of them is past its flight, found without a
+// callback per request. It carries etcd's require-leader flag, so that a member cut off from
+// its cluster refuses the transaction at once instead of proposing it.
 func flightContext(reqs []*commitReq) (context.Context, context.CancelFunc) {
 	var last time.Time
 	for _, r := range reqs {
-		d, ok := r.flight.Deadline()
-		if !ok {
+		if r.flightEnd.IsZero() {
 			last = time.Time{}
 			break
 		}
-		if d.After(last) {
-			last = d
+		if r.flightEnd.After(last) {
+			last = r.flightEnd
 		}
 	}
 	ctx := clientv3.WithRequireLeader(context.Background())

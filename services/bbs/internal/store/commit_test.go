@@ -30,7 +30,6 @@ func twoKeyRequests(prefix string, n int) []*commitReq {
 			bytes:  len(a) + len(b) + 2,
 			done:   make(chan commitRes, 1),
 			ctx:    context.Background(),
-			flight: context.Background(),
 		}
 	}
 	return reqs
@@ -190,25 +189,17 @@ func TestCallerGoneAfterSendGetsTheOutcome(t *testing.T) {
 }
 
 // TestFlightContextLastsForTheLatestFlight checks the context a batch's transaction runs
-// under: it ends at the latest of its requests' flight deadlines, not at an earlier one nor when
-// a caller goes, never when one of them has no deadline, and it asks etcd for a leader.
+// under: it ends at the latest of its requests' flight ends, not at an earlier one nor when
+// a caller goes, never when one of them has no end, and it asks etcd for a leader.
 func TestFlightContextLastsForTheLatestFlight(t *testing.T) {
 	now := time.Now()
 	reqs := twoKeyRequests("flight", 3)
-	var cancels []context.CancelFunc
 	for i, r := range reqs {
 		caller, cancel := context.WithCancel(t.Context())
 		cancel() // every caller has gone: a sent request's flight goes on without it
 		r.ctx = caller
-		var cancelFlight context.CancelFunc
-		r.flight, cancelFlight = context.WithDeadline(context.WithoutCancel(caller), now.Add(time.Duration(i+1)*time.Hour))
-		cancels = append(cancels, cancelFlight)
+		r.flightEnd = now.Add(time.Duration(3-i) * time.Hour) // the latest first
 	}
-	defer func() {
-		for _, c := range cancels {
-			c()
-		}
-	}()
 	ctx, cancel := flightContext(reqs)
 	defer cancel()
 	if d, ok := ctx.Deadline(); !ok || !d.Equal(now.Add(3*time.Hour)) {
@@ -225,7 +216,7 @@ func TestFlightContextLastsForTheLatestFlight(t *testing.T) {
 		t.Errorf("still open after its cancel")
 	}
 
-	reqs[1].flight = context.WithoutCancel(reqs[1].ctx) // no deadline
+	reqs[1].flightEnd = time.Time{} // no end
 	open, cancelOpen := flightContext(reqs)
 	defer cancelOpen()
 	if d, ok := open.Deadline(); ok {
@@ -247,10 +238,10 @@ func BenchmarkCommitBatch(b *testing.B) {
 		batch := twoKeyRequests(fmt.Sprintf("bench/%d", i), perBatch)
 		var cancels []context.CancelFunc
 		for _, r := range batch {
-			var cancel, cancelFlight context.CancelFunc
+			var cancel context.CancelFunc
 			r.ctx, cancel = context.WithTimeout(b.Context(), 10*time.Second)
-			r.flight, cancelFlight = context.WithTimeout(context.WithoutCancel(r.ctx), 10*time.Second)
-			cancels = append(cancels, cancel, cancelFlight)
+			r.flightEnd = time.Now().Add(10 * time.Second)
+			cancels = append(cancels, cancel)
 		}
 		b.StartTimer()
 		c.commitBatch(batch)

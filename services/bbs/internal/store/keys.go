@@ -49,7 +49,9 @@ func ActualGuidPrefix(guid string) string { return actualPrefix + guid + "/" }
 
 // ActualKey is the key of one actual LRP record.
 func ActualKey(guid string, index int32, p modelsv1.ActualLRP_Presence) string {
-	return ActualGuidPrefix(guid) + strconv.Itoa(int(index)) + "/" + presenceName(p)
+	// One concatenation (one allocation) on every write's path, not ActualGuidPrefix's and then
+	// another.
+	return actualPrefix + guid + "/" + strconv.Itoa(int(index)) + "/" + presenceName(p)
 }
 
 // TaskKey is the key of a task.
@@ -151,12 +153,14 @@ func parseKey(k string) (parsedKey, error) {
 		}
 	}
 	if rest, ok := strings.CutPrefix(k, actualPrefix); ok {
-		parts := strings.Split(rest, "/")
-		if len(parts) == 3 {
-			idx, err := strconv.ParseInt(parts[1], 10, 32)
-			p, pok := parsePresence(parts[2])
-			if err == nil && pok && parts[0] != "" {
-				return parsedKey{kind: kindActual, id: parts[0], index: int32(idx), presence: p}, nil
+		// <process_guid>/<index>/<presence>, cut in place: every read of a record parses its key.
+		guid, rest, ok1 := strings.Cut(rest, "/")
+		index, presence, ok2 := strings.Cut(rest, "/")
+		if ok1 && ok2 && guid != "" {
+			idx, err := strconv.ParseInt(index, 10, 32)
+			p, pok := parsePresence(presence) // a further "/" is no presence
+			if err == nil && pok {
+				return parsedKey{kind: kindActual, id: guid, index: int32(idx), presence: p}, nil
 			}
 		}
 	}

@@ -19,6 +19,7 @@ func TestKeysRoundTrip(t *testing.T) {
 		{ActualKey("web", 3, modelsv1.ActualLRP_PRESENCE_ORDINARY), parsedKey{kind: kindActual, id: "web", index: 3, presence: modelsv1.ActualLRP_PRESENCE_ORDINARY}},
 		{ActualKey("web", 0, modelsv1.ActualLRP_PRESENCE_EVACUATING), parsedKey{kind: kindActual, id: "web", presence: modelsv1.ActualLRP_PRESENCE_EVACUATING}},
 		{ActualKey("web", 7, modelsv1.ActualLRP_PRESENCE_SUSPECT), parsedKey{kind: kindActual, id: "web", index: 7, presence: modelsv1.ActualLRP_PRESENCE_SUSPECT}},
+		{ActualKey("web", 1234, modelsv1.ActualLRP_PRESENCE_ORDINARY), parsedKey{kind: kindActual, id: "web", index: 1234, presence: modelsv1.ActualLRP_PRESENCE_ORDINARY}},
 		{TaskKey("t1"), parsedKey{kind: kindTask, id: "t1"}},
 		{DomainKey("cf-apps"), parsedKey{kind: kindDomain, id: "cf-apps"}},
 		{CellKey("cell-1"), parsedKey{kind: kindCell, id: "cell-1"}},
@@ -34,7 +35,8 @@ func TestKeysRoundTrip(t *testing.T) {
 	if got, err := parseKey(etcdx.LockKey("bbs") + "/694d7a"); err != nil || got.kind != kindUnknown {
 		t.Errorf("election key: %+v, %v; want it recognised and ignored", got, err)
 	}
-	for _, bad := range []string{Root + "actual/web/x/ordinary", Root + "actual/web/1/other", Root + "task/", Root + "task/a/b", Root + "other/x"} {
+	for _, bad := range []string{Root + "actual/web/x/ordinary", Root + "actual/web/1/other",
+		Root + "actual/web/1/ordinary/x", Root + "actual//1/ordinary", Root + "actual/web/1", Root + "actual/web", Root + "task/", Root + "task/a/b", Root + "other/x"} {
 		if _, err := parseKey(bad); err == nil {
 			t.Errorf("parseKey(%q) accepted", bad)
 		}

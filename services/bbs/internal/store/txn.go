@@ -201,9 +201,8 @@ func (t *Txn) Delete(key string) {
 // skipped for a change etcd made.
 func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error) {
 	// A change sent to etcd is followed to its outcome for the write timeout even when the
-	// caller goes first (flight): what etcd made, the caller's code completes.
-	flight, cancelFlight := context.WithTimeout(context.WithoutCancel(ctx), s.opts.WriteTimeout)
-	defer cancelFlight()
+	// caller goes first (its flight): what etcd made, the caller's code completes.
+	flightEnd := time.Now().Add(s.opts.WriteTimeout)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.WriteTimeout)
 	defer cancel()
 	fresh := false
@@ -211,7 +210,10 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 		if fresh && !s.committer.awaitReachable(ctx) {
 			return 0, rpcerr.UnavailableRetry(etcdx.UnreachableRetryAfter, "etcd unreachable for %s: the change was not made", s.opts.UnreachableTimeout)
 		}
-		t := &Txn{s: s, ctx: clientv3.WithRequireLeader(ctx), fresh: fresh, reads: map[string]int64{}}
+		t := &Txn{s: s, ctx: ctx, fresh: fresh, reads: map[string]int64{}}
+		if fresh { // it reads from etcd, which must have a leader; a cached attempt does not
+			t.ctx = clientv3.WithRequireLeader(ctx)
+		}
 		if err := fn(t); err != nil {
 			if !fresh && !errors.Is(err, rpcerr.ErrInvalid) {
 				fresh = true
@@ -232,7 +234,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 			req.bytes += len(op.KeyBytes()) + len(op.ValueBytes())
 		}
 		queued := time.Now()
-		resp, err := s.committer.commit(ctx, flight, req)
+		resp, err := s.committer.commit(ctx, flightEnd, req)
 		if err == nil {
 			err = resp.err
 		}
