@@ -177,7 +177,7 @@ func (c *Cell) newBatchers() {
 		many: func(ctx context.Context, reqs []*bbsv1.ClaimActualLRPRequest, traces []*modelsv1.TraceContext) ([]*bbsv1.ClaimActualLRPResponse, []error, error) {
 			items := make([]*bbsv1.ClaimActualLRPRequest, len(reqs))
 			for i, r := range reqs {
-				items[i] = proto.CloneOf(r)
+				items[i] = r.CloneVT()
 				items[i].Trace = traces[i]
 			}
 			resp, err := c.bbs.ClaimActualLRPs(ctx, &bbsv1.ClaimActualLRPsRequest{Claims: items})
@@ -210,7 +210,7 @@ func (c *Cell) newBatchers() {
 		many: func(ctx context.Context, reqs []*bbsv1.StartActualLRPRequest, traces []*modelsv1.TraceContext) ([]*bbsv1.StartActualLRPResponse, []error, error) {
 			items := make([]*bbsv1.StartActualLRPRequest, len(reqs))
 			for i, r := range reqs {
-				items[i] = proto.CloneOf(r)
+				items[i] = r.CloneVT()
 				items[i].Trace = traces[i]
 			}
 			resp, err := c.bbs.StartActualLRPs(ctx, &bbsv1.StartActualLRPsRequest{Starts: items})

@@ -371,12 +371,13 @@ func (c *Cell) state(summary bool) *repv1.StateResponse {
 		}
 	}
 	if summary {
-		// Placement needs counts only: no order, no copies.
+		// Placement needs counts only: no order, no copies. The map is sized once for every
+		// container (an LRP's instances are mostly on different cells), not grown as it fills.
 		for _, ctr := range c.containers {
 			count(ctr)
 			if ctr.kind == executor.KindLRP {
 				if out.LrpInstances == nil {
-					out.LrpInstances = map[string]int32{}
+					out.LrpInstances = make(map[string]int32, len(c.containers))
 				}
 				out.LrpInstances[ctr.key.GetProcessGuid()]++
 			}

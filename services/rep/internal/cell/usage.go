@@ -60,26 +60,34 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 		}
 	}
 	c.mu.Unlock()
-	for _, tg := range targets {
+	// Measured outside the lock, kept under it once for the whole pass: the cell's lock is
+	// what placement (State, Perform) waits on.
+	samples := make([]usageSample, len(targets))
+	for i, tg := range targets {
 		if ctx.Err() != nil {
-			return
+			targets = targets[:i]
+			break
 		}
 		u, err := tg.m.Usage(ctx)
 		if err != nil {
 			c.log.Debug("measure container", "guid", tg.ctr.guid, "error", err)
+			continue // the zero sample: the previous one is kept
+		}
+		samples[i] = usageSample{at: time.Now(), cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, tg := range targets {
+		s := samples[i]
+		if s.at.IsZero() {
 			continue
 		}
-		now := time.Now()
-		c.mu.Lock()
-		prev := tg.ctr.usage
-		s := usageSample{at: now, cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
-		if !prev.at.IsZero() {
-			if wall := now.Sub(prev.at); wall > 0 && u.CPU > prev.cpu {
-				s.cpuPercent = 100 * float64(u.CPU-prev.cpu) / float64(wall)
+		if prev := tg.ctr.usage; !prev.at.IsZero() {
+			if wall := s.at.Sub(prev.at); wall > 0 && s.cpu > prev.cpu {
+				s.cpuPercent = 100 * float64(s.cpu-prev.cpu) / float64(wall)
 			}
 		}
 		tg.ctr.usage = s
-		c.mu.Unlock()
 	}
 }
 
