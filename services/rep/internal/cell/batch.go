@@ -2,7 +2,6 @@ package cell
 
 import (
 	"context"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,14 +83,7 @@ func (b *batcher[Req, Resp]) do(ctx context.Context, req Req) (Resp, error) {
 }
 
 // drain sends the queue in rounds until it is empty.
-//
-// It first yields once: the items that arrive together (the instances of one Perform, or
-// the RUNNING reports of instances that started on the same timer tick) are then on the run
-// queue beside it, and they queue before the first round goes out, so they go as one batch
-// call instead of a single call and a batch of the rest. With nothing else to run the yield
-// returns at once, so an idle cell's lone item waits no longer.
 func (b *batcher[Req, Resp]) drain() {
-	runtime.Gosched()
 	for {
 		b.mu.Lock()
 		n := min(len(b.queue), maxBatch)
