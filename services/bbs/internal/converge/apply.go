@@ -64,8 +64,10 @@ const maxApplyErrors = 10
 // of as many records at a time as slots (of workers) lets them (the store group-commits
 // them; passes that share slots share the bound); then the
 // auctions, in one request for instances and one for tasks. It stops starting changes when ctx
-// ends. A group that fails counts each of its changes as failed. It returns what it did and the errors of failed changes (at most maxApplyErrors).
-func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, slots *semaphore.Weighted, perTxn int) (Applied, []error) {
+// ends. A group that fails counts each of its changes as failed. A cell's group is left out
+// when leave reports the cell as another pass's when its turn comes (nil leaves none). It
+// returns what it did and the errors of failed changes (at most maxApplyErrors).
+func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, slots *semaphore.Weighted, perTxn int, leave func(cellID string) bool) (Applied, []error) {
 	var a Applied
 	var starts []core.LRPStart
 	var tasks []*modelsv1.Task
@@ -95,6 +97,9 @@ func applyPlan(ctx context.Context, c *core.Core, changes []plan.Change, slots *
 	var errs []error
 	var wg sync.WaitGroup
 	for _, j := range jobs {
+		if j.change == nil && leave != nil && leave(j.cell) {
+			continue
+		}
 		w := int64(min(j.weight(), workers))
 		if ctx.Err() != nil || slots.Acquire(ctx, w) != nil {
 			break

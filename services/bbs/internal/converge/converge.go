@@ -146,7 +146,10 @@ func New(c *core.Core, cache Cache, cfg Config) *Converger {
 // The cell-loss passes run beside the timed ones, not after them: at 250,000 instances a full
 // pass took 4–16 s on a busy machine, and a lost cell's instances waited for it (decision
 // 0060). Two passes that judge the same instance cannot both change it: every change is a
-// compare-and-swap that checks the record it read, as against any other writer.
+// compare-and-swap that checks the record it read, as against any other writer. A full pass
+// also leaves the cells a cell-loss pass is judging to that pass: its snapshot, taken before,
+// would lose those compares, and each lost compare sends its whole group commit to etcd again
+// request by request.
 func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 	select {
 	case <-c.st.Synced():
@@ -207,7 +210,7 @@ func (c *Converger) Converge(ctx context.Context) (Report, error) {
 		Claimed:       c.cfg.ClaimedTimeout,
 		Drain:         c.cfg.DrainTimeout,
 	})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, semaphore.NewWeighted(workers), c.cfg.SuspectsPerTxn)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, semaphore.NewWeighted(workers), c.cfg.SuspectsPerTxn, c.judgedByCellPass)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observe(r)
 	if len(errs) > 0 {
@@ -243,13 +246,20 @@ func (c *Converger) ConvergeCells(ctx context.Context) (Report, error) {
 	scheds, _ := c.st.SchedulingInfos(store.ListFilter{Guids: guids})
 	// Every record given is on a lost cell: the snapshot names no cell present.
 	p := plan.CellLoss(plan.Snapshot{Desired: scheds, Actual: lost.Actual, Tasks: lost.Tasks, Now: c.cfg.Now()})
-	applied, errs := applyPlan(ctx, c.core, p.Changes, c.cellSlots, c.cfg.SuspectsPerTxn)
+	applied, errs := applyPlan(ctx, c.core, p.Changes, c.cellSlots, c.cfg.SuspectsPerTxn, nil)
 	r := Report{Found: p.Found, Applied: applied, Duration: time.Since(started)}
 	c.cfg.Metrics.observeRun(r)
 	if len(errs) > 0 {
 		return r, fmt.Errorf("cell-loss convergence: %d changes failed: %w", r.Errors, errors.Join(errs...))
 	}
 	return r, nil
+}
+
+// judgedByCellPass reports whether a cell-loss pass under way judges cellID's records.
+func (c *Converger) judgedByCellPass(cellID string) bool {
+	c.judgingMu.Lock()
+	defer c.judgingMu.Unlock()
+	return c.judging[cellID]
 }
 
 // snapshot reads what the planner judges from the cache.
