@@ -203,7 +203,7 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 	// A change sent to etcd is followed to its outcome for the write timeout even when the
 	// caller goes first (its flight): what etcd made, the caller's code completes.
 	flightEnd := time.Now().Add(s.opts.WriteTimeout)
-	ctx, cancel := context.WithTimeout(ctx, s.opts.WriteTimeout)
+	ctx, cancel := context.WithDeadline(ctx, flightEnd) // the caller's wait ends no later
 	defer cancel()
 	fresh := false
 	for attempt := 0; attempt < s.opts.WriteAttempts; attempt++ {

@@ -51,19 +51,20 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 	type target struct {
 		ctr *container
 		m   executor.Measurable
+		s   usageSample // measured; the zero sample if the measurement failed
 	}
 	var targets []target
 	c.mu.Lock()
 	for _, ctr := range c.containers {
 		if m, ok := ctr.exec.(executor.Measurable); ok && ctr.phase != phaseCompleted {
-			targets = append(targets, target{ctr, m})
+			targets = append(targets, target{ctr: ctr, m: m})
 		}
 	}
 	c.mu.Unlock()
 	// Measured outside the lock, kept under it once for the whole pass: the cell's lock is
 	// what placement (State, Perform) waits on.
-	samples := make([]usageSample, len(targets))
-	for i, tg := range targets {
+	for i := range targets {
+		tg := &targets[i]
 		if ctx.Err() != nil {
 			targets = targets[:i]
 			break
@@ -71,14 +72,14 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 		u, err := tg.m.Usage(ctx)
 		if err != nil {
 			c.log.Debug("measure container", "guid", tg.ctr.guid, "error", err)
-			continue // the zero sample: the previous one is kept
+			continue // the previous sample is kept
 		}
-		samples[i] = usageSample{at: time.Now(), cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
+		tg.s = usageSample{at: time.Now(), cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, tg := range targets {
-		s := samples[i]
+	for _, tg := range targets {
+		s := tg.s
 		if s.at.IsZero() {
 			continue
 		}
