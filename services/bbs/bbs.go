@@ -453,8 +453,12 @@ func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
 		func(s store.CommitStats) int64 { return s.Batched })
 	counter("gavel_bbs_store_commit_requests_total", "change requests committed by the store.",
 		func(s store.CommitStats) int64 { return s.Requests })
-	counter("gavel_bbs_store_commit_retried_alone_total", "requests of a batch whose compare failed, sent again alone.",
+	counter("gavel_bbs_store_commit_retried_alone_total", "requests of a batch etcd refused as too big, sent again alone.",
 		func(s store.CommitStats) int64 { return s.RetriedAlone })
+	counter("gavel_bbs_store_commit_conflicts_total", "requests of a grouped transaction whose own compare failed (a lost race).",
+		func(s store.CommitStats) int64 { return s.Conflicts })
+	counter("gavel_bbs_store_commit_resent_total", "requests of a grouped transaction that failed on another request's compare, sent again together.",
+		func(s store.CommitStats) int64 { return s.Resent })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gavel_bbs_cell_presences_lost_total",
 		Help: "Cell presences this BBS saw disappear from etcd (a lease expired or was revoked: a cell was lost or stopped)."},
 		func() float64 { return float64(st.CellsLost()) }))
@@ -467,15 +471,20 @@ func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
 // transactions it sent and how many change requests they carried (the scale harness reports
 // requests per transaction).
 type CommitStats struct {
-	// Transactions is the number of etcd transactions sent, including requests retried alone.
+	// Transactions is the number of etcd transactions sent, including requests sent again.
 	Transactions int64
 	// Batched is the number of those transactions that carried more than one request.
 	Batched int64
 	// Requests is the number of change requests committed (each answered once).
 	Requests int64
-	// RetriedAlone counts requests of batches whose compare failed, each then sent again in a
-	// transaction of its own so that it gets its own answer.
+	// RetriedAlone counts requests of batches that etcd refused as too big, each then sent
+	// again in a transaction of its own.
 	RetriedAlone int64
+	// Conflicts counts requests of grouped transactions whose own compare failed.
+	Conflicts int64
+	// Resent counts requests of grouped transactions that failed on another request's
+	// compare, sent again together.
+	Resent int64
 }
 
 // RequestsPerTransaction is Requests / Transactions, zero before any transaction.
@@ -489,13 +498,15 @@ func (c CommitStats) RequestsPerTransaction() float64 {
 // Sub is c minus earlier, the counts of an interval.
 func (c CommitStats) Sub(earlier CommitStats) CommitStats {
 	return CommitStats{Transactions: c.Transactions - earlier.Transactions, Batched: c.Batched - earlier.Batched,
-		Requests: c.Requests - earlier.Requests, RetriedAlone: c.RetriedAlone - earlier.RetriedAlone}
+		Requests: c.Requests - earlier.Requests, RetriedAlone: c.RetriedAlone - earlier.RetriedAlone,
+		Conflicts: c.Conflicts - earlier.Conflicts, Resent: c.Resent - earlier.Resent}
 }
 
 // CommitStats counts the store's group commits since the BBS started.
 func (s *Service) CommitStats() CommitStats {
 	st := s.store.CommitStats()
-	return CommitStats{Transactions: st.Transactions, Batched: st.Batched, Requests: st.Requests, RetriedAlone: st.RetriedAlone}
+	return CommitStats{Transactions: st.Transactions, Batched: st.Batched, Requests: st.Requests, RetriedAlone: st.RetriedAlone,
+		Conflicts: st.Conflicts, Resent: st.Resent}
 }
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the

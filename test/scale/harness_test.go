@@ -159,8 +159,8 @@ type report struct {
 
 // commitCounts is what the BBS's group committer did during the burst and the stream.
 type commitCounts struct {
-	transactions, batched, requests, alone int64
-	perTxn                                 float64
+	transactions, batched, requests, alone, conflicts, resent int64
+	perTxn                                                    float64
 }
 
 // scaleLRP is an LRP of the run: one HTTP route per LRP, so every start is a routing event.
@@ -435,7 +435,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		r.auctionRounds = ip.c.Auctioneer.Rounds()
 		commits := ip.c.BBSService.CommitStats().Sub(commitsBefore)
 		r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
-			alone: commits.RetriedAlone, perTxn: commits.RequestsPerTransaction()}
+			alone: commits.RetriedAlone, conflicts: commits.Conflicts, resent: commits.Resent, perTxn: commits.RequestsPerTransaction()}
 	}
 
 	// Routing: every container that ran during the stream must reach the table.
@@ -861,8 +861,8 @@ func (l lossResult) print(b *strings.Builder, label string, burstRate float64, g
 // committer's own counters.
 func (r *report) printInProcess(b *strings.Builder) {
 	fmt.Fprintf(b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
-	fmt.Fprintf(b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several, %d requests re-sent alone after a failed compare\n",
-		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.alone)
+	fmt.Fprintf(b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several; %d requests lost a compare in one, %d re-sent together after another's, %d re-sent alone\n",
+		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.conflicts, r.writes.resent, r.writes.alone)
 }
 
 // check fails t on what must hold at any size and load: nothing stranded or running twice,

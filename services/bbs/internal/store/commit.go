@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gavel-sched/gavel/pkg/etcdx"
@@ -18,8 +19,9 @@ import (
 // committed together in one etcd transaction: etcd takes ~14k single-key transactions/s but
 // ~130k keys/s in 64-key transactions. A batch only holds requests whose keys do not meet (no
 // request writes a key another one reads or writes), so committing them together is the same
-// as committing them one after the other; when any compare of a batch fails, each request is
-// retried on its own transaction so each gets its own answer.
+// as committing them one after the other. When a compare of a batch fails, the transaction's
+// failure branch has read the compared keys: the requests whose own compares failed are
+// answered so, and the others go again together (commitGroup).
 //
 // A grouped transaction starts with up to maxBatchOps operations (and as many compares). Gavel's
 // etcd runs with --max-txn-ops above the BBS's max_instances + 2 anyway (a DesireLRP writes its
@@ -102,22 +104,28 @@ type committer struct {
 	// batchOps is the most operations, and the most compares, one grouped transaction holds.
 	batchOps atomic.Int64
 	// stats count what was committed and how (CommitStats).
-	stats struct{ txns, batched, requests, alone atomic.Int64 }
+	stats struct{ txns, batched, requests, alone, conflicts, resent atomic.Int64 }
 }
 
 // CommitStats counts the store's group commits since it started: how many etcd transactions it
 // sent and how many change requests they carried, which shows how well concurrent writes (claims
 // and starts from many reps, convergence changes) are grouped.
 type CommitStats struct {
-	// Transactions is the number of etcd transactions sent, including requests retried alone.
+	// Transactions is the number of etcd transactions sent, including requests sent again.
 	Transactions int64
 	// Batched is the number of those transactions that carried more than one request.
 	Batched int64
 	// Requests is the number of change requests committed (each answered once).
 	Requests int64
-	// RetriedAlone counts requests of batches whose compare failed, each then sent again in a
-	// transaction of its own so that it gets its own answer.
+	// RetriedAlone counts requests of batches that etcd refused as too big (or whose failed
+	// compare its reads could not place), each then sent again in a transaction of its own.
 	RetriedAlone int64
+	// Conflicts counts requests of grouped transactions whose own compare failed: each lost a
+	// race and was answered so, as alone.
+	Conflicts int64
+	// Resent counts requests of grouped transactions that failed on another request's compare,
+	// sent again together with the others whose compares held.
+	Resent int64
 }
 
 // RequestsPerTransaction is Requests / Transactions, zero before any transaction.
@@ -131,12 +139,14 @@ func (s CommitStats) RequestsPerTransaction() float64 {
 // Sub is s minus earlier, the counts of an interval.
 func (s CommitStats) Sub(earlier CommitStats) CommitStats {
 	return CommitStats{Transactions: s.Transactions - earlier.Transactions, Batched: s.Batched - earlier.Batched,
-		Requests: s.Requests - earlier.Requests, RetriedAlone: s.RetriedAlone - earlier.RetriedAlone}
+		Requests: s.Requests - earlier.Requests, RetriedAlone: s.RetriedAlone - earlier.RetriedAlone,
+		Conflicts: s.Conflicts - earlier.Conflicts, Resent: s.Resent - earlier.Resent}
 }
 
 func (c *committer) snapshot() CommitStats {
 	return CommitStats{Transactions: c.stats.txns.Load(), Batched: c.stats.batched.Load(),
-		Requests: c.stats.requests.Load(), RetriedAlone: c.stats.alone.Load()}
+		Requests: c.stats.requests.Load(), RetriedAlone: c.stats.alone.Load(),
+		Conflicts: c.stats.conflicts.Load(), Resent: c.stats.resent.Load()}
 }
 
 // errStopped answers a commit made after the store stopped.
@@ -350,25 +360,29 @@ func send(reqs []*commitReq) []*commitReq {
 // txn sends one transaction and classifies its failure: an error etcd gives before proposing
 // it (no leader, too many operations, too large) proves it was not made; any other failure
 // (the connection broke, the context ended, etcd's own request timeout) leaves the outcome
-// unknown.
-func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) commitRes {
+// unknown. orElse are the operations etcd runs instead of ops when a compare fails (reads);
+// their responses are returned with a failed compare's result.
+func (c *committer) txn(ctx context.Context, cmps []clientv3.Cmp, ops, orElse []clientv3.Op) (commitRes, []*etcdserverpb.ResponseOp) {
 	c.stats.txns.Add(1)
 	// A transaction in flight when etcd goes away ends once the connection has been gone for
 	// the unreachable bound, not at its callers' deadline (its outcome is then unknown).
 	ctx, done := etcdx.WhileReachable(ctx, c.client, c.unreachable)
 	defer done()
 	start := time.Now()
-	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	resp, err := c.client.Txn(ctx).If(cmps...).Then(ops...).Else(orElse...).Commit()
 	c.observe(time.Since(start))
 	if err != nil {
-		return commitRes{err: err, unsent: etcdx.RefusedBeforeProposal(err)}
+		return commitRes{err: err, unsent: etcdx.RefusedBeforeProposal(err)}, nil
 	}
-	return commitRes{ok: resp.Succeeded, rev: resp.Header.Revision}
+	res := commitRes{ok: resp.Succeeded, rev: resp.Header.Revision}
+	if resp.Succeeded {
+		return res, nil
+	}
+	return res, resp.Responses
 }
 
 // commitBatch waits for etcd to be reachable, sends the batch's requests that are still
-// wanted as one transaction, and answers each. A batch whose compare fails is not applied
-// at all; each of its requests is then sent again on its own, so that each gets its own answer.
+// wanted as one transaction, and answers each (commitGroup).
 func (c *committer) commitBatch(batch []*commitReq) {
 	for _, r := range batch {
 		r.state.CompareAndSwap(reqQueued, reqPicked)
@@ -394,39 +408,89 @@ func (c *committer) commitBatch(batch []*commitReq) {
 		return
 	}
 	c.stats.requests.Add(int64(len(batch)))
-	ctx, cancel := flightContext(batch)
-	defer cancel()
-	if len(batch) == 1 {
-		batch[0].done <- c.txn(ctx, batch[0].cmps, batch[0].ops)
-		return
-	}
-	nCmps, nOps := 0, 0
-	for _, r := range batch {
-		nCmps, nOps = nCmps+len(r.cmps), nOps+len(r.ops)
-	}
-	cmps, ops := make([]clientv3.Cmp, 0, nCmps), make([]clientv3.Op, 0, nOps)
-	for _, r := range batch {
-		cmps = append(cmps, r.cmps...)
-		ops = append(ops, r.ops...)
-	}
-	c.stats.batched.Add(1)
-	res := c.txn(ctx, cmps, ops)
-	tooBig := txnTooLarge(res.err)
-	if (res.err == nil && res.ok) || (res.err != nil && !tooBig) {
-		// Applied, or failed alike for every request of the batch: the outcome unknown, or
-		// refused unsent (no leader).
+	c.commitGroup(batch)
+}
+
+// commitGroup commits sent requests as one transaction and answers each. When a compare fails,
+// nothing of the transaction is applied, and its failure branch has read the revision of every
+// key compared, at the revision the compares were judged at: each request whose own compare
+// failed is answered then, as a transaction of its own would have been (it lost a race), and
+// the others, whose compares held, go again together. So one stale request costs its batch one
+// more transaction, not one transaction per request. Should the reads not tell (a compare other
+// than a key's revision), or etcd refuse the transaction as too big, each request goes on its own.
+func (c *committer) commitGroup(batch []*commitReq) {
+	for len(batch) > 1 {
+		nCmps, nOps := 0, 0
 		for _, r := range batch {
-			r.done <- res
+			nCmps, nOps = nCmps+len(r.cmps), nOps+len(r.ops)
 		}
-		return
+		cmps, ops := make([]clientv3.Cmp, 0, nCmps), make([]clientv3.Op, 0, nOps)
+		for _, r := range batch {
+			cmps = append(cmps, r.cmps...)
+			ops = append(ops, r.ops...)
+		}
+		keys, reads := comparedKeys(cmps)
+		c.stats.batched.Add(1)
+		ctx, cancel := flightContext(batch)
+		res, read := c.txn(ctx, cmps, ops, reads)
+		cancel()
+		tooBig := txnTooLarge(res.err)
+		if (res.err == nil && res.ok) || (res.err != nil && !tooBig) {
+			// Applied, or failed alike for every request of the batch: the outcome unknown, or
+			// refused unsent (no leader).
+			for _, r := range batch {
+				r.done <- res
+			}
+			return
+		}
+		if tooBig {
+			if errors.Is(res.err, rpcerrTooManyOps) {
+				c.batchOps.Store(minBatchOps)
+			}
+			c.commitAlone(batch)
+			return
+		}
+		revs, ok := keyRevisions(keys, read)
+		if !ok {
+			c.commitAlone(batch)
+			return
+		}
+		var held []*commitReq
+		for _, r := range batch {
+			switch holds, known := comparesHold(r.cmps, revs); {
+			case !known:
+				held = append(held, r) // no answer from the reads: it goes again
+			case !holds:
+				c.stats.conflicts.Add(1)
+				r.done <- res // its compare failed: not applied, as alone
+			case r.ctx.Err() != nil:
+				// Its caller has gone meanwhile: answered that its change was not made, and
+				// it stays unmade.
+				r.done <- commitRes{err: r.ctx.Err(), unsent: true}
+			default:
+				held = append(held, r)
+			}
+		}
+		if len(held) == len(batch) { // no request found at fault: each goes on its own
+			c.commitAlone(batch)
+			return
+		}
+		c.stats.resent.Add(int64(len(held)))
+		batch = held
 	}
-	if errors.Is(res.err, rpcerrTooManyOps) {
-		c.batchOps.Store(minBatchOps)
+	if len(batch) == 1 {
+		ctx, cancel := flightContext(batch)
+		defer cancel()
+		res, _ := c.txn(ctx, batch[0].cmps, batch[0].ops, nil)
+		batch[0].done <- res
 	}
-	// Some compare failed (or the batch was too big): nothing of it was applied. Each request
-	// goes again on its own, unless its caller has gone meanwhile: that one is answered that its
-	// change was not made, and it stays unmade. Joined here so the batch's slot is held until
-	// every request has its answer.
+}
+
+// commitAlone sends each request of a batch that was not applied again on its own, so that each
+// gets its own answer, unless its caller has gone meanwhile: that one is answered that its change
+// was not made, and it stays unmade. Joined here so the batch's slot is held until every request
+// has its answer.
+func (c *committer) commitAlone(batch []*commitReq) {
 	c.stats.alone.Add(int64(len(batch)))
 	var wg sync.WaitGroup
 	for _, r := range batch {
@@ -434,18 +498,68 @@ func (c *committer) commitBatch(batch []*commitReq) {
 			r.done <- commitRes{err: err, unsent: true}
 			continue
 		}
-		r.state.Store(reqPicked)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			one := send([]*commitReq{r})
-			if len(one) == 0 {
-				return
-			}
-			rctx, rcancel := flightContext(one)
-			defer rcancel()
-			r.done <- c.txn(rctx, r.cmps, r.ops)
+			ctx, cancel := flightContext([]*commitReq{r})
+			defer cancel()
+			res, _ := c.txn(ctx, r.cmps, r.ops, nil)
+			r.done <- res
 		}()
 	}
 	wg.Wait()
+}
+
+// comparedKeys returns the distinct keys cmps compare, in order, and a keys-only read of each
+// (a failed transaction's failure branch, which tells every key's revision).
+func comparedKeys(cmps []clientv3.Cmp) ([]string, []clientv3.Op) {
+	seen := make(map[string]bool, len(cmps))
+	keys, reads := make([]string, 0, len(cmps)), make([]clientv3.Op, 0, len(cmps))
+	for i := range cmps {
+		k := string(cmps[i].KeyBytes())
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		keys = append(keys, k)
+		reads = append(reads, clientv3.OpGet(k, clientv3.WithKeysOnly()))
+	}
+	return keys, reads
+}
+
+// keyRevisions maps each key to the revision its read in responses found (0: absent); it
+// reports false when responses do not answer every read.
+func keyRevisions(keys []string, responses []*etcdserverpb.ResponseOp) (map[string]int64, bool) {
+	if len(responses) != len(keys) {
+		return nil, false
+	}
+	revs := make(map[string]int64, len(keys))
+	for i, k := range keys {
+		rr := responses[i].GetResponseRange()
+		if rr == nil {
+			return nil, false
+		}
+		revs[k] = 0
+		for _, kv := range rr.Kvs {
+			if string(kv.Key) == k {
+				revs[k] = kv.ModRevision
+			}
+		}
+	}
+	return revs, true
+}
+
+// comparesHold reports whether every compare of cmps holds for the keys' revisions revs; known
+// is false for a compare revs cannot judge (only a key's revision equal to a value can be).
+func comparesHold(cmps []clientv3.Cmp, revs map[string]int64) (holds, known bool) {
+	holds = true
+	for i := range cmps {
+		cmp := cmps[i].GetCompare()
+		rev, read := revs[string(cmp.GetKey())]
+		if cmp.GetTarget() != etcdserverpb.Compare_MOD || cmp.GetResult() != etcdserverpb.Compare_EQUAL || len(cmp.GetRangeEnd()) > 0 || !read {
+			return false, false
+		}
+		holds = holds && rev == cmp.GetModRevision()
+	}
+	return holds, true
 }

@@ -92,6 +92,105 @@ func TestBatchRefusedAsTooManyOpsLowersTheLimit(t *testing.T) {
 	}
 }
 
+// TestFailedCompareAnswersItsRequestAndResendsTheOthers commits a batch in which one request's
+// compare is stale (its key was written since it was read): that request alone is answered
+// that its compare failed, the others commit together in one more transaction instead of one
+// each, and a request whose caller went meanwhile is answered that its change was not made.
+// Requests that read a key in common (a read no one writes) stay in the batch.
+func TestFailedCompareAnswersItsRequestAndResendsTheOthers(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	shared, err := cli.Put(t.Context(), "resend/shared", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := twoKeyRequests("resend", 10)
+	for _, r := range batch {
+		r.cmps = append(r.cmps, clientv3.Compare(clientv3.ModRevision("resend/shared"), "=", shared.Header.Revision))
+		r.reads = append(r.reads, "resend/shared")
+	}
+	const stale, gone = 3, 7
+	if _, err := cli.Put(t.Context(), "resend/0003/a", "written since"); err != nil {
+		t.Fatal(err)
+	}
+	caller, cancel := context.WithCancel(t.Context())
+	cancel()
+	batch[gone].ctx = caller
+
+	c := newCommitter(cli, time.Second, nil)
+	c.commitBatch(batch)
+	for i, r := range batch {
+		res := <-r.done
+		switch i {
+		case stale:
+			if res.err != nil || res.ok {
+				t.Errorf("the stale request: ok %v, error %v; want its compare failed", res.ok, res.err)
+			}
+		case gone:
+			if res.err == nil || !res.unsent {
+				t.Errorf("the request whose caller went: error %v, unsent %v; want not made", res.err, res.unsent)
+			}
+		default:
+			if res.err != nil || !res.ok {
+				t.Errorf("request %d: ok %v, error %v; want committed", i, res.ok, res.err)
+			}
+		}
+	}
+	st := c.snapshot()
+	if st.Transactions != 2 || st.Conflicts != 1 || st.Resent != 8 || st.RetriedAlone != 0 {
+		t.Errorf("%d transactions, %d conflicts, %d re-sent together, %d alone; want 2, 1, 8, 0",
+			st.Transactions, st.Conflicts, st.Resent, st.RetriedAlone)
+	}
+	resp, err := cli.Get(t.Context(), "resend/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range resp.Kvs {
+		got[string(kv.Key)] = string(kv.Value)
+	}
+	for i := range batch {
+		a, b := fmt.Sprintf("resend/%04d/a", i), fmt.Sprintf("resend/%04d/b", i)
+		switch i {
+		case stale:
+			if got[a] != "written since" || got[b] != "" {
+				t.Errorf("the stale request's keys: %q, %q; want them untouched", got[a], got[b])
+			}
+		case gone:
+			if got[a] != "" || got[b] != "" {
+				t.Errorf("the gone request's keys: %q, %q; want none", got[a], got[b])
+			}
+		default:
+			if got[a] != "x" || got[b] != "y" {
+				t.Errorf("request %d's keys: %q, %q; want x, y", i, got[a], got[b])
+			}
+		}
+	}
+}
+
+// TestComparesHold judges compares by the revisions a failed transaction read: a key's
+// revision equal to a value is judged (absent is revision 0); any other compare, or a key not
+// read, is not.
+func TestComparesHold(t *testing.T) {
+	revs := map[string]int64{"a": 5, "gone": 0}
+	for _, tc := range []struct {
+		name         string
+		cmps         []clientv3.Cmp
+		holds, known bool
+	}{
+		{"equal", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("a"), "=", 5)}, true, true},
+		{"changed", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("a"), "=", 4)}, false, true},
+		{"absent", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("gone"), "=", 0)}, true, true},
+		{"one of two", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("gone"), "=", 0), clientv3.Compare(clientv3.ModRevision("a"), "=", 3)}, false, true},
+		{"not read", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("b"), "=", 0)}, false, false},
+		{"greater", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision("a"), ">", 0)}, false, false},
+		{"value", []clientv3.Cmp{clientv3.Compare(clientv3.Value("a"), "=", "x")}, false, false},
+	} {
+		if holds, known := comparesHold(tc.cmps, revs); holds != tc.holds || known != tc.known {
+			t.Errorf("%s: holds %v, known %v; want %v, %v", tc.name, holds, known, tc.holds, tc.known)
+		}
+	}
+}
+
 // heldKV holds every transaction that writes key at its commit: it tells sent, then waits for
 // release (or the transaction's context) before the transaction reaches etcd.
 type heldKV struct {
