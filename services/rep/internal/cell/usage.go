@@ -53,8 +53,8 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 		m   executor.Measurable
 		s   usageSample // measured; the zero sample if the measurement failed
 	}
-	var targets []target
 	c.mu.Lock()
+	targets := make([]target, 0, len(c.containers))
 	for _, ctr := range c.containers {
 		if m, ok := ctr.exec.(executor.Measurable); ok && ctr.phase != phaseCompleted {
 			targets = append(targets, target{ctr: ctr, m: m})
