@@ -470,44 +470,10 @@ func registerCommitMetrics(reg prometheus.Registerer, st *store.Store) {
 // CommitStats counts the store's group commits since the BBS started: how many etcd
 // transactions it sent and how many change requests they carried (the scale harness reports
 // requests per transaction).
-type CommitStats struct {
-	// Transactions is the number of etcd transactions sent, including requests sent again.
-	Transactions int64
-	// Batched is the number of those transactions that carried more than one request.
-	Batched int64
-	// Requests is the number of change requests committed (each answered once).
-	Requests int64
-	// RetriedAlone counts requests of batches that etcd refused as too big, each then sent
-	// again in a transaction of its own.
-	RetriedAlone int64
-	// Conflicts counts requests of grouped transactions whose own compare failed.
-	Conflicts int64
-	// Resent counts requests of grouped transactions that failed on another request's
-	// compare, sent again together.
-	Resent int64
-}
-
-// RequestsPerTransaction is Requests / Transactions, zero before any transaction.
-func (c CommitStats) RequestsPerTransaction() float64 {
-	if c.Transactions == 0 {
-		return 0
-	}
-	return float64(c.Requests) / float64(c.Transactions)
-}
-
-// Sub is c minus earlier, the counts of an interval.
-func (c CommitStats) Sub(earlier CommitStats) CommitStats {
-	return CommitStats{Transactions: c.Transactions - earlier.Transactions, Batched: c.Batched - earlier.Batched,
-		Requests: c.Requests - earlier.Requests, RetriedAlone: c.RetriedAlone - earlier.RetriedAlone,
-		Conflicts: c.Conflicts - earlier.Conflicts, Resent: c.Resent - earlier.Resent}
-}
+type CommitStats = store.CommitStats
 
 // CommitStats counts the store's group commits since the BBS started.
-func (s *Service) CommitStats() CommitStats {
-	st := s.store.CommitStats()
-	return CommitStats{Transactions: st.Transactions, Batched: st.Batched, Requests: st.Requests, RetriedAlone: st.RetriedAlone,
-		Conflicts: st.Conflicts, Resent: st.Resent}
-}
+func (s *Service) CommitStats() CommitStats { return s.store.CommitStats() }
 
 // Run fills the cache from etcd, then serves the API until ctx ends; ready is called once the
 // API is serving.

@@ -143,7 +143,7 @@ type report struct {
 	desireRefusals         int64
 	desireTransient        int64
 	heapShares             []heapShare
-	writes                 commitCounts
+	writes                 bbs.CommitStats
 	usage                  []procUsage
 	// placing is the CPU each process used while the burst and the stream placed (no start-up,
 	// no loss), over placingWall; the harness (this process) is the last entry.
@@ -155,12 +155,6 @@ type report struct {
 	idleWall time.Duration
 	// cores is the machine's CPU count (the goals' bound: what a target needs of it).
 	cores int
-}
-
-// commitCounts is what the BBS's group committer did during the burst and the stream.
-type commitCounts struct {
-	transactions, batched, requests, alone, conflicts, resent int64
-	perTxn                                                    float64
 }
 
 // scaleLRP is an LRP of the run: one HTTP route per LRP, so every start is a routing event.
@@ -433,9 +427,7 @@ func run(t testing.TB, cfg runConfig) *report {
 		r.auction = after.Place - before.Place
 		r.auctionPerform = after.Perform - before.Perform
 		r.auctionRounds = ip.c.Auctioneer.Rounds()
-		commits := ip.c.BBSService.CommitStats().Sub(commitsBefore)
-		r.writes = commitCounts{transactions: commits.Transactions, batched: commits.Batched, requests: commits.Requests,
-			alone: commits.RetriedAlone, conflicts: commits.Conflicts, resent: commits.Resent, perTxn: commits.RequestsPerTransaction()}
+		r.writes = ip.c.BBSService.CommitStats().Sub(commitsBefore)
 	}
 
 	// Routing: every container that ran during the stream must reach the table.
@@ -862,7 +854,7 @@ func (l lossResult) print(b *strings.Builder, label string, burstRate float64, g
 func (r *report) printInProcess(b *strings.Builder) {
 	fmt.Fprintf(b, "  auction:  %d rounds; cell states %s, placement %s, perform %s (summed over rounds)\n", r.auctionRounds, r.auctionStates.Round(time.Millisecond), r.auction.Round(time.Millisecond), r.auctionPerform.Round(time.Millisecond))
 	fmt.Fprintf(b, "  writes:   %d change requests in %d etcd transactions during burst and stream: %.1f per transaction; %d transactions carried several; %d requests lost a compare in one, %d re-sent together after another's, %d re-sent alone\n",
-		r.writes.requests, r.writes.transactions, r.writes.perTxn, r.writes.batched, r.writes.conflicts, r.writes.resent, r.writes.alone)
+		r.writes.Requests, r.writes.Transactions, r.writes.RequestsPerTransaction(), r.writes.Batched, r.writes.Conflicts, r.writes.Resent, r.writes.RetriedAlone)
 }
 
 // check fails t on what must hold at any size and load: nothing stranded or running twice,

@@ -148,8 +148,7 @@ func New(c *core.Core, cache Cache, cfg Config) *Converger {
 // 0060). Two passes that judge the same instance cannot both change it: every change is a
 // compare-and-swap that checks the record it read, as against any other writer. A full pass
 // also leaves the cells a cell-loss pass is judging to that pass: its snapshot, taken before,
-// would lose those compares, and each lost compare sends its whole group commit to etcd again
-// request by request.
+// would lose those compares, each a transaction spent for nothing and a change retried.
 func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 	select {
 	case <-c.st.Synced():
