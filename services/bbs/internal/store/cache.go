@@ -42,8 +42,11 @@ type state struct {
 	// onCell indexes the instance records by the cell in their instance key (those without
 	// a cell, UNCLAIMED ones, are not in it), so that the records of lost cells are found
 	// without walking every record under the read lock (OnLostCells).
-	onCell  map[string]map[actualRef]struct{}
-	tasks   map[string]item
+	onCell map[string]map[actualRef]struct{}
+	tasks  map[string]item
+	// tasksOn indexes the tasks by the cell they run on (those on no cell are not in it),
+	// for a cell's list of its tasks and for the tasks of lost cells.
+	tasksOn map[string]map[string]struct{}
 	domains map[string]item
 	cells   map[string]item
 	ports   map[string]item // "<protocol>/<port>" → owner
@@ -63,6 +66,7 @@ func newState() *state {
 		actual:  map[string]map[slot]item{},
 		onCell:  map[string]map[actualRef]struct{}{},
 		tasks:   map[string]item{},
+		tasksOn: map[string]map[string]struct{}{},
 		domains: map[string]item{},
 		cells:   map[string]item{},
 		ports:   map[string]item{},
@@ -127,6 +131,9 @@ func (s *state) set(k parsedKey, it item) {
 		}
 		return
 	}
+	if k.kind == kindTask {
+		s.indexTask(k.id, taskCellOf(s.tasks[k.id]), taskCellOf(it))
+	}
 	if t := s.table(k); t != nil {
 		t[k.id] = it
 	}
@@ -145,6 +152,9 @@ func (s *state) del(k parsedKey) {
 			delete(s.actual, k.id)
 		}
 		return
+	}
+	if k.kind == kindTask {
+		s.indexTask(k.id, taskCellOf(s.tasks[k.id]), "")
 	}
 	if t := s.table(k); t != nil {
 		delete(t, k.id)
@@ -175,6 +185,33 @@ func (s *state) unindex(cell string, ref actualRef) {
 	delete(refs, ref)
 	if len(refs) == 0 {
 		delete(s.onCell, cell)
+	}
+}
+
+// taskCellOf is the cell a task record runs on ("" for none, or no record).
+func taskCellOf(it item) string {
+	t, _ := it.msg.(*modelsv1.Task)
+	return t.GetCellId()
+}
+
+// indexTask moves task guid from cell old to cell now in tasksOn ("" for none).
+func (s *state) indexTask(guid, old, now string) {
+	if old == now {
+		return
+	}
+	if refs := s.tasksOn[old]; old != "" {
+		delete(refs, guid)
+		if len(refs) == 0 {
+			delete(s.tasksOn, old)
+		}
+	}
+	if now != "" {
+		refs := s.tasksOn[now]
+		if refs == nil {
+			refs = map[string]struct{}{}
+			s.tasksOn[now] = refs
+		}
+		refs[guid] = struct{}{}
 	}
 }
 
