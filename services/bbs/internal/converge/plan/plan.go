@@ -316,13 +316,12 @@ func Make(s Snapshot, t Timeouts) Plan {
 		return d != nil && index < d.GetInstances()
 	}
 	slots := slotsOf(s.Actual)
-	have := make(map[string]map[int32]bool, len(desired))
+	// have counts each desired LRP's slots with an ordinary record among its desired indexes
+	// (a slot is one guid and index, so none is counted twice).
+	have := make(map[string]int32, len(desired))
 	for _, sl := range slots {
-		if sl.ord != nil {
-			if have[sl.guid] == nil {
-				have[sl.guid] = map[int32]bool{}
-			}
-			have[sl.guid][sl.index] = true
+		if sl.ord != nil && sl.index >= 0 && isDesired(sl.guid, sl.index) {
+			have[sl.guid]++
 		}
 	}
 
@@ -331,12 +330,7 @@ func Make(s Snapshot, t Timeouts) Plan {
 		return cmp.Compare(a.GetProcessGuid(), b.GetProcessGuid())
 	})
 	for _, d := range scheds {
-		missing := 0
-		for i := int32(0); i < d.GetInstances(); i++ {
-			if !have[d.GetProcessGuid()][i] {
-				missing++
-			}
-		}
+		missing := int(max(d.GetInstances()-have[d.GetProcessGuid()], 0))
 		if missing > 0 {
 			p.Found.LRPsMissing += missing
 			p.Changes = append(p.Changes, CreateMissing{ProcessGuid: d.GetProcessGuid(), Missing: missing})
@@ -489,22 +483,24 @@ func CellLoss(s Snapshot) Plan {
 	return p
 }
 
-// slotsOf groups actual LRP records by instance slot, ordered by process guid and index.
+// slotsOf groups actual LRP records by instance slot, ordered by process guid and index. The
+// store lists records in that order (and by presence within a slot), so the slots are found
+// in one pass over the records, without a map of every slot; records given in another order
+// are sorted first.
 func slotsOf(actuals []*modelsv1.ActualLRP) []*slot {
-	type key struct {
-		guid  string
-		index int32
+	bySlot := func(a, b *modelsv1.ActualLRP) int {
+		return cmp.Or(cmp.Compare(a.GetKey().GetProcessGuid(), b.GetKey().GetProcessGuid()), cmp.Compare(a.GetKey().GetIndex(), b.GetKey().GetIndex()))
 	}
-	byKey := map[key]*slot{}
-	var out []*slot
+	if !slices.IsSortedFunc(actuals, bySlot) {
+		actuals = slices.SortedStableFunc(slices.Values(actuals), bySlot)
+	}
+	slots := make([]slot, 0, len(actuals)) // never grown: out points into it
 	for _, a := range actuals {
-		k := key{a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()}
-		sl := byKey[k]
-		if sl == nil {
-			sl = &slot{guid: k.guid, index: k.index}
-			byKey[k] = sl
-			out = append(out, sl)
+		guid, index := a.GetKey().GetProcessGuid(), a.GetKey().GetIndex()
+		if n := len(slots); n == 0 || slots[n-1].guid != guid || slots[n-1].index != index {
+			slots = append(slots, slot{guid: guid, index: index})
 		}
+		sl := &slots[len(slots)-1]
 		switch a.GetPresence() {
 		case modelsv1.ActualLRP_PRESENCE_ORDINARY:
 			sl.ord = a
@@ -514,8 +510,9 @@ func slotsOf(actuals []*modelsv1.ActualLRP) []*slot {
 			sl.evac = a
 		}
 	}
-	slices.SortFunc(out, func(a, b *slot) int {
-		return cmp.Or(cmp.Compare(a.guid, b.guid), cmp.Compare(a.index, b.index))
-	})
+	out := make([]*slot, len(slots))
+	for i := range slots {
+		out[i] = &slots[i]
+	}
 	return out
 }
