@@ -104,12 +104,17 @@ type LostCells struct {
 // read the store.
 func (s *Store) OnLostCells(skip func(cellID string) bool) (LostCells, int64) {
 	return readAt(s, func(st *state) (out LostCells) {
-		judged := map[string]bool{} // cell → lost and not skipped; out.Cells gets each such cell once
+		// judged holds the cells without a presence: lost unless skipped. out.Cells gets each
+		// lost cell once. A present cell is answered by its presence alone, so a pass reads
+		// thousands of live cells without recording them.
+		judged := map[string]bool{}
 		lost := func(cell string) bool {
+			if _, present := st.cells[cell]; present || cell == "" {
+				return false
+			}
 			l, ok := judged[cell]
 			if !ok {
-				_, present := st.cells[cell]
-				l = cell != "" && !present && !skip(cell)
+				l = !skip(cell)
 				judged[cell] = l
 				if l {
 					out.Cells = append(out.Cells, cell)
