@@ -2,9 +2,11 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -115,24 +117,12 @@ func (s *state) set(k parsedKey, it item) {
 			s.actual[k.id] = m
 		}
 		sl := slot{k.index, k.presence}
-		old, cell := cellOf(m[sl]), cellOf(it)
+		moveOnCell(s.onCell, actualRef{k.id, sl}, cellOf(m[sl]), cellOf(it))
 		m[sl] = it
-		if old == cell {
-			return // indexed already, or on no cell
-		}
-		s.unindex(old, actualRef{k.id, sl})
-		if cell != "" {
-			refs := s.onCell[cell]
-			if refs == nil {
-				refs = map[actualRef]struct{}{}
-				s.onCell[cell] = refs
-			}
-			refs[actualRef{k.id, sl}] = struct{}{}
-		}
 		return
 	}
 	if k.kind == kindTask {
-		s.indexTask(k.id, taskCellOf(s.tasks[k.id]), taskCellOf(it))
+		moveOnCell(s.tasksOn, k.id, taskCellOf(s.tasks[k.id]), taskCellOf(it))
 	}
 	if t := s.table(k); t != nil {
 		t[k.id] = it
@@ -146,7 +136,7 @@ func (s *state) del(k parsedKey) {
 	if k.kind == kindActual {
 		m := s.actual[k.id]
 		sl := slot{k.index, k.presence}
-		s.unindex(cellOf(m[sl]), actualRef{k.id, sl})
+		moveOnCell(s.onCell, actualRef{k.id, sl}, cellOf(m[sl]), "")
 		delete(m, sl)
 		if len(m) == 0 {
 			delete(s.actual, k.id)
@@ -154,7 +144,7 @@ func (s *state) del(k parsedKey) {
 		return
 	}
 	if k.kind == kindTask {
-		s.indexTask(k.id, taskCellOf(s.tasks[k.id]), "")
+		moveOnCell(s.tasksOn, k.id, taskCellOf(s.tasks[k.id]), "")
 	}
 	if t := s.table(k); t != nil {
 		delete(t, k.id)
@@ -176,42 +166,31 @@ func cellOf(it item) string {
 	return a.GetInstanceKey().GetCellId()
 }
 
-// unindex takes ref out of cell's entry in onCell.
-func (s *state) unindex(cell string, ref actualRef) {
-	if cell == "" {
-		return
-	}
-	refs := s.onCell[cell]
-	delete(refs, ref)
-	if len(refs) == 0 {
-		delete(s.onCell, cell)
-	}
-}
-
 // taskCellOf is the cell a task record runs on ("" for none, or no record).
 func taskCellOf(it item) string {
 	t, _ := it.msg.(*modelsv1.Task)
 	return t.GetCellId()
 }
 
-// indexTask moves task guid from cell old to cell now in tasksOn ("" for none).
-func (s *state) indexTask(guid, old, now string) {
-	if old == now {
+// moveOnCell moves k from cell from to cell to in idx, an index by cell ("" for none: k is
+// only taken out, or only put in); a cell left with nothing has no entry.
+func moveOnCell[K comparable](idx map[string]map[K]struct{}, k K, from, to string) {
+	if from == to {
 		return
 	}
-	if refs := s.tasksOn[old]; old != "" {
-		delete(refs, guid)
+	if refs := idx[from]; from != "" {
+		delete(refs, k)
 		if len(refs) == 0 {
-			delete(s.tasksOn, old)
+			delete(idx, from)
 		}
 	}
-	if now != "" {
-		refs := s.tasksOn[now]
+	if to != "" {
+		refs := idx[to]
 		if refs == nil {
-			refs = map[string]struct{}{}
-			s.tasksOn[now] = refs
+			refs = map[K]struct{}{}
+			idx[to] = refs
 		}
-		refs[guid] = struct{}{}
+		refs[k] = struct{}{}
 	}
 }
 
@@ -387,11 +366,11 @@ func sortedSlots(m map[slot]item) []slot {
 	for s := range m {
 		slots = append(slots, s)
 	}
-	sort.Slice(slots, func(i, j int) bool {
-		if slots[i].index != slots[j].index {
-			return slots[i].index < slots[j].index
-		}
-		return slots[i].presence < slots[j].presence
-	})
+	slices.SortFunc(slots, compareSlots)
 	return slots
+}
+
+// compareSlots orders slots by index, then presence.
+func compareSlots(a, b slot) int {
+	return cmp.Or(cmp.Compare(a.index, b.index), cmp.Compare(a.presence, b.presence))
 }

@@ -428,9 +428,14 @@ func (c *committer) commitGroup(batch []*commitReq) {
 		c.stats.batched.Add(1)
 		ctx, cancel := flightContext(batch)
 		res := c.txn(ctx, cmps, ops)
+		var revs map[string]int64
+		read := false
+		if res.err == nil && !res.ok { // a compare failed: which?
+			revs, read = c.compareRevisions(ctx, cmps, res.rev)
+		}
+		cancel()
 		tooBig := txnTooLarge(res.err)
 		if (res.err == nil && res.ok) || (res.err != nil && !tooBig) {
-			cancel()
 			// Applied, or failed alike for every request of the batch: the outcome unknown, or
 			// refused unsent (no leader).
 			for _, r := range batch {
@@ -439,16 +444,13 @@ func (c *committer) commitGroup(batch []*commitReq) {
 			return
 		}
 		if tooBig {
-			cancel()
 			if errors.Is(res.err, rpcerrTooManyOps) {
 				c.batchOps.Store(minBatchOps)
 			}
 			c.commitAlone(batch)
 			return
 		}
-		revs, ok := c.compareRevisions(ctx, cmps, res.rev)
-		cancel()
-		if !ok {
+		if !read {
 			c.commitAlone(batch)
 			return
 		}

@@ -194,26 +194,14 @@ func eachActual(st *state, f *ListFilter, fn func(it item)) {
 		return
 	}
 	for _, g := range candidates(f, st.actual) {
-		if !f.Selector.Empty() {
-			sched, ok := st.sched[g]
-			if !ok || !f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels()) {
-				continue
-			}
+		if !f.selectsLRP(st, g) {
+			continue
 		}
 		m := st.actual[g]
 		for _, sl := range sortedSlots(m) {
-			it := m[sl]
-			a := it.msg.(*modelsv1.ActualLRP)
-			if f.Domain != "" && a.GetKey().GetDomain() != f.Domain {
-				continue
+			if it := m[sl]; f.keepsInstance(sl, it) {
+				fn(it)
 			}
-			if f.CellID != "" && a.GetInstanceKey().GetCellId() != f.CellID {
-				continue
-			}
-			if f.Index != nil && sl.index != *f.Index {
-				continue
-			}
-			fn(it)
 		}
 	}
 }
@@ -224,32 +212,33 @@ func eachActual(st *state, f *ListFilter, fn func(it item)) {
 func eachActualOnCell(st *state, f *ListFilter, fn func(it item)) {
 	refs := make([]actualRef, 0, len(st.onCell[f.CellID]))
 	for ref := range st.onCell[f.CellID] {
-		if f.Guids != nil {
-			if _, ok := f.Guids[ref.guid]; !ok {
-				continue
-			}
+		if _, named := f.Guids[ref.guid]; f.Guids == nil || named {
+			refs = append(refs, ref)
 		}
-		if f.Index != nil && ref.slot.index != *f.Index {
-			continue
-		}
-		refs = append(refs, ref)
 	}
-	slices.SortFunc(refs, func(a, b actualRef) int {
-		return cmp.Or(cmp.Compare(a.guid, b.guid), cmp.Compare(a.slot.index, b.slot.index), cmp.Compare(a.slot.presence, b.slot.presence))
-	})
+	slices.SortFunc(refs, func(a, b actualRef) int { return cmp.Or(cmp.Compare(a.guid, b.guid), compareSlots(a.slot, b.slot)) })
 	for _, ref := range refs {
-		if !f.Selector.Empty() {
-			sched, ok := st.sched[ref.guid]
-			if !ok || !f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels()) {
-				continue
-			}
+		if it := st.actual[ref.guid][ref.slot]; f.selectsLRP(st, ref.guid) && f.keepsInstance(ref.slot, it) {
+			fn(it)
 		}
-		it := st.actual[ref.guid][ref.slot]
-		if f.Domain != "" && it.msg.(*modelsv1.ActualLRP).GetKey().GetDomain() != f.Domain {
-			continue
-		}
-		fn(it)
 	}
+}
+
+// selectsLRP reports whether f's label selector keeps the instances of guid, matched against
+// its desired LRP's labels; st is read-locked.
+func (f *ListFilter) selectsLRP(st *state, guid string) bool {
+	if f.Selector.Empty() {
+		return true
+	}
+	sched, ok := st.sched[guid]
+	return ok && f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels())
+}
+
+// keepsInstance reports whether f's domain and index keep the instance record it in slot sl
+// (its guid, cell and labels are judged apart).
+func (f *ListFilter) keepsInstance(sl slot, it item) bool {
+	return (f.Domain == "" || it.msg.(*modelsv1.ActualLRP).GetKey().GetDomain() == f.Domain) &&
+		(f.Index == nil || sl.index == *f.Index)
 }
 
 // Tasks lists tasks ordered by guid, with the revision read. A filter naming a cell reads
@@ -258,7 +247,8 @@ func (s *Store) Tasks(f ListFilter) ([]*modelsv1.Task, int64) {
 	return readAt(s, func(st *state) []*modelsv1.Task { return tasksOf(st, &f) })
 }
 
-// tasksOf is the tasks f selects, ordered by guid; st is read-locked.
+// tasksOf is the tasks f selects, ordered by guid; st is read-locked. A cell's tasks are
+// those its entry in the index by cell holds.
 func tasksOf(st *state, f *ListFilter) (out []*modelsv1.Task) {
 	var guids []string
 	if f.CellID != "" {
@@ -268,8 +258,7 @@ func tasksOf(st *state, f *ListFilter) (out []*modelsv1.Task) {
 	}
 	for _, g := range guids {
 		t := st.tasks[g].msg.(*modelsv1.Task)
-		if (f.Domain != "" && t.GetDomain() != f.Domain) ||
-			(f.CellID != "" && t.GetCellId() != f.CellID) || !f.selects(t.GetDefinition().GetLabels()) {
+		if (f.Domain != "" && t.GetDomain() != f.Domain) || !f.selects(t.GetDefinition().GetLabels()) {
 			continue
 		}
 		out = append(out, t)
