@@ -215,3 +215,14 @@ func PeakRSS(pid int) (uint64, error) {
 	}
 	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
 }
+
+// SelfCPU is the CPU time (user and system) this process has used so far: benchmarks report
+// their CPU per operation with it, the steadier measure on a busy machine.
+func SelfCPU(t testing.TB) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

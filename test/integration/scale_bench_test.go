@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -97,7 +96,7 @@ func benchmarkPlacement(b *testing.B) {
 		bbsNanos.Store(0)
 		b.StartTimer()
 
-		start, cpuStart := time.Now(), processCPU(b)
+		start, cpuStart := time.Now(), testkit.SelfCPU(b)
 		refusedBefore := bbsclient.Refusals("DesireLRP", bbsclient.OutcomeRetried)
 		var wg sync.WaitGroup
 		next := atomic.Int64{}
@@ -126,7 +125,7 @@ func benchmarkPlacement(b *testing.B) {
 		}
 		desired := time.Since(start)
 		waitRunning(b, c, fmt.Sprintf("scale-%d-", iter), lrps*perLRP, 5*time.Minute)
-		elapsed, cpu := time.Since(start), processCPU(b)-cpuStart
+		elapsed, cpu := time.Since(start), testkit.SelfCPU(b)-cpuStart
 		b.StopTimer()
 
 		after := c.Auctioneer.Stats()
@@ -153,15 +152,6 @@ func benchmarkPlacement(b *testing.B) {
 	// the two arms' CPU per placement is the steadier measure of what tracing costs.
 	sort.Float64s(cpus)
 	b.ReportMetric(cpus[len(cpus)/2], "median_cpu_us/placement")
-}
-
-// processCPU is the CPU time (user and system) this process has used so far.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // waitRunning waits until exactly want instances whose guid starts with prefix are RUNNING

@@ -272,6 +272,22 @@ func (f EventFilter) empty() bool {
 	return f.Domain == "" && f.Guids == nil && f.CellID == "" && f.Selector.Empty() && f.Kinds == nil
 }
 
+// broadcastOnly reports whether f follows a cell but keeps none of the kinds indexed by cell
+// (cellIndexedKinds): every event it keeps then passes every cell filter, as a rep's
+// subscription to links and log drains does, and it needs only the ring's broadcast
+// revisions (hub.sinceBroadcast).
+func (f EventFilter) broadcastOnly() bool {
+	if f.CellID == "" || f.Kinds == nil {
+		return false
+	}
+	for k, on := range f.Kinds {
+		if on && cellIndexedKinds[k] {
+			return false
+		}
+	}
+	return true
+}
+
 // kept reports whether e's kind passes the Kinds filter.
 func (f EventFilter) kept(e *bbsv1.Event) bool {
 	if f.Kinds == nil {

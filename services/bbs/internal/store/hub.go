@@ -5,6 +5,8 @@ import (
 	"sort"
 	"sync"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 )
 
@@ -35,6 +37,8 @@ type hub struct {
 	cells map[string]*cellIndex
 	// broadcast are the ring's revisions with an event every cell filter keeps (LinksChanged).
 	broadcast []int64
+	// broadcastNotify is closed when a broadcast revision is published (or the ring reset).
+	broadcastNotify chan struct{}
 }
 
 // cellIndex is one cell's view of the ring.
@@ -49,7 +53,7 @@ type cellIndex struct {
 }
 
 func newHub(limit int) *hub {
-	return &hub{limit: limit, notify: make(chan struct{}), cells: map[string]*cellIndex{}}
+	return &hub{limit: limit, notify: make(chan struct{}), broadcastNotify: make(chan struct{}), cells: map[string]*cellIndex{}}
 }
 
 // reset empties the ring; it now covers revisions after rev.
@@ -69,6 +73,13 @@ func (h *hub) reset(rev int64) {
 	}
 	close(h.notify)
 	h.notify = make(chan struct{})
+	h.wakeBroadcast()
+}
+
+// wakeBroadcast closes broadcastNotify and makes a new one.
+func (h *hub) wakeBroadcast() {
+	close(h.broadcastNotify)
+	h.broadcastNotify = make(chan struct{})
 }
 
 // publish appends the batch of revision rev (events may be empty), with each event's label
@@ -132,6 +143,7 @@ func (h *hub) index(rev int64, events []*bbsv1.Event) {
 		for _, ci := range h.cells {
 			ci.wake()
 		}
+		h.wakeBroadcast()
 	}
 }
 
@@ -190,12 +202,8 @@ func (h *hub) sinceCell(cell string, rev int64, max int) (bs []batch, upTo int64
 		ci = &cellIndex{notify: h.notify}
 	}
 	revs := mergeAfter(ci.revs, h.broadcast, rev, max)
-	upTo = h.head
-	if len(revs) == max {
-		upTo = revs[max-1]
-	}
 	for _, r := range revs {
-		b := h.batches[sort.Search(len(h.batches), func(i int) bool { return h.batches[i].rev >= r })]
+		b := h.batchAt(r)
 		if _, broadcast := slices.BinarySearch(h.broadcast, r); !broadcast {
 			if k, ok := slices.BinarySearch(ci.revs, r); ok {
 				b = b.only(ci.events[k])
@@ -203,7 +211,39 @@ func (h *hub) sinceCell(cell string, rev int64, max int) (bs []batch, upTo int64
 		}
 		bs = append(bs, b)
 	}
-	return bs, upTo, ci.notify, true
+	return bs, h.upTo(revs, max), ci.notify, true
+}
+
+// sinceBroadcast is since for a cell's subscriber whose filter keeps only events that pass
+// every cell filter (EventFilter.broadcastOnly: a rep following links and log drains): it
+// returns the broadcast batches after rev, whole, and a channel closed when the next one is
+// published. Such a subscriber is not woken by its cell's own instance events, which it
+// would only filter out.
+func (h *hub) sinceBroadcast(rev int64, max int) (bs []batch, upTo int64, notify <-chan struct{}, ok bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if rev < h.start {
+		return nil, 0, nil, false
+	}
+	revs := mergeAfter(nil, h.broadcast, rev, max)
+	for _, r := range revs {
+		bs = append(bs, h.batchAt(r))
+	}
+	return bs, h.upTo(revs, max), h.broadcastNotify, true
+}
+
+// batchAt is the ring's batch of revision r, which it holds (callers hold mu).
+func (h *hub) batchAt(r int64) batch {
+	return h.batches[sort.Search(len(h.batches), func(i int) bool { return h.batches[i].rev >= r })]
+}
+
+// upTo is the revision a reader handed revs, at most max of those it asked for, is complete
+// up to: the last of them when it got max, else the head (callers hold mu).
+func (h *hub) upTo(revs []int64, max int) int64 {
+	if len(revs) == max {
+		return revs[max-1]
+	}
+	return h.head
 }
 
 // only is the batch of b's events at the indexes idx, with their label sets.
@@ -240,6 +280,21 @@ func mergeAfter(a, b []int64, rev int64, max int) []int64 {
 		out = append(out, next)
 	}
 	return out
+}
+
+// cellIndexedKinds are the event kinds cellsOf indexes by the cells they name (instance, task
+// and presence events). No event of another kind passes a cell filter unless it passes every
+// cell filter (then its revision is a broadcast one).
+var cellIndexedKinds = mustEventKinds("actual_lrp_created", "actual_lrp_changed", "actual_lrp_removed",
+	"actual_lrp_crashed", "task_created", "task_changed", "task_removed", "cell_appeared", "cell_disappeared")
+
+// mustEventKinds is EventKinds of names known to be valid.
+func mustEventKinds(names ...string) map[protoreflect.FieldNumber]bool {
+	k, err := EventKinds(names)
+	if err != nil {
+		panic(err)
+	}
+	return k
 }
 
 // cellEvents are the events of a batch that concern one cell, by their indexes in the batch.

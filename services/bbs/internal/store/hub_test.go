@@ -1,11 +1,15 @@
 package store
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/pkg/labels"
@@ -24,7 +28,7 @@ func randomEvent(r *rand.Rand) *bbsv1.Event {
 	}
 	task := func() *modelsv1.Task { return &modelsv1.Task{TaskGuid: "t", Domain: domain, CellId: cell()} }
 	presence := func() *modelsv1.CellPresence { return &modelsv1.CellPresence{CellId: cell()} }
-	switch r.IntN(12) {
+	switch r.IntN(14) {
 	case 0:
 		return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpCreated{ActualLrpCreated: &bbsv1.ActualLRPCreated{ActualLrp: actual()}}}
 	case 1:
@@ -46,6 +50,19 @@ func randomEvent(r *rand.Rand) *bbsv1.Event {
 		return &bbsv1.Event{Kind: &bbsv1.Event_CellDisappeared{CellDisappeared: &bbsv1.CellDisappeared{Cell: presence()}}}
 	case 9:
 		return &bbsv1.Event{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p", Domain: domain}}}
+	case 10:
+		drains := func() []string {
+			if r.IntN(2) == 0 {
+				return nil
+			}
+			return []string{"syslog://127.0.0.1:514"}
+		}
+		return &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpChanged{DesiredLrpChanged: &bbsv1.DesiredLRPChanged{
+			Before: &modelsv1.DesiredLRP{ProcessGuid: "p", Domain: domain, LogDrains: drains()},
+			After:  &modelsv1.DesiredLRP{ProcessGuid: "p", Domain: domain, LogDrains: drains()}}}}
+	case 11:
+		return &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpRemoved{DesiredLrpRemoved: &bbsv1.DesiredLRPRemoved{
+			DesiredLrp: &modelsv1.DesiredLRP{ProcessGuid: "p", Domain: domain}}}}
 	default:
 		return &bbsv1.Event{Kind: &bbsv1.Event_DesiredLrpCreated{DesiredLrpCreated: &bbsv1.DesiredLRPCreated{
 			DesiredLrp: &modelsv1.DesiredLRP{ProcessGuid: "p", Domain: domain}}}}
@@ -79,10 +96,15 @@ func readAll(t *testing.T, read func(int64, int) ([]batch, int64, <-chan struct{
 // several cells, or every cell, some with labels), a cell's subscriber reading through the cell
 // index (which hands it only its cell's events of a revision) gets exactly the messages the
 // whole ring filtered by its filter gives, from any revision, including after the ring has
-// been trimmed and reset.
+// been trimmed and reset. So does one whose kinds pass a cell filter only for every cell (a
+// rep's, following links and log drains), reading only the broadcast revisions.
 func TestCellIndexMatchesTheFilter(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	kinds, err := EventKinds([]string{"links_changed", "actual_lrp_changed", "cell_appeared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broadcastKinds, err := EventKinds([]string{"links_changed", "desired_lrp_changed", "desired_lrp_created", "desired_lrp_removed"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +132,22 @@ func TestCellIndexMatchesTheFilter(t *testing.T) {
 		}
 		start, head := h.window()
 		for _, cell := range []string{"c0", "c1", "c2", "c9"} {
-			for _, f := range []EventFilter{{CellID: cell}, {CellID: cell, Domain: "d1"}, {CellID: cell, Kinds: kinds}, {CellID: cell, Selector: selector}} {
+			for _, f := range []EventFilter{{CellID: cell}, {CellID: cell, Domain: "d1"}, {CellID: cell, Kinds: kinds},
+				{CellID: cell, Selector: selector}, {CellID: cell, Kinds: broadcastKinds}, {CellID: cell, Kinds: broadcastKinds, Domain: "d1"}} {
+				read := func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {
+					return h.sinceCell(cell, rev, max)
+				}
+				if maps.Equal(f.Kinds, broadcastKinds) {
+					if !f.broadcastOnly() {
+						t.Fatalf("filter %+v is not broadcast-only", f)
+					}
+					read = h.sinceBroadcast
+				} else if f.broadcastOnly() {
+					t.Fatalf("filter %+v is broadcast-only", f)
+				}
 				for from := start - 1; from <= head; from++ {
 					want, wok := readAll(t, h.since, f, from, head)
-					got, gok := readAll(t, func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {
-						return h.sinceCell(cell, rev, max)
-					}, f, from, head)
+					got, gok := readAll(t, read, f, from, head)
 					if wok != gok || !slices.Equal(want, got) {
 						t.Fatalf("round %d, filter %+v from %d: cell index gave %v (ok %v), the ring %v (ok %v)", round, f, from, got, gok, want, wok)
 					}
@@ -161,6 +193,20 @@ func TestCellIndexWakesOnlyItsCell(t *testing.T) {
 	if !isClosed(n) {
 		t.Fatal("a broadcast event did not wake the subscriber")
 	}
+
+	// A subscriber of broadcast revisions only is woken by those, not by any cell's events.
+	_, _, b, _ := h.sinceBroadcast(4, 100)
+	h.publish(5, []*bbsv1.Event{presence("c1")}, nil)
+	if isClosed(b) {
+		t.Fatal("a cell's event woke a subscriber of broadcast revisions")
+	}
+	h.publish(6, []*bbsv1.Event{{Kind: &bbsv1.Event_LinksChanged{LinksChanged: &bbsv1.LinksChanged{ProcessGuid: "p"}}}}, nil)
+	if !isClosed(b) {
+		t.Fatal("a broadcast event did not wake a subscriber of broadcast revisions")
+	}
+	if bs, upTo, _, _ := h.sinceBroadcast(4, 100); len(bs) != 1 || bs[0].rev != 6 || upTo != 6 {
+		t.Fatalf("broadcast revisions after 4: %d batches up to %d, want revision 6 alone", len(bs), upTo)
+	}
 }
 
 // BenchmarkFanOut publishes revisions each concerning one of 1,000 cells while 1,000
@@ -196,6 +242,58 @@ func BenchmarkFanOut(b *testing.B) {
 			After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}}, nil)
 		<-got // the unfiltered subscriber
 		<-got // the cell's
+	}
+}
+
+// BenchmarkRepSubscriptions publishes revisions each changing an instance on one of 1,000
+// cells while subscribers follow them as reps do (their cell, kinds links_changed and
+// desired_lrp_changed, so none of these events is theirs) beside one unfiltered subscriber
+// (the route-emitter), and reports the process's CPU time per published revision, with no
+// reps and with 1,000: the difference is what waking and filtering the reps' subscriptions
+// costs the BBS.
+func BenchmarkRepSubscriptions(b *testing.B) {
+	kinds, err := EventKinds([]string{"links_changed", "desired_lrp_changed"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, reps := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("reps=%d", reps), func(b *testing.B) {
+			s := &Store{hub: newHub(100_000)}
+			s.hub.reset(1)
+			ctx, cancel := context.WithCancel(b.Context())
+			defer cancel()
+			ready := make(chan struct{})
+			close(ready)
+			s.synced = ready
+			got := make(chan struct{}, 1)
+			for i := 0; i < reps; i++ {
+				f := EventFilter{CellID: fmt.Sprintf("cell-%04d", i), Kinds: kinds}
+				go func() {
+					_ = s.Subscribe(ctx, 1, f, 1<<40, func(*bbsv1.SubscribeToEventsResponse) error {
+						b.Error("a rep's subscription was sent an instance event")
+						return nil
+					})
+				}()
+			}
+			go func() {
+				_ = s.Subscribe(ctx, 1, EventFilter{}, 1<<40, func(*bbsv1.SubscribeToEventsResponse) error {
+					got <- struct{}{}
+					return nil
+				})
+			}()
+			rev := int64(1)
+			cpu := testkit.SelfCPU(b)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				rev++
+				id := fmt.Sprintf("cell-%04d", i%1000)
+				s.hub.publish(rev, []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
+					After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}}, nil)
+				<-got
+			}
+			time.Sleep(10 * time.Millisecond) // the last wake-ups run
+			b.ReportMetric(float64(testkit.SelfCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+		})
 	}
 }
 

@@ -39,7 +39,11 @@ func (s *Store) Subscribe(ctx context.Context, since int64, f EventFilter, bookm
 		}
 	}
 	read := s.hub.since
-	if f.CellID != "" {
+	switch {
+	case f.broadcastOnly():
+		// It keeps only events for every cell: it reads (and wakes for) only those revisions.
+		read = s.hub.sinceBroadcast
+	case f.CellID != "":
 		// A cell's subscriber reads (and wakes for) only the revisions that concern its cell.
 		defer s.hub.follow(f.CellID)()
 		read = func(rev int64, max int) ([]batch, int64, <-chan struct{}, bool) {

@@ -2,22 +2,12 @@ package logs_test
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gavel-sched/gavel/internal/testkit"
 	"github.com/gavel-sched/gavel/services/rep/internal/logs"
 )
-
-// processCPU is this process's user and system time so far.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkCaptureAndFollow measures what the cell's log store costs per line captured, written
 // to disk and handed to one follower (which drains its batches): the process's CPU time per
@@ -58,7 +48,7 @@ func BenchmarkCaptureAndFollow(b *testing.B) {
 				got <- n
 			}()
 			text := "2026-11-26T15:04:05Z INFO request handled path=/api/v1/items status=200 duration_ms=12"
-			cpu0 := processCPU(b)
+			cpu0 := testkit.SelfCPU(b)
 			next := time.Now()
 			b.ResetTimer()
 			for i := range b.N {
@@ -78,7 +68,7 @@ func BenchmarkCaptureAndFollow(b *testing.B) {
 				b.Fatalf("the follower got fewer than %d lines (dropped %d)", b.N, s.Dropped())
 			}
 			b.StopTimer()
-			cpu := processCPU(b) - cpu0
+			cpu := testkit.SelfCPU(b) - cpu0
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/line")
 			b.ReportMetric(float64(batches)*1000/float64(b.N), "batches/1000lines")
 			if d := s.Dropped(); d > 0 {
