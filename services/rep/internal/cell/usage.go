@@ -35,8 +35,9 @@ func (c *Cell) SampleUsage(interval time.Duration) func(ctx context.Context, rea
 		ready()
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		var targets []usageTarget // one list for every pass: a pass of a cell holds its containers
 		for {
-			c.sampleOnce(ctx)
+			targets = c.sampleOnce(ctx, targets)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -46,18 +47,24 @@ func (c *Cell) SampleUsage(interval time.Duration) func(ctx context.Context, rea
 	}
 }
 
-// sampleOnce measures every started container once, outside the cell's lock.
-func (c *Cell) sampleOnce(ctx context.Context) {
-	type target struct {
-		ctr *container
-		m   executor.Measurable
-		s   usageSample // measured; the zero sample if the measurement failed
-	}
+// usageTarget is a container a usage pass measures, with its measurement.
+type usageTarget struct {
+	ctr *container
+	m   executor.Measurable
+	s   usageSample // measured; the zero sample if the measurement failed
+}
+
+// sampleOnce measures every started container once, outside the cell's lock, listing them in
+// targets' array (grown as needed), which it returns emptied for the next pass.
+func (c *Cell) sampleOnce(ctx context.Context, targets []usageTarget) []usageTarget {
 	c.mu.Lock()
-	targets := make([]target, 0, len(c.containers))
+	if n := len(c.containers); cap(targets) < n {
+		targets = make([]usageTarget, 0, n)
+	}
+	targets = targets[:0]
 	for _, ctr := range c.containers {
 		if m, ok := ctr.exec.(executor.Measurable); ok && ctr.phase != phaseCompleted {
-			targets = append(targets, target{ctr: ctr, m: m})
+			targets = append(targets, usageTarget{ctr: ctr, m: m})
 		}
 	}
 	c.mu.Unlock()
@@ -77,7 +84,6 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 		tg.s = usageSample{at: time.Now(), cpu: u.CPU, memory: u.MemoryBytes, disk: u.DiskBytes}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, tg := range targets {
 		s := tg.s
 		if s.at.IsZero() {
@@ -90,6 +96,10 @@ func (c *Cell) sampleOnce(ctx context.Context) {
 		}
 		tg.ctr.usage = s
 	}
+	c.mu.Unlock()
+	// The list keeps no container past its pass: a removed one is not held until the next.
+	clear(targets[:cap(targets)])
+	return targets[:0]
 }
 
 // ContainerMetrics returns the latest sample of every container f selects (all containers
