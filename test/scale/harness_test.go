@@ -70,6 +70,11 @@ type runConfig struct {
 	// stand for thousands of machines of their own; on this one they would otherwise take the
 	// CPU that etcd and the services need to answer them.
 	HostNice int
+	// HostProcs, as deployed, is each sim host's GOMAXPROCS (0: Go's default, every core). A
+	// runtime of several Ps wakes another thread to look for work whenever a goroutine becomes
+	// runnable; fifty such runtimes on two cores spend the control plane's CPU on it, where a
+	// cell's machine would spend its own idle cores.
+	HostProcs int
 	// LeaseTTL is the cells' presence TTL.
 	LeaseTTL time.Duration
 	// StartLatency is how long a simulated container takes to become healthy.
@@ -739,6 +744,9 @@ func (r *report) print(w io.Writer) {
 	mode := "in process, plaintext (every service and cell in this process)"
 	if r.cfg.Deployed {
 		mode = fmt.Sprintf("as deployed: each service its own process, mutual TLS on every hop, cells in sim hosts of %d at nice %d", max(r.cfg.CellsPerHost, 2), r.cfg.HostNice)
+		if r.cfg.HostProcs > 0 {
+			mode += fmt.Sprintf(" with GOMAXPROCS %d", r.cfg.HostProcs)
+		}
 	}
 	sample := "every cell"
 	if r.auctioneerSample > 0 {

@@ -23,6 +23,7 @@ var (
 	flagProfileDir   = flag.String("profile-dir", "", "as deployed: write each process's CPU profile of the run to DIR/NAME.cpu and its heap profile at exit to DIR/NAME.heap (DIR made if missing) and each service's final metrics to DIR/NAME.metrics (in process: use go test's -cpuprofile)")
 	flagInProcess    = flag.Bool("in-process", false, "run every service and cell in this process over plaintext (for profiles, and the cost of TLS and process boundaries) instead of as deployed")
 	flagHostNice     = flag.Int("host-nice", 5, "as deployed: the niceness of the sim hosts (0: the services'), which stand for cells on machines of their own")
+	flagHostProcs    = flag.Int("host-procs", 1, "as deployed: each sim host's GOMAXPROCS (0: Go's default, every core), for hosts that stand for machines of their own")
 	flagLeaseTTL     = flag.Duration("lease-ttl", 0, "cells' presence TTL (0: rep.LeaseTTLFor the cells, the operators' rule: 10s up to 1,666 cells, 30s at 5,000)")
 	flagStartLatency = flag.Duration("start-latency", 10*time.Millisecond, "simulated container start time")
 	flagPhaseTimeout = flag.Duration("phase-timeout", 15*time.Minute, "bound of each phase")
@@ -51,7 +52,7 @@ func BenchmarkScale(b *testing.B) {
 	cfg := runConfig{Deployed: !*flagInProcess, ProfileDir: *flagProfileDir,
 		Cells: *flagCells, Instances: *flagInstances, PerLRP: *flagPerLRP, Writers: *flagWriters,
 		StreamRate: *flagStreamRate, LossFraction: *flagLoss, CellsPerHost: perHost,
-		HostNice: *flagHostNice, LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
+		HostNice: *flagHostNice, HostProcs: *flagHostProcs, LeaseTTL: *flagLeaseTTL, StartLatency: *flagStartLatency, PhaseTimeout: *flagPhaseTimeout,
 		CeilingDuration: *flagCeiling, Fsync: *flagFsync, HeapProfile: *flagHeapProfile,
 		BBSMaxInflightWrites: *flagBBSLimit, AuctioneerMaxInflight: *flagAuctLimit, AuctioneerSampleCells: *flagAuctSample, RouteSyncInterval: *flagRouteSync,
 		BBSMemoryLimit: *flagBBSMemLimit,
@@ -111,7 +112,7 @@ func TestScaleDeployedQuick(t *testing.T) {
 	}
 	r := run(t, runConfig{
 		Deployed: true, Cells: 20, Instances: 1000, PerLRP: 10, Writers: 8, StreamRate: 250, LossFraction: 0.10, SmallLossFraction: 0.01,
-		CellsPerHost: 5, HostNice: 5, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
+		CellsPerHost: 5, HostNice: 5, HostProcs: 1, LeaseTTL: 3 * time.Second, StartLatency: 10 * time.Millisecond,
 		PhaseTimeout: 3 * time.Minute, CeilingDuration: 300 * time.Millisecond, Fsync: true,
 		BBSMaxInflightWrites: -1, AuctioneerMaxInflight: -1, AuctioneerSampleCells: 5,
 	})

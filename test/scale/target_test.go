@@ -271,7 +271,11 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			args = append([]string{"-n", strconv.Itoa(cfg.HostNice), bin}, args...)
 			bin = "nice"
 		}
-		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.profileEnv(hostID(h)), hostID(h), bin, args...))
+		env := cfg.profileEnv(hostID(h))
+		if cfg.HostProcs > 0 {
+			env = append(env, "GOMAXPROCS="+strconv.Itoa(cfg.HostProcs))
+		}
+		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, env, hostID(h), bin, args...))
 	}
 
 	reConn, err := grpcx.Dial(d.emitterAddr, grpcx.ClientConfig{TLS: admin})
