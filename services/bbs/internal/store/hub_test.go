@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/gavel-sched/gavel/internal/testkit"
 	bbsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/bbs/v1"
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
@@ -155,6 +157,24 @@ func TestCellIndexMatchesTheFilter(t *testing.T) {
 			}
 		}
 		unfollow()
+	}
+}
+
+// TestCellIndexedKindsAreCellsOfs: cellIndexedKinds, which decides whether a cell's subscriber
+// may read only broadcast revisions, names exactly the kinds cellsOf indexes by cell, over
+// random events of every kind.
+func TestCellIndexedKindsAreCellsOfs(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	indexed := map[protoreflect.FieldNumber]bool{}
+	for i := 0; i < 5000; i++ {
+		e := randomEvent(r)
+		kind := e.ProtoReflect().WhichOneof(eventKinds).Number()
+		if cells, _ := cellsOf([]*bbsv1.Event{e}); len(cells) > 0 {
+			indexed[kind] = true
+		}
+	}
+	if !maps.Equal(indexed, cellIndexedKinds) {
+		t.Fatalf("cellsOf indexed the kinds %v; cellIndexedKinds names %v", indexed, cellIndexedKinds)
 	}
 }
 
