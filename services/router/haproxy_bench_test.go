@@ -400,23 +400,14 @@ func loadAverage() string {
 	return strings.Join(f[:3], ", ")
 }
 
-// processCPU is the user plus system CPU time process pid has used, from /proc (clock ticks
-// of 10 ms).
+// processCPU is the user plus system CPU time process pid has used (testkit.ProcessCPU).
 func processCPU(b *testing.B, pid int) time.Duration {
 	b.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := testkit.ProcessCPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Fields after the command (in parentheses, which may hold spaces): utime and stime are
-	// the 12th and 13th.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 13 {
-		b.Fatalf("/proc/%d/stat: %q", pid, stat)
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }
 
 // median is the median of f over rs.
