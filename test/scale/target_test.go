@@ -271,11 +271,7 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 			args = append([]string{"-n", strconv.Itoa(cfg.HostNice), bin}, args...)
 			bin = "nice"
 		}
-		env := cfg.profileEnv(hostID(h))
-		if cfg.HostProcs > 0 {
-			env = append(env, "GOMAXPROCS="+strconv.Itoa(cfg.HostProcs))
-		}
-		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, env, hostID(h), bin, args...))
+		d.hosts = append(d.hosts, testkit.StartProcEnv(t, time.Minute, cfg.hostEnv(hostID(h)), hostID(h), bin, args...))
 	}
 
 	reConn, err := grpcx.Dial(d.emitterAddr, grpcx.ClientConfig{TLS: admin})
@@ -372,6 +368,16 @@ func (cfg runConfig) serviceEnv(name string) []string {
 	}
 	if name == "bbs" && cfg.BBSMemoryLimit != "" {
 		env = append(env, "GOMEMLIMIT="+cfg.BBSMemoryLimit)
+	}
+	return env
+}
+
+// hostEnv is the environment of sim host name: its profiles' (profileEnv) and, with
+// cfg.HostProcs, its GOMAXPROCS.
+func (cfg runConfig) hostEnv(name string) []string {
+	env := cfg.profileEnv(name)
+	if cfg.HostProcs > 0 {
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(cfg.HostProcs))
 	}
 	return env
 }

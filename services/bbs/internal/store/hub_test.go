@@ -229,17 +229,30 @@ func TestCellIndexWakesOnlyItsCell(t *testing.T) {
 	}
 }
 
+// ringStore is a Store of an event ring alone (no etcd), synced: its subscribers read what the
+// benchmark publishes to the ring.
+func ringStore() *Store {
+	s := &Store{hub: newHub(100_000)}
+	s.hub.reset(1)
+	ready := make(chan struct{})
+	close(ready)
+	s.synced = ready
+	return s
+}
+
+// instanceChangedOn is an instance's change on cell id.
+func instanceChangedOn(id string) *bbsv1.Event {
+	return &bbsv1.Event{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
+		After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}
+}
+
 // BenchmarkFanOut publishes revisions each concerning one of 1,000 cells while 1,000
 // cell-filtered subscribers (one per cell, as reps subscribe) and one unfiltered subscriber
 // (the route-emitter) follow them, and reports the cost per published revision.
 func BenchmarkFanOut(b *testing.B) {
 	const cells = 1000
-	s := &Store{hub: newHub(100_000)}
-	s.hub.reset(1)
+	s := ringStore()
 	ctx := b.Context()
-	ready := make(chan struct{})
-	close(ready)
-	s.synced = ready
 	got := make(chan struct{}, cells+1)
 	for i := 0; i <= cells; i++ {
 		f := EventFilter{}
@@ -258,8 +271,7 @@ func BenchmarkFanOut(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		rev++
 		id := fmt.Sprintf("cell-%04d", i%cells)
-		s.hub.publish(rev, []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
-			After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}}, nil)
+		s.hub.publish(rev, []*bbsv1.Event{instanceChangedOn(id)}, nil)
 		<-got // the unfiltered subscriber
 		<-got // the cell's
 	}
@@ -278,13 +290,9 @@ func BenchmarkRepSubscriptions(b *testing.B) {
 	}
 	for _, reps := range []int{0, 1000} {
 		b.Run(fmt.Sprintf("reps=%d", reps), func(b *testing.B) {
-			s := &Store{hub: newHub(100_000)}
-			s.hub.reset(1)
-			ctx, cancel := context.WithCancel(b.Context())
+			s := ringStore()
+			ctx, cancel := context.WithCancel(b.Context()) // ends this run's subscribers, not only the last run's
 			defer cancel()
-			ready := make(chan struct{})
-			close(ready)
-			s.synced = ready
 			got := make(chan struct{}, 1)
 			for i := 0; i < reps; i++ {
 				f := EventFilter{CellID: fmt.Sprintf("cell-%04d", i), Kinds: kinds}
@@ -307,8 +315,7 @@ func BenchmarkRepSubscriptions(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				rev++
 				id := fmt.Sprintf("cell-%04d", i%1000)
-				s.hub.publish(rev, []*bbsv1.Event{{Kind: &bbsv1.Event_ActualLrpChanged{ActualLrpChanged: &bbsv1.ActualLRPChanged{
-					After: &modelsv1.ActualLRP{Key: &modelsv1.ActualLRPKey{ProcessGuid: "p"}, InstanceKey: &modelsv1.ActualLRPInstanceKey{CellId: id}}}}}}, nil)
+				s.hub.publish(rev, []*bbsv1.Event{instanceChangedOn(id)}, nil)
 				<-got
 			}
 			time.Sleep(10 * time.Millisecond) // the last wake-ups run

@@ -231,7 +231,7 @@ func (f *ListFilter) selectsLRP(st *state, guid string) bool {
 		return true
 	}
 	sched, ok := st.sched[guid]
-	return ok && f.Selector.Matches(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels())
+	return ok && f.selects(sched.msg.(*modelsv1.DesiredLRPSchedulingInfo).GetLabels())
 }
 
 // keepsInstance reports whether f's domain and index keep the instance record it in slot sl
