@@ -5,13 +5,16 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/gavel-sched/gavel/pkg/authz"
 	repv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/rep/v1"
@@ -28,41 +31,12 @@ func TestInfrastructureCallsAreNotAudited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	audit := &lockedBuffer{}
 	policy := authz.Methods{
 		Service: repv1.RepService_ServiceDesc.ServiceName,
 		Reads:   []string{"State"},
 		Grants:  map[string][]string{authz.Auctioneer: {"Perform"}},
 	}
-	a := authz.New(authz.Default(), policy, hclog.New(&hclog.LoggerOptions{Name: "audit", Level: hclog.Info, Output: audit}))
-	srv, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: "127.0.0.1:0", TLS: pki["rep"]}, hclog.NewNullLogger(),
-		grpcx.WithUnaryInterceptors(a.Unary()), grpcx.WithStreamInterceptors(a.Stream()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	repv1.RegisterRepServiceServer(srv.GRPC, repv1.UnimplementedRepServiceServer{})
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- srv.Run(ctx, func() { close(ready) }) }()
-	stop := sync.OnceValue(func() error { cancel(); return <-done })
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("server: %v", err)
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("server: %v", err)
-	}
-	dial := func(name string) *grpc.ClientConn {
-		conn, err := grpcx.Dial(srv.Addr().String(), grpcx.ClientConfig{TLS: pki[name]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
+	dial, stop, audit := serveAudited(t, pki, policy, repv1.UnimplementedRepServiceServer{})
 	callCtx, callCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer callCancel()
 
@@ -131,6 +105,102 @@ func TestInfrastructureCallsAreNotAudited(t *testing.T) {
 	if got := strings.Count(log, "audit: identity="); got != 1 {
 		t.Errorf("%d audit entries, want 1 (admin's Evacuate):\n%s", got, log)
 	}
+}
+
+// TestRoutineCallsAreAuditedOnlyWhenTheyFail serves a rep API whose Perform succeeds and fails
+// in turn, with Perform quiet for the auctioneer (Methods.Quiet), over mutual TLS on loopback:
+// the auctioneer's Perform that succeeds writes no audit line, the one that fails is written,
+// and admin's Perform, the same call by a role for which it is not routine, is written too.
+func TestRoutineCallsAreAuditedOnlyWhenTheyFail(t *testing.T) {
+	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "rep", "admin", "auctioneer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := authz.Methods{
+		Service: repv1.RepService_ServiceDesc.ServiceName,
+		Reads:   []string{"State"},
+		Grants:  map[string][]string{authz.Auctioneer: {"Perform"}},
+		Quiet:   map[string][]string{authz.Auctioneer: {"Perform"}},
+	}
+	dial, stop, audit := serveAudited(t, pki, policy, &performer{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	auctioneer := repv1.NewRepServiceClient(dial("auctioneer"))
+	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); err != nil {
+		t.Fatalf("the auctioneer's first Perform: %v", err)
+	}
+	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); err == nil {
+		t.Fatal("the auctioneer's second Perform succeeded; the server fails every second one")
+	}
+	if _, err := repv1.NewRepServiceClient(dial("admin")).Perform(ctx, &repv1.PerformRequest{}); err != nil {
+		t.Fatalf("admin's Perform: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("server: %v", err)
+	}
+	log := audit.String()
+	for _, want := range []string{
+		"audit: identity=spiffe://gavel/auctioneer role=auctioneer call=/gavel.rep.v1.RepService/Perform code=Internal",
+		"audit: identity=spiffe://gavel/admin role=admin call=/gavel.rep.v1.RepService/Perform code=OK",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the audit log lacks %q:\n%s", want, log)
+		}
+	}
+	if got := strings.Count(log, "audit: identity="); got != 2 {
+		t.Errorf("%d audit entries, want 2 (the auctioneer's failed Perform, admin's):\n%s", got, log)
+	}
+}
+
+// performer is a rep API whose Perform succeeds and fails in turn.
+type performer struct {
+	repv1.UnimplementedRepServiceServer
+	calls atomic.Int64
+}
+
+func (p *performer) Perform(context.Context, *repv1.PerformRequest) (*repv1.PerformResponse, error) {
+	if p.calls.Add(1)%2 == 0 {
+		return nil, status.Error(codes.Internal, "every second Perform fails")
+	}
+	return &repv1.PerformResponse{}, nil
+}
+
+// serveAudited serves impl as the rep API on loopback over mutual TLS with pki["rep"], behind
+// an authorizer of policy whose audit lines go to the returned buffer. It returns a dialer of
+// the identities of pki and the server's stop (idempotent; also run at cleanup).
+func serveAudited(t *testing.T, pki map[string]tlsx.Config, policy authz.Policy, impl repv1.RepServiceServer) (func(name string) *grpc.ClientConn, func() error, *lockedBuffer) {
+	t.Helper()
+	audit := &lockedBuffer{}
+	a := authz.New(authz.Default(), policy, hclog.New(&hclog.LoggerOptions{Name: "audit", Level: hclog.Info, Output: audit}))
+	srv, err := grpcx.NewServer(grpcx.ServerConfig{ListenAddress: "127.0.0.1:0", TLS: pki["rep"]}, hclog.NewNullLogger(),
+		grpcx.WithUnaryInterceptors(a.Unary()), grpcx.WithStreamInterceptors(a.Stream()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	repv1.RegisterRepServiceServer(srv.GRPC, impl)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- srv.Run(ctx, func() { close(ready) }) }()
+	stop := sync.OnceValue(func() error { cancel(); return <-done })
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("server: %v", err)
+	}
+	dial := func(name string) *grpc.ClientConn {
+		conn, err := grpcx.Dial(srv.Addr().String(), grpcx.ClientConfig{TLS: pki[name]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	return dial, stop, audit
 }
 
 func TestInfrastructure(t *testing.T) {

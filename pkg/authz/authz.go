@@ -3,7 +3,8 @@
 // of its verified client certificate) maps to a role in the service's config file, each
 // service's Policy says which calls a role may make (and may inspect the request, e.g. a rep
 // changes only its own cell's work), refusals say which identity made which call, and every
-// mutating call is written to an audit log with the identity.
+// mutating call is written to an audit log with the identity, except a role's routine machine
+// traffic (Methods.Quiet), written only when it fails.
 //
 // A server without TLS (only `gavel dev --insecure`) has no identities, so nothing is enforced.
 package authz
@@ -170,6 +171,10 @@ type Policy interface {
 	Allow(role Role, method string, req any) error
 	// Mutating reports whether method changes state; those calls are audited.
 	Mutating(method string) bool
+	// Routine reports whether method is role's routine machine traffic, made at the rate of
+	// the work (a rep's claims and starts, the auctioneer's Perform): audited only when it
+	// fails.
+	Routine(role Role, method string) bool
 }
 
 // Authorizer enforces a Policy for the identities of a Config.
@@ -296,10 +301,11 @@ func Infrastructure(method string) bool {
 }
 
 // record audits a finished mutating call; gRPC's health and reflection calls are reads
-// whatever the policy says, so they are never audited.
+// whatever the policy says, so they are never audited, and a role's routine calls are audited
+// only when they fail (Policy.Routine).
 // The line carries the call's trace id when it has one (pkg/tracing).
 func (a *Authorizer) record(ctx context.Context, c *caller, method string, err error) {
-	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) {
+	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) || (err == nil && a.policy.Routine(c.role, method)) {
 		return
 	}
 	fields := []any{"identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String()}
@@ -347,6 +353,12 @@ type Methods struct {
 	// Check, when set, is asked about every allowed call of a role other than admin and may
 	// refuse it (e.g. a rep acting on another cell).
 	Check func(role Role, method string, req any) error
+	// Quiet maps a role kind to the granted calls that are its routine machine traffic,
+	// made at the rate of the work rather than by people: each is audited only when it fails,
+	// so the audit log stays the record of what operators and their tools changed, as
+	// Kubernetes' audit policies leave out the kubelets' status updates. The same call by
+	// another role (admin) is audited as ever.
+	Quiet map[string][]string
 }
 
 // Allow implements Policy.
@@ -369,6 +381,12 @@ func (m Methods) Allow(role Role, method string, req any) error {
 func (m Methods) Mutating(method string) bool {
 	_, name, _ := splitMethod(method)
 	return !contains(m.Reads, name)
+}
+
+// Routine implements Policy: the calls Quiet lists for role's kind.
+func (m Methods) Routine(role Role, method string) bool {
+	svc, name, ok := splitMethod(method)
+	return ok && svc == m.Service && contains(m.Quiet[role.Kind], name)
 }
 
 // splitMethod splits "/pkg.Service/Method".

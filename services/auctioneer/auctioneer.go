@@ -455,4 +455,7 @@ func (q queue) Enqueue(works []*placement.Work) { q.s.batch.Add(works...) }
 var Policy = authz.Methods{
 	Service: auctioneerv1.AuctioneerService_ServiceDesc.ServiceName,
 	Grants:  map[string][]string{authz.BBS: {"RequestLRPAuctions", "RequestTaskAuctions"}},
+	// The BBS asks for an auction with every instance and task to place: audited only when
+	// the request fails.
+	Quiet: map[string][]string{authz.BBS: {"RequestLRPAuctions", "RequestTaskAuctions"}},
 }

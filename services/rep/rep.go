@@ -665,6 +665,8 @@ var Policy = authz.Methods{
 		authz.Auctioneer: {"Perform"},
 		authz.BBS:        {"StopLRPInstance", "CancelTask", "StreamLogs", "InstanceMetrics", "Exec"},
 	},
+	// The auctioneer's Perform comes with every placement: audited only when it fails.
+	Quiet: map[string][]string{authz.Auctioneer: {"Perform"}},
 }
 
 // drainTLSConfig verifies syslog-tls drains against the CAs of caFile, or the system roots.

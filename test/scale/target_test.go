@@ -202,6 +202,9 @@ func startDeployed(t testing.TB, cfg runConfig, dir string) *deployed {
 	d.bbsAddr, d.auctioneerAddr, d.emitterAddr = testkit.ReservedAddr(t), testkit.ReservedAddr(t), testkit.ReservedAddr(t)
 	bbsArgs := append([]string{"-listen", d.bbsAddr, "-auctioneer-address", d.auctioneerAddr, "-log-level", "error"}, flags("tls", "bbs")...)
 	bbsArgs = append(bbsArgs, etcdFlags("bbs")...)
+	if cfg.ProfileDir != "" {
+		bbsArgs = append(bbsArgs, "-log-level", "info") // its convergence passes, in DIR/bbs.log
+	}
 	if cfg.BBSMaxInflightWrites >= 0 {
 		path := filepath.Join(dir, "bbs.json")
 		if err := os.WriteFile(path, fmt.Appendf(nil, `{"max_inflight_writes": %d}`, cfg.BBSMaxInflightWrites), 0o644); err != nil {

@@ -21,6 +21,12 @@ var repCalls = []string{"ClaimActualLRP", "StartActualLRP", "ClaimActualLRPs", "
 	"EvacuateClaimedActualLRP", "EvacuateRunningActualLRP", "EvacuateStoppedActualLRP",
 	"EvacuateCrashedActualLRP", "RemoveEvacuatingActualLRP", "StartTask", "CompleteTask"}
 
+// repRoutine are the rep's calls made for every instance and task it runs, at the rate of the
+// work: audited only when they fail (authz.Methods.Quiet). Evacuations, made when an operator
+// drains a cell, are audited as every other change.
+var repRoutine = []string{"ClaimActualLRP", "StartActualLRP", "ClaimActualLRPs", "StartActualLRPs", "CrashActualLRP", "RemoveActualLRP",
+	"StartTask", "CompleteTask"}
+
 // nsyncCalls are what nsync may do in its domains.
 var nsyncCalls = []string{"DesireLRP", "UpdateDesiredLRP", "RemoveDesiredLRP", "DesireTask", "CancelTask",
 	"ResolvingTask", "DeleteTask", "UpsertDomain"}
@@ -47,6 +53,10 @@ func Policy(cfg authz.Config, lookup Lookup) authz.Policy {
 			authz.RouteEmitter: {"ReportRoutesPublished"},
 			authz.Nsync:        nsyncCalls,
 			authz.ReadOnly:     {"StreamLogs", "InstanceMetrics"},
+		},
+		Quiet: map[string][]string{
+			authz.Rep:          repRoutine,
+			authz.RouteEmitter: {"ReportRoutesPublished"},
 		},
 		Check: func(role authz.Role, method string, req any) error {
 			switch role.Kind {

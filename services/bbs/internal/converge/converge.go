@@ -166,7 +166,7 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 				c.log.Info("a cell disappeared; converging its instances")
 				wg.Go(func() {
 					r, err := c.ConvergeCells(ctx)
-					c.logPass(ctx, r, err)
+					c.logPass(ctx, "cell loss", r, err)
 				})
 			}
 		}
@@ -179,21 +179,24 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 			return nil
 		case <-ticker.C:
 			r, err := c.Converge(ctx)
-			c.logPass(ctx, r, err)
+			c.logPass(ctx, "full", r, err)
 		}
 	}
 }
 
-// logPass logs a finished pass, unless ctx ended it.
-func (c *Converger) logPass(ctx context.Context, r Report, err error) {
+// logPass logs a finished pass of the given kind ("full" or "cell loss"), unless ctx ended
+// it: at info, as Diego logs its convergence, with what it found and changed and how long it
+// took.
+func (c *Converger) logPass(ctx context.Context, kind string, r Report, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	if err != nil {
-		c.log.Warn("convergence pass had failures; the next pass retries them", "errors", r.Errors, "error", err)
+		c.log.Warn("convergence pass had failures; the next pass retries them", "pass", kind, "errors", r.Errors, "error", err)
 	}
-	c.log.Debug("convergence pass", "duration", r.Duration, "missing", r.LRPsMissing, "extra", r.LRPsExtra,
-		"crashed", r.CrashedLRPs, "suspect", r.SuspectLRPs, "stale_claimed", r.StaleClaimedLRPs, "tasks_failed", r.TasksFailed)
+	c.log.Info("convergence pass", "pass", kind, "duration", r.Duration, "missing", r.LRPsMissing, "extra", r.LRPsExtra,
+		"crashed", r.CrashedLRPs, "suspect", r.SuspectLRPs, "stale_claimed", r.StaleClaimedLRPs, "tasks_failed", r.TasksFailed,
+		"suspected", r.Suspected, "reauctioned", r.Reauctioned, "created", r.Created, "errors", r.Errors)
 }
 
 // Converge runs one pass: it reads the cache, plans the changes and applies them. It returns
