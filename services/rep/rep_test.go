@@ -576,12 +576,14 @@ func TestEvacuate(t *testing.T) {
 // claims as a BBS that does not send the desired LRP would.
 type countingBBS struct {
 	bbsv1.BBSServiceClient
-	stripDesired    bool
-	claims, fetches atomic.Int32
+	stripDesired bool
+	// claims counts claims, claimCalls the calls that carried them, fetches desired-LRP reads.
+	claims, claimCalls, fetches atomic.Int32
 }
 
 func (c *countingBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualLRPRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPResponse, error) {
 	c.claims.Add(1)
+	c.claimCalls.Add(1)
 	resp, err := c.BBSServiceClient.ClaimActualLRP(ctx, in, opts...)
 	if c.stripDesired && resp != nil {
 		resp.DesiredLrp = nil
@@ -593,6 +595,7 @@ func (c *countingBBS) ClaimActualLRP(ctx context.Context, in *bbsv1.ClaimActualL
 // one in flight) and strips the desired LRPs of its results as ClaimActualLRP does.
 func (c *countingBBS) ClaimActualLRPs(ctx context.Context, in *bbsv1.ClaimActualLRPsRequest, opts ...grpc.CallOption) (*bbsv1.ClaimActualLRPsResponse, error) {
 	c.claims.Add(int32(len(in.GetClaims())))
+	c.claimCalls.Add(1)
 	resp, err := c.BBSServiceClient.ClaimActualLRPs(ctx, in, opts...)
 	if c.stripDesired {
 		for _, r := range resp.GetResults() {
@@ -631,6 +634,23 @@ func TestClaimBringsTheRunInfo(t *testing.T) {
 				t.Fatalf("%d claims and %d desired-LRP reads, want 2 and %d", c, f, want)
 			}
 		})
+	}
+}
+
+// TestOnePerformIsClaimedInOneCall: the instances one Perform hands a rep are claimed in one
+// BBS call, a batch of them all, not the first alone and the rest behind it; each runs.
+func TestOnePerformIsClaimedInOneCall(t *testing.T) {
+	env := bbstest.Start(t)
+	client := &countingBBS{BBSServiceClient: env.Client}
+	r := startRepWith(t, env, client)
+	d := desiredLRP("web", 4)
+	desire(t, env, d)
+	perform(t, r, []*repv1.LRPInstance{lrpWork(d, 0), lrpWork(d, 1), lrpWork(d, 2), lrpWork(d, 3)}, nil)
+	for i := range int32(4) {
+		waitRunning(t, env, r, "web", i)
+	}
+	if c, calls := client.claims.Load(), client.claimCalls.Load(); c != 4 || calls != 1 {
+		t.Fatalf("%d claims in %d calls, want 4 in 1", c, calls)
 	}
 }
 

@@ -59,18 +59,39 @@ type itemResult[Resp any] struct {
 
 // do sends req, batched with the items that queue beside it, and returns its answer.
 func (b *batcher[Req, Resp]) do(ctx context.Context, req Req) (Resp, error) {
-	if b.unbatched.Load() {
+	items := b.enqueue([]context.Context{ctx}, []Req{req})
+	if items == nil {
 		return b.one(ctx, req)
 	}
-	p := &pendingItem[Req, Resp]{ctx: ctx, req: req, done: make(chan itemResult[Resp], 1)}
+	return items[0].wait(ctx)
+}
+
+// enqueue queues reqs at once, each with its caller's context, and returns them for their
+// callers to wait on. Items queued together go out together: in one call at once when no
+// call is out, else in the round after it, where items queued one by one from goroutines of
+// their own go out as they come, the first alone. It returns nil, queuing nothing, once the
+// BBS answered a batch call Unimplemented: callers then make single calls (do).
+func (b *batcher[Req, Resp]) enqueue(ctxs []context.Context, reqs []Req) []*pendingItem[Req, Resp] {
+	if b.unbatched.Load() || len(reqs) == 0 {
+		return nil
+	}
+	items := make([]*pendingItem[Req, Resp], len(reqs))
+	for i, req := range reqs {
+		items[i] = &pendingItem[Req, Resp]{ctx: ctxs[i], req: req, done: make(chan itemResult[Resp], 1)}
+	}
 	b.mu.Lock()
-	b.queue = append(b.queue, p)
+	b.queue = append(b.queue, items...)
 	lead := !b.busy
 	b.busy = true
 	b.mu.Unlock()
 	if lead {
 		go b.drain()
 	}
+	return items
+}
+
+// wait returns the item's answer, or ctx's end first.
+func (p *pendingItem[Req, Resp]) wait(ctx context.Context) (Resp, error) {
 	select {
 	case r := <-p.done:
 		return r.resp, r.err

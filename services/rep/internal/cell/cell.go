@@ -493,13 +493,15 @@ func (c *Cell) Perform(lrps []*repv1.LRPInstance, tasks []*repv1.TaskWork) (fail
 	c.wg.Add(len(started))
 	c.mu.Unlock()
 
+	var instances []*container
 	for _, ctr := range started {
 		if ctr.kind == executor.KindLRP {
-			go c.runLRP(ctr)
+			instances = append(instances, ctr)
 		} else {
 			go c.runTask(ctr)
 		}
 	}
+	c.startLRPs(instances)
 	return failedLRPs, failedTasks
 }
 

@@ -18,20 +18,65 @@ import (
 	"github.com/gavel-sched/gavel/services/rep/internal/executor"
 )
 
-// runLRP is an LRP instance's lifecycle: claim (bringing the run info back) → create (rootfs, hooks,
-// backend) → report RUNNING once healthy and every routability change → report the crash
-// when it ends on its own → on_destroy hooks → release.
-func (c *Cell) runLRP(ctr *container) {
+// lrpStart is how Perform began an instance's start: the rep.start_lrp span, and the first
+// claim, queued with the claims of the other instances of the same Perform.
+type lrpStart struct {
+	ctx  context.Context // carries span
+	span trace.Span
+	// claim is the first claim, queued; nil when the claims go as single calls (an older BBS).
+	claim *pendingItem[*bbsv1.ClaimActualLRPRequest, *bbsv1.ClaimActualLRPResponse]
+	// cancel ends the first claim's bound (the call timeout).
+	cancel context.CancelFunc
+}
+
+// startLRPs starts the instances one Perform took, each in a goroutine of its own (runLRP),
+// with their first claims queued together: one BBS call claims them all (the BBS then sends
+// each desired LRP once), where goroutines queuing a claim each sent the first alone and the
+// rest in a second call.
+func (c *Cell) startLRPs(ctrs []*container) {
+	if len(ctrs) == 0 {
+		return
+	}
+	tracer := tracing.Tracer("rep")
+	starts := make([]lrpStart, len(ctrs))
+	ctxs, reqs := make([]context.Context, len(ctrs)), make([]*bbsv1.ClaimActualLRPRequest, len(ctrs))
+	for i, ctr := range ctrs {
+		guid, index := ctr.key.GetProcessGuid(), ctr.key.GetIndex()
+		// The start — claim, create, the first RUNNING report — is one span in the trace of
+		// the desire that asked for the instance.
+		st := &starts[i]
+		st.ctx, st.span = tracer.Start(tracing.Join(ctr.ctx, ctr.trace), "rep.start_lrp", trace.WithAttributes(
+			attribute.String("gavel.process_guid", guid), attribute.Int("gavel.index", int(index)),
+			attribute.String("gavel.instance_guid", ctr.guid), attribute.String("gavel.cell_id", c.cfg.CellID)))
+		ctxs[i], st.cancel = context.WithTimeout(st.ctx, c.cfg.CallTimeout)
+		reqs[i] = claimRequest(ctr, c.cfg.CellID)
+	}
+	items := c.claims.enqueue(ctxs, reqs)
+	for i, ctr := range ctrs {
+		if items != nil {
+			starts[i].claim = items[i]
+		}
+		go c.runLRP(ctr, starts[i])
+	}
+}
+
+// claimRequest is the claim of ctr's instance slot for cell, bringing the desired LRP back
+// with it (include_desired_lrp): one BBS round trip before the container starts instead of two.
+func claimRequest(ctr *container, cell string) *bbsv1.ClaimActualLRPRequest {
+	return &bbsv1.ClaimActualLRPRequest{ProcessGuid: ctr.key.GetProcessGuid(), Index: ctr.key.GetIndex(),
+		InstanceKey: ctr.instanceKey(cell), IncludeDesiredLrp: true}
+}
+
+// runLRP is an LRP instance's lifecycle, begun by startLRPs: claim (bringing the run info
+// back) → create (rootfs, hooks, backend) → report RUNNING once healthy and every routability
+// change → report the crash when it ends on its own → on_destroy hooks → release.
+func (c *Cell) runLRP(ctr *container, st lrpStart) {
 	defer c.release(ctr)
+	defer st.cancel()
 	guid, index := ctr.key.GetProcessGuid(), ctr.key.GetIndex()
 	log := c.log.With("process_guid", guid, "index", index, "instance_guid", ctr.guid)
-	ik := ctr.instanceKey(c.cfg.CellID)
-	// The start — claim, create, the first RUNNING report — is one span in the trace of the
-	// desire that asked for the instance.
 	tracer := tracing.Tracer("rep")
-	sctx, span := tracer.Start(tracing.Join(ctr.ctx, ctr.trace), "rep.start_lrp", trace.WithAttributes(
-		attribute.String("gavel.process_guid", guid), attribute.Int("gavel.index", int(index)),
-		attribute.String("gavel.instance_guid", ctr.guid), attribute.String("gavel.cell_id", c.cfg.CellID)))
+	sctx, span := st.ctx, st.span
 	var endStart sync.Once
 	started := func(why string) {
 		endStart.Do(func() {
@@ -43,18 +88,25 @@ func (c *Cell) runLRP(ctr *container) {
 	}
 	defer started("ended before it ran")
 
-	// The claim brings the desired LRP back with it (include_desired_lrp): one BBS round trip
-	// before the container starts instead of two.
-	//
-	// It is tried until the BBS answers it either way (or the container is stopped), never
-	// given up on a timeout: a claim that timed out may have landed, and a container dropped
-	// then would leave its slot CLAIMED by nothing until convergence's claimed timeout (5
-	// minutes). Claiming again with the same instance key is a no-op, so the retry is safe;
-	// and the reservation meanwhile counts as starting, so the auctioneer holds back.
+	// The claim is tried until the BBS answers it either way (or the container is stopped),
+	// never given up on a timeout: a claim that timed out may have landed, and a container
+	// dropped then would leave its slot CLAIMED by nothing until convergence's claimed timeout
+	// (5 minutes). Claiming again with the same instance key is a no-op, so the retry is safe;
+	// and the reservation meanwhile counts as starting, so the auctioneer holds back. The first
+	// attempt is the claim startLRPs queued.
 	var desired *modelsv1.DesiredLRP
 	failures := 0
+	first := st.claim
 	err := c.retry(sctx, "claim", 0, func(ctx context.Context) error {
-		resp, err := c.claims.do(ctx, &bbsv1.ClaimActualLRPRequest{ProcessGuid: guid, Index: index, InstanceKey: ik, IncludeDesiredLrp: true})
+		var resp *bbsv1.ClaimActualLRPResponse
+		var err error
+		if first != nil {
+			resp, err = first.wait(ctx)
+			first = nil
+			st.cancel()
+		} else {
+			resp, err = c.claims.do(ctx, claimRequest(ctr, c.cfg.CellID))
+		}
 		desired = resp.GetDesiredLrp()
 		if err != nil && retriable(err) {
 			if failures++; failures == callAttempts {
