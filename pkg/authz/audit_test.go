@@ -107,10 +107,11 @@ func TestInfrastructureCallsAreNotAudited(t *testing.T) {
 	}
 }
 
-// TestRoutineCallsAreAuditedOnlyWhenTheyFail serves a rep API whose Perform succeeds and fails
-// in turn, with Perform quiet for the auctioneer (Methods.Quiet), over mutual TLS on loopback:
-// the auctioneer's Perform that succeeds writes no audit line, the one that fails is written,
-// and admin's Perform, the same call by a role for which it is not routine, is written too.
+// TestRoutineCallsAreAuditedOnlyWhenTheyFail serves a rep API whose Perform succeeds, fails
+// and is shed in turn, with Perform quiet for the auctioneer (Methods.Quiet), over mutual TLS
+// on loopback: the auctioneer's Perform that succeeds, and the one shed for load, write no
+// audit line; the one that fails is written, and admin's Perform, the same call by a role for
+// which it is not routine, is written too.
 func TestRoutineCallsAreAuditedOnlyWhenTheyFail(t *testing.T) {
 	pki, err := tlsx.GenerateDevPKI(t.TempDir(), "rep", "admin", "auctioneer")
 	if err != nil {
@@ -129,8 +130,11 @@ func TestRoutineCallsAreAuditedOnlyWhenTheyFail(t *testing.T) {
 	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); err != nil {
 		t.Fatalf("the auctioneer's first Perform: %v", err)
 	}
-	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); err == nil {
-		t.Fatal("the auctioneer's second Perform succeeded; the server fails every second one")
+	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("the auctioneer's second Perform: %v, want Internal", err)
+	}
+	if _, err := auctioneer.Perform(ctx, &repv1.PerformRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("the auctioneer's third Perform: %v, want ResourceExhausted", err)
 	}
 	if _, err := repv1.NewRepServiceClient(dial("admin")).Perform(ctx, &repv1.PerformRequest{}); err != nil {
 		t.Fatalf("admin's Perform: %v", err)
@@ -152,15 +156,18 @@ func TestRoutineCallsAreAuditedOnlyWhenTheyFail(t *testing.T) {
 	}
 }
 
-// performer is a rep API whose Perform succeeds and fails in turn.
+// performer is a rep API whose Perform succeeds, fails and is shed in turn.
 type performer struct {
 	repv1.UnimplementedRepServiceServer
 	calls atomic.Int64
 }
 
 func (p *performer) Perform(context.Context, *repv1.PerformRequest) (*repv1.PerformResponse, error) {
-	if p.calls.Add(1)%2 == 0 {
-		return nil, status.Error(codes.Internal, "every second Perform fails")
+	switch p.calls.Add(1) % 3 {
+	case 2:
+		return nil, status.Error(codes.Internal, "every second Perform of three fails")
+	case 0:
+		return nil, status.Error(codes.ResourceExhausted, "every third Perform is shed")
 	}
 	return &repv1.PerformResponse{}, nil
 }

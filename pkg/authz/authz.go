@@ -173,7 +173,7 @@ type Policy interface {
 	Mutating(method string) bool
 	// Routine reports whether method is role's routine machine traffic, made at the rate of
 	// the work (a rep's claims and starts, the auctioneer's Perform): audited only when it
-	// fails.
+	// fails other than by being shed for load.
 	Routine(role Role, method string) bool
 }
 
@@ -302,11 +302,15 @@ func Infrastructure(method string) bool {
 
 // record audits a finished mutating call; gRPC's health and reflection calls are reads
 // whatever the policy says, so they are never audited, and a role's routine calls are audited
-// only when they fail (Policy.Routine).
+// only when they fail (Policy.Routine), a call shed for load (ResourceExhausted, which its
+// caller retries) not counting as failed.
 // The line carries the call's trace id when it has one (pkg/tracing).
 func (a *Authorizer) record(ctx context.Context, c *caller, method string, err error) {
-	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) || (err == nil && a.policy.Routine(c.role, method)) {
+	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) {
 		return
+	}
+	if code := status.Code(err); (code == codes.OK || code == codes.ResourceExhausted) && a.policy.Routine(c.role, method) {
+		return // routine, and done or shed for load (its caller retries it)
 	}
 	fields := []any{"identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String()}
 	if id := tracing.TraceID(ctx); id != "" {
