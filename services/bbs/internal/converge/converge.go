@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
+	"github.com/gavel-sched/gavel/pkg/retry"
 	"github.com/gavel-sched/gavel/services/bbs/internal/converge/plan"
 	"github.com/gavel-sched/gavel/services/bbs/internal/core"
 	"github.com/gavel-sched/gavel/services/bbs/internal/store"
@@ -164,10 +165,7 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 				return
 			case <-trigger:
 				c.log.Info("a cell disappeared; converging its instances")
-				wg.Go(func() {
-					r, err := c.ConvergeCells(ctx)
-					c.logPass(ctx, "cell loss", r, err)
-				})
+				wg.Go(func() { c.convergeCells(ctx, c.ConvergeCells) })
 			}
 		}
 	})
@@ -184,6 +182,28 @@ func (c *Converger) Run(ctx context.Context, trigger <-chan struct{}) error {
 	}
 }
 
+// cellRetryFirst is how long after a cell-loss pass with failed changes the pass that tries
+// them again starts; each further one waits twice as long, up to the Interval.
+const cellRetryFirst = 250 * time.Millisecond
+
+// convergeCells runs a cell-loss pass (pass: ConvergeCells), and again, after a backoff, for as
+// long as the last one had failed changes. The cells they were on are still lost, and the pass
+// after takes them again, where they were left to the next full pass: an Interval away, and
+// slow on a busy store. In a full-size run, a cell's group of changes timed out in the busy
+// store (its write not made), and its instances became UNCLAIMED 95 s after the cell's expiry,
+// where the rest of the 10% loss's were by 36 s at the median.
+func (c *Converger) convergeCells(ctx context.Context, pass func(context.Context) (Report, error)) {
+	wait := cellRetryFirst
+	for {
+		r, err := pass(ctx)
+		c.logPass(ctx, "cell loss", r, err)
+		if err == nil || ctx.Err() != nil || !retry.Sleep(ctx, wait) {
+			return
+		}
+		wait = min(2*wait, c.cfg.Interval)
+	}
+}
+
 // logPass logs a finished pass of the given kind ("full" or "cell loss"), unless ctx ended
 // it: at info, as Diego logs its convergence, with what it found and changed and how long it
 // took.
@@ -192,7 +212,7 @@ func (c *Converger) logPass(ctx context.Context, kind string, r Report, err erro
 		return
 	}
 	if err != nil {
-		c.log.Warn("convergence pass had failures; the next pass retries them", "pass", kind, "errors", r.Errors, "error", err)
+		c.log.Warn("convergence pass had failures; a later pass retries them", "pass", kind, "errors", r.Errors, "error", err)
 	}
 	c.log.Info("convergence pass", "pass", kind, "duration", r.Duration, "missing", r.LRPsMissing, "extra", r.LRPsExtra,
 		"crashed", r.CrashedLRPs, "suspect", r.SuspectLRPs, "stale_claimed", r.StaleClaimedLRPs, "tasks_failed", r.TasksFailed,

@@ -2,6 +2,7 @@ package converge
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -168,4 +169,42 @@ func TestCellLossPassesRunSideBySide(t *testing.T) {
 		log := cache.log()
 		return err == nil && slices.Equal(log[len(log)-1], []string{"cell-1", "cell-2"})
 	}, "a pass after both ended judges both cells")
+}
+
+// TestFailedCellLossPassIsRetried: a cell-loss pass with failed changes is followed by another,
+// after a backoff, until one has none; the cells are not left to the next full pass (an
+// hour away here). A pass ended by the converger's shutdown is not retried.
+func TestFailedCellLossPassIsRetried(t *testing.T) {
+	c := New(core.New(nil, core.Config{}), &slowCache{release: make(chan struct{})}, Config{Interval: time.Hour})
+	var passes atomic.Int32
+	failTwice := func(context.Context) (Report, error) {
+		if passes.Add(1) <= 2 {
+			return Report{Applied: Applied{Errors: 1}}, errors.New("converge suspects of cell cell-1: context deadline exceeded")
+		}
+		return Report{}, nil
+	}
+	done := make(chan struct{})
+	go func() {
+		c.convergeCells(t.Context(), failTwice)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the passes did not end after one without failures")
+	}
+	if n := passes.Load(); n != 3 {
+		t.Fatalf("%d passes, want 3: two that failed and the one after", n)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	passes.Store(0)
+	c.convergeCells(ctx, func(context.Context) (Report, error) {
+		passes.Add(1)
+		cancel()
+		return Report{}, context.Canceled
+	})
+	if n := passes.Load(); n != 1 {
+		t.Fatalf("%d passes after the converger stopped, want 1", n)
+	}
 }
