@@ -69,7 +69,7 @@ func (c *container) runProcess(ctx context.Context, ra *modelsv1.RunAction) erro
 		closeAll(outR, outW, errR, errW)
 		return errStopped
 	}
-	err = cmd.Start()
+	cmd, err = startExec(cmd)
 	if err == nil {
 		c.live[cmd.Process.Pid] = struct{}{}
 	}
@@ -231,5 +231,28 @@ func (c *container) logWriter(source, stream string, suppress bool, tail *procou
 func closeAll(fs ...*os.File) {
 	for _, f := range fs {
 		_ = f.Close()
+	}
+}
+
+// busyAttempts bounds the starts of a process whose executable is busy (startExec); waiting
+// 1 ms and twice as long before each next one, they span about 127 ms.
+const busyAttempts = 8
+
+// startExec starts cmd. When the kernel answers ETXTBSY, the executable was just written (an
+// image's layers extracted, a download unpacked) and a process forked meanwhile, by this
+// container or another one starting, still holds it open until that child execs: a copy of
+// cmd is started again after a short wait, up to busyAttempts in all. It returns the command
+// that started, or the last error.
+func startExec(cmd *exec.Cmd) (*exec.Cmd, error) {
+	wait := time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := cmd.Start()
+		if err == nil || !errors.Is(err, syscall.ETXTBSY) || attempt == busyAttempts {
+			return cmd, err
+		}
+		time.Sleep(wait)
+		wait *= 2
+		cmd = &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdin: cmd.Stdin,
+			Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr}
 	}
 }
