@@ -84,19 +84,10 @@ func TestInfrastructureCallsAreNotAudited(t *testing.T) {
 	// The watch's handler ends (and would be recorded) only once the stream is cancelled and
 	// the server has stopped; stop it here, before reading the log.
 	callCancel()
-	if err := stop(); err != nil {
-		t.Errorf("server: %v", err)
-	}
-
-	log := audit.String()
-	for _, want := range []string{
+	log := stoppedLog(t, stop, audit,
 		"audit: identity=spiffe://gavel/admin role=admin call=/gavel.rep.v1.RepService/Evacuate code=Unimplemented",
 		"refused: identity=spiffe://gavel/read-only role=read-only call=/gavel.rep.v1.RepService/Perform",
-	} {
-		if !strings.Contains(log, want) {
-			t.Errorf("the audit log lacks %q:\n%s", want, log)
-		}
-	}
+	)
 	for _, line := range strings.Split(strings.TrimSpace(log), "\n") {
 		if strings.Contains(line, "call=/grpc.") || strings.Contains(line, `role=""`) || strings.Contains(line, "/State") {
 			t.Errorf("audited a health, reflection or read call: %s", line)
@@ -139,18 +130,10 @@ func TestRoutineCallsAreAuditedOnlyWhenTheyFail(t *testing.T) {
 	if _, err := repv1.NewRepServiceClient(dial("admin")).Perform(ctx, &repv1.PerformRequest{}); err != nil {
 		t.Fatalf("admin's Perform: %v", err)
 	}
-	if err := stop(); err != nil {
-		t.Errorf("server: %v", err)
-	}
-	log := audit.String()
-	for _, want := range []string{
+	log := stoppedLog(t, stop, audit,
 		"audit: identity=spiffe://gavel/auctioneer role=auctioneer call=/gavel.rep.v1.RepService/Perform code=Internal",
 		"audit: identity=spiffe://gavel/admin role=admin call=/gavel.rep.v1.RepService/Perform code=OK",
-	} {
-		if !strings.Contains(log, want) {
-			t.Errorf("the audit log lacks %q:\n%s", want, log)
-		}
-	}
+	)
 	if got := strings.Count(log, "audit: identity="); got != 2 {
 		t.Errorf("%d audit entries, want 2 (the auctioneer's failed Perform, admin's):\n%s", got, log)
 	}
@@ -170,6 +153,22 @@ func (p *performer) Perform(context.Context, *repv1.PerformRequest) (*repv1.Perf
 		return nil, status.Error(codes.ResourceExhausted, "every third Perform is shed")
 	}
 	return &repv1.PerformResponse{}, nil
+}
+
+// stoppedLog stops the server (so every call has been recorded), checks that the audit log
+// holds each of wants, and returns the log.
+func stoppedLog(t *testing.T, stop func() error, audit *lockedBuffer, wants ...string) string {
+	t.Helper()
+	if err := stop(); err != nil {
+		t.Errorf("server: %v", err)
+	}
+	log := audit.String()
+	for _, want := range wants {
+		if !strings.Contains(log, want) {
+			t.Errorf("the audit log lacks %q:\n%s", want, log)
+		}
+	}
+	return log
 }
 
 // serveAudited serves impl as the rep API on loopback over mutual TLS with pki["rep"], behind
