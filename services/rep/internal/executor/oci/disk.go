@@ -40,7 +40,10 @@ func (c *container) watchDisk(ctx context.Context) {
 			continue
 		}
 		if used > limit {
-			c.beginStop(fmt.Sprintf("%s: the container wrote %d MiB, disk_mb is %d", ReasonDiskLimit, used>>20, c.spec.DiskMB), c.b.cfg.KillGrace)
+			// Rounded up: a layer caught mid-write at 1.2 MiB over a 1 MiB limit reads "2 MiB",
+			// never "1 MiB, disk_mb is 1".
+			mib := (used + 1<<20 - 1) >> 20
+			c.beginStop(fmt.Sprintf("%s: the container wrote %d MiB, disk_mb is %d", ReasonDiskLimit, mib, c.spec.DiskMB), c.b.cfg.KillGrace)
 			return
 		}
 	}
