@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,9 +172,6 @@ type Server struct {
 	listener net.Listener // from WithListener; nil: listen on cfg.ListenAddress
 	metrics  *grpcprom.ServerMetrics
 	started  atomic.Bool
-	// unary is the set of the server's unary methods' full names, made by Run once every
-	// service is registered (serverSpans.TagRPC).
-	unary *atomic.Pointer[map[string]bool]
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -200,7 +195,6 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 	if cfg.GracefulStopTimeout == 0 {
 		cfg.GracefulStopTimeout = DefaultGracefulStopTimeout
 	}
-	unaryMethods := new(atomic.Pointer[map[string]bool])
 	var o serverOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -247,10 +241,9 @@ func NewServer(cfg ServerConfig, logger hclog.Logger, opts ...ServerOption) (*Se
 		grpc.ForceServerCodecV2(wire.Codec()),
 		// A server span for every call when tracing is on, parented by the caller's W3C trace
 		// context (pkg/tracing); the context reaches the handler either way.
-		grpc.StatsHandler(serverSpans{Handler: otelgrpc.NewServerHandler(), unary: unaryMethods}),
+		grpc.StatsHandler(serverSpans{otelgrpc.NewServerHandler()}),
 	}
 	s := &Server{
-		unary:    unaryMethods,
 		GRPC:     grpc.NewServer(append(grpcOpts, o.grpcOptions...)...),
 		Health:   health.NewServer(),
 		cfg:      cfg,
@@ -291,16 +284,9 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 		s.metrics.InitializeMetrics(s.GRPC)
 	}
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	unary := map[string]bool{}
-	for name, info := range s.GRPC.GetServiceInfo() {
+	for name := range s.GRPC.GetServiceInfo() {
 		s.Health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
-		for _, m := range info.Methods {
-			if !m.IsClientStream && !m.IsServerStream {
-				unary["/"+name+"/"+m.Name] = true
-			}
-		}
 	}
-	s.unary.Store(&unary)
 	served := make(chan error, 1)
 	go func() { served <- s.GRPC.Serve(lis) }()
 	s.logger.Info("grpc server listening", "address", addr.String(), "tls", !s.cfg.TLS.Insecure)
@@ -358,23 +344,7 @@ func (s *Server) Addr() net.Addr {
 // (InHeader: server.address and server.port, the same on every span of the process), which
 // costs a copy of the span's attributes, an address formatted and parsed, on every server span
 // of a traced placement (docs/decisions/0043-compact-trace-context.md).
-type serverSpans struct {
-	stats.Handler
-	// unary names the server's unary methods, once it serves (Server.unary).
-	unary *atomic.Pointer[map[string]bool]
-}
-
-// TagRPC first grows the goroutine of a unary call (gostack.Grow): gRPC serves every call on a
-// goroutine of its own, and TagRPC is the first of Gavel's code it runs there, two frames deep,
-// before the message is read and the interceptors, the handler and the domain below them run.
-// A stream's goroutine is left to grow as it goes: it lives on, mostly waiting shallow, where
-// the collector would shrink a grown stack again.
-func (h serverSpans) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	if m := h.unary.Load(); m != nil && (*m)[info.FullMethodName] {
-		gostack.Grow()
-	}
-	return h.Handler.TagRPC(ctx, info)
-}
+type serverSpans struct{ stats.Handler }
 
 // HandleRPC passes the call's End to otelgrpc, and nothing else.
 func (h serverSpans) HandleRPC(ctx context.Context, s stats.RPCStats) {

@@ -77,30 +77,3 @@ func TestServerSpans(t *testing.T) {
 		}
 	}
 }
-
-// TestUnaryCallsAreKnownOnceServing: a serving server knows its unary methods, whose calls'
-// goroutines serverSpans grows early, and not its streams, whose goroutines live on.
-func TestUnaryCallsAreKnownOnceServing(t *testing.T) {
-	r := start(t, ServerConfig{TLS: tlsx.Config{Insecure: true}}, nil)
-	conn := dial(t, r, insecureClient)
-	if err := call(testContext(t), conn, "Echo", "ok"); err != nil {
-		t.Fatal(err)
-	}
-	if err := callStream(testContext(t), conn, "ok"); err != nil {
-		t.Fatal(err)
-	}
-	unary := r.srv.unary.Load()
-	if unary == nil {
-		t.Fatal("the serving server has no set of unary methods")
-	}
-	for method, want := range map[string]bool{
-		"/" + testService + "/Echo":    true,
-		"/grpc.health.v1.Health/Check": true,
-		"/" + testService + "/Stream":  false,
-		"/grpc.health.v1.Health/Watch": false,
-	} {
-		if got := (*unary)[method]; got != want {
-			t.Errorf("%s unary: %v, want %v", method, got, want)
-		}
-	}
-}
