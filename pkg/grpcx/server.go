@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -347,14 +345,6 @@ func (s *Server) Addr() net.Addr {
 // costs a copy of the span's attributes, an address formatted and parsed, on every server span
 // of a traced placement (docs/decisions/0043-compact-trace-context.md).
 type serverSpans struct{ stats.Handler }
-
-// TagRPC first grows the call's goroutine's stack (gostack.Grow): gRPC serves every call on a
-// goroutine of its own, and TagRPC is the first code of Gavel's it runs there, two frames deep,
-// before the interceptors, the handler and the domain below them.
-func (h serverSpans) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	gostack.Grow()
-	return h.Handler.TagRPC(ctx, info)
-}
 
 // HandleRPC passes the call's End to otelgrpc, and nothing else.
 func (h serverSpans) HandleRPC(ctx context.Context, s stats.RPCStats) {

@@ -10,8 +10,6 @@ import (
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	"context"
 	"errors"
 	"fmt"
@@ -476,7 +474,6 @@ func (r *Runner) fetchStates(ctx context.Context, presences []*modelsv1.CellPres
 			}
 		}
 		g.Go(func() error {
-			gostack.Grow() // errgroup's goroutine, down through the rep client's call
 			state, err := r.state(ctx, p)
 			if err != nil {
 				r.logger.Warn("cell did not report state", "cell_id", p.GetCellId(), "rep_address", p.GetRepAddress(), "error", err)
@@ -598,7 +595,6 @@ func (r *Runner) perform(ctx context.Context, byCell map[*placement.Cell][]*plac
 	for i := range outcomes {
 		o := &outcomes[i]
 		g.Go(func() error {
-			gostack.Grow()
 			o.refused, o.state, o.err = r.performOn(ctx, o.cell, o.works, askState)
 			return nil
 		})
@@ -690,7 +686,6 @@ func (r *Runner) report(ctx context.Context, works []*placement.Work, failed map
 			continue
 		}
 		g.Go(func() error {
-			gostack.Grow()
 			if err := r.reportOne(ctx, w, f); err != nil {
 				level := hclog.Warn
 				if c := status.Code(err); c == codes.FailedPrecondition || c == codes.NotFound {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -84,7 +82,6 @@ func eachItem[T traced](ctx context.Context, fullMethod string, items []T, one f
 	for i, item := range items {
 		wg.Add(1)
 		go func() {
-			gostack.Grow() // the item goes down through the domain and the store, as a call would
 			defer wg.Done()
 			ictx := untraced
 			if tc := item.GetTrace(); tc.GetTraceparent() != "" {

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -255,7 +253,6 @@ func (c *committer) run(ctx context.Context) {
 		batch, pending = pick(pending, int(c.batchOps.Load()))
 		c.txns.Add(1)
 		go func() {
-			gostack.Grow() // through the etcd client's transaction and its gRPC call
 			defer c.txns.Done()
 			defer func() { <-c.slots }()
 			c.commitBatch(batch)

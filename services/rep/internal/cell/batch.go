@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -107,7 +105,6 @@ func (p *pendingItem[Req, Resp]) wait(ctx context.Context) (Resp, error) {
 
 // drain sends the queue in rounds until it is empty.
 func (b *batcher[Req, Resp]) drain() {
-	gostack.Grow() // its own goroutine, down through the BBS client's call
 	for {
 		b.mu.Lock()
 		n := min(len(b.queue), maxBatch)

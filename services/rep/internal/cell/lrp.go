@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gavel-sched/gavel/pkg/gostack"
-
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -73,7 +71,6 @@ func claimRequest(ctr *container, cell string) *bbsv1.ClaimActualLRPRequest {
 // back) → create (rootfs, hooks, backend) → report RUNNING once healthy and every routability
 // change → report the crash when it ends on its own → on_destroy hooks → release.
 func (c *Cell) runLRP(ctr *container, st lrpStart) {
-	gostack.Grow() // its own goroutine, down through the executor and the BBS client's calls
 	defer c.release(ctr)
 	defer st.cancel()
 	guid, index := ctr.key.GetProcessGuid(), ctr.key.GetIndex()
