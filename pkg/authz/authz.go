@@ -309,10 +309,11 @@ func (a *Authorizer) record(ctx context.Context, c *caller, method string, err e
 	if c == nil || Infrastructure(method) || !a.policy.Mutating(method) {
 		return
 	}
-	if code := status.Code(err); (code == codes.OK || code == codes.ResourceExhausted) && a.policy.Routine(c.role, method) {
+	code := status.Code(err)
+	if (code == codes.OK || code == codes.ResourceExhausted) && a.policy.Routine(c.role, method) {
 		return // routine, and done or shed for load (its caller retries it)
 	}
-	fields := []any{"identity", c.identity, "role", c.role.String(), "call", method, "code", status.Code(err).String()}
+	fields := []any{"identity", c.identity, "role", c.role.String(), "call", method, "code", code.String()}
 	if id := tracing.TraceID(ctx); id != "" {
 		fields = append(fields, "trace_id", id)
 	}

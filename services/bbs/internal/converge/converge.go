@@ -193,14 +193,13 @@ const cellRetryFirst = 250 * time.Millisecond
 // store (its write not made), and its instances became UNCLAIMED 95 s after the cell's expiry,
 // where the rest of the 10% loss's were by 36 s at the median.
 func (c *Converger) convergeCells(ctx context.Context, pass func(context.Context) (Report, error)) {
-	wait := cellRetryFirst
+	wait := retry.Policy{Initial: cellRetryFirst, Max: c.cfg.Interval}.BackOff()
 	for {
 		r, err := pass(ctx)
 		c.logPass(ctx, "cell loss", r, err)
-		if err == nil || ctx.Err() != nil || !retry.Sleep(ctx, wait) {
+		if err == nil || ctx.Err() != nil || !retry.Sleep(ctx, wait.NextBackOff()) {
 			return
 		}
-		wait = min(2*wait, c.cfg.Interval)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gavel-sched/gavel/pkg/retry"
+
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/actions"
 	"github.com/gavel-sched/gavel/services/rep/internal/executor/procout"
@@ -244,15 +246,18 @@ const busyAttempts = 8
 // cmd is started again after a short wait, up to busyAttempts in all. It returns the command
 // that started, or the last error.
 func startExec(cmd *exec.Cmd) (*exec.Cmd, error) {
-	wait := time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := cmd.Start()
-		if err == nil || !errors.Is(err, syscall.ETXTBSY) || attempt == busyAttempts {
-			return cmd, err
+	first := true
+	err := retry.Do(context.Background(), retry.Policy{Initial: time.Millisecond}, busyAttempts, func() error {
+		if !first { // a Cmd starts once: the next attempt is a copy
+			cmd = &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdin: cmd.Stdin,
+				Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr}
 		}
-		time.Sleep(wait)
-		wait *= 2
-		cmd = &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdin: cmd.Stdin,
-			Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr}
-	}
+		first = false
+		err := cmd.Start()
+		if err != nil && !errors.Is(err, syscall.ETXTBSY) {
+			return retry.Permanent(err)
+		}
+		return err
+	}, nil)
+	return cmd, err
 }
