@@ -103,7 +103,7 @@ type LostCells struct {
 // writes), for convergence's cell-loss passes. skip is called under that lock and must not
 // read the store.
 func (s *Store) OnLostCells(skip func(cellID string) bool) (LostCells, int64) {
-	return readAt(s, func(st *state) (out LostCells) {
+	lost, rev := readAt(s, func(st *state) (out LostCells) {
 		// judged holds the cells without a presence: lost unless skipped. out.Cells gets each
 		// lost cell once. A present cell is answered by its presence alone, so a pass reads
 		// thousands of live cells without recording them.
@@ -136,15 +136,19 @@ func (s *Store) OnLostCells(skip func(cellID string) bool) (LostCells, int64) {
 				}
 			}
 		}
-		slices.Sort(out.Cells)
-		slices.SortFunc(out.Tasks, func(a, b *modelsv1.Task) int { return cmp.Compare(a.GetTaskGuid(), b.GetTaskGuid()) })
-		slices.SortFunc(out.Actual, func(a, b *modelsv1.ActualLRP) int {
-			ka, kb := a.GetKey(), b.GetKey()
-			return cmp.Or(cmp.Compare(ka.GetProcessGuid(), kb.GetProcessGuid()), cmp.Compare(ka.GetIndex(), kb.GetIndex()),
-				cmp.Compare(a.GetPresence(), b.GetPresence()))
-		})
 		return out
 	})
+	// Ordered after the lock is released: the watch's writes, and every change's reads
+	// queued behind them, wait for the lock, and at 5,000 cells a 10% loss's passes sorted
+	// 25,000 records under it.
+	slices.Sort(lost.Cells)
+	slices.SortFunc(lost.Tasks, func(a, b *modelsv1.Task) int { return cmp.Compare(a.GetTaskGuid(), b.GetTaskGuid()) })
+	slices.SortFunc(lost.Actual, func(a, b *modelsv1.ActualLRP) int {
+		ka, kb := a.GetKey(), b.GetKey()
+		return cmp.Or(cmp.Compare(ka.GetProcessGuid(), kb.GetProcessGuid()), cmp.Compare(ka.GetIndex(), kb.GetIndex()),
+			cmp.Compare(a.GetPresence(), b.GetPresence()))
+	})
+	return lost, rev
 }
 
 // ActualLRPs lists instance records ordered by guid, index and presence, with the revision read.
