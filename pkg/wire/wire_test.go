@@ -180,9 +180,21 @@ func TestGeneratedEncodingIsTheRuntimes(t *testing.T) {
 			if !proto.Equal(copied, msg) {
 				t.Errorf("%s round %d: generated copy %v, want %v", name, round, copied, msg)
 			}
+			// The generated comparison (EqualVT, which the route-emitter's table calls instead
+			// of proto.Equal) is the runtime's: a message equals its copy, and a copy filled
+			// again at random differs from it exactly when proto.Equal says so.
+			eq, ok := msg.(interface{ EqualMessageVT(proto.Message) bool })
+			if !ok {
+				t.Errorf("%s has no generated comparison", name)
+			} else if !eq.EqualMessageVT(copied) {
+				t.Errorf("%s round %d: not equal to its copy by the generated comparison", name, round)
+			}
 			fill(r, copied.ProtoReflect(), 3)
 			if !proto.Equal(msg, want) {
 				t.Errorf("%s round %d: changing the generated copy changed the original", name, round)
+			}
+			if ok && eq.EqualMessageVT(copied) != proto.Equal(msg, copied) {
+				t.Errorf("%s round %d: generated comparison %v, runtime's %v", name, round, eq.EqualMessageVT(copied), proto.Equal(msg, copied))
 			}
 		}
 	}

@@ -46,3 +46,23 @@ func BenchmarkReplaceUnchanged(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCommitAStart measures the event loop's part of one instance starting at the scale
+// run's 1,000-cell size (10,000 LRPs of 10 instances): its record replaced by one with another
+// instance on the same slot, and the commit that recomputes its process's route and compares it
+// with the route held.
+func BenchmarkCommitAStart(b *testing.B) {
+	t := New(nil)
+	infos, actuals := listing(10_000, 10)
+	t.Replace(NewListing(infos, actuals))
+	t.Commit()
+	i := 0
+	for b.Loop() {
+		guid := fmt.Sprintf("lrp-%06d", i%10_000)
+		t.SetActual(actual(guid, int32(i%10), fmt.Sprintf("%s-%d-%d", guid, i%10, i), modelsv1.ActualLRP_PRESENCE_ORDINARY, 8080))
+		if d := t.Commit(); len(d.Upserts) != 1 {
+			b.Fatalf("a start changed %d routes, want 1", len(d.Upserts))
+		}
+		i++
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
 
 	modelsv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/models/v1"
 	routeemitterv1 "github.com/gavel-sched/gavel/pkg/gen/gavel/routeemitter/v1"
@@ -328,6 +327,10 @@ func (t *Table) Invalid() int { return t.invalid }
 // Len is the number of routes.
 func (t *Table) Len() int { return len(t.routes) }
 
+// dirtyKept is the most dirty processes whose map Commit clears for reuse; a larger one is
+// dropped for a new one.
+const dirtyKept = 256
+
 // Commit recomputes the routes of every dirty process and returns what changed since the last
 // commit.
 func (t *Table) Commit() Delta {
@@ -362,7 +365,13 @@ func (t *Table) Commit() Delta {
 			t.contrib[guid] = next
 		}
 	}
-	clear(t.dirty)
+	if len(t.dirty) > dirtyKept {
+		// A map keeps the room it grew to, and ranging over it walks all of that room: after a
+		// listing dirtied every process, every event's commit would walk them all again.
+		t.dirty = map[string]struct{}{}
+	} else {
+		clear(t.dirty)
+	}
 	var d Delta
 	for k := range changed {
 		r, old := t.merge(k), t.routes[k]
@@ -370,7 +379,7 @@ func (t *Table) Commit() Delta {
 		case r == nil && old != nil:
 			delete(t.routes, k)
 			d.Removals = append(d.Removals, k.Removal())
-		case r != nil && (old == nil || !proto.Equal(old, r)):
+		case r != nil && !old.EqualVT(r): // generated: proto.Equal's reflection was a third of a commit
 			t.routes[k] = r
 			d.Upserts = append(d.Upserts, r)
 		}

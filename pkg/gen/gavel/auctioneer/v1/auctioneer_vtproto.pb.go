@@ -227,6 +227,270 @@ func (m *RequestTaskAuctionsResponse) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *LRPStartRequest) EqualVT(that *LRPStartRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if len(this.Indices) != len(that.Indices) {
+		return false
+	}
+	for i, vx := range this.Indices {
+		vy := that.Indices[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if equal, ok := interface{}(this.Resources).(interface{ EqualVT(*v1.Resources) bool }); ok {
+		if !equal.EqualVT(that.Resources) {
+			return false
+		}
+	} else if !proto.Equal(this.Resources, that.Resources) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if !this.SpreadPeer.EqualVT(that.SpreadPeer) {
+		return false
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LRPStartRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LRPStartRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SpreadPeer) EqualVT(that *SpreadPeer) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.BelowIndex != that.BelowIndex {
+		return false
+	}
+	if len(this.CellInstances) != len(that.CellInstances) {
+		return false
+	}
+	for i, vx := range this.CellInstances {
+		vy, ok := that.CellInstances[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SpreadPeer) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SpreadPeer)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskStartRequest) EqualVT(that *TaskStartRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if equal, ok := interface{}(this.Resources).(interface{ EqualVT(*v1.Resources) bool }); ok {
+		if !equal.EqualVT(that.Resources) {
+			return false
+		}
+	} else if !proto.Equal(this.Resources, that.Resources) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskStartRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskStartRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RequestLRPAuctionsRequest) EqualVT(that *RequestLRPAuctionsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Starts) != len(that.Starts) {
+		return false
+	}
+	for i, vx := range this.Starts {
+		vy := that.Starts[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LRPStartRequest{}
+			}
+			if q == nil {
+				q = &LRPStartRequest{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RequestLRPAuctionsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RequestLRPAuctionsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RequestLRPAuctionsResponse) EqualVT(that *RequestLRPAuctionsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RequestLRPAuctionsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RequestLRPAuctionsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RequestTaskAuctionsRequest) EqualVT(that *RequestTaskAuctionsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Tasks) != len(that.Tasks) {
+		return false
+	}
+	for i, vx := range this.Tasks {
+		vy := that.Tasks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &TaskStartRequest{}
+			}
+			if q == nil {
+				q = &TaskStartRequest{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RequestTaskAuctionsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RequestTaskAuctionsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RequestTaskAuctionsResponse) EqualVT(that *RequestTaskAuctionsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RequestTaskAuctionsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RequestTaskAuctionsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *LRPStartRequest) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

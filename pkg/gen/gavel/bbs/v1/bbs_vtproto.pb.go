@@ -1850,6 +1850,2199 @@ func (m *ExecResponse) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *Filter) EqualVT(that *Filter) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if len(this.ProcessGuids) != len(that.ProcessGuids) {
+		return false
+	}
+	for i, vx := range this.ProcessGuids {
+		vy := that.ProcessGuids[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if this.LabelSelector != that.LabelSelector {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Filter) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Filter)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpsertDomainRequest) EqualVT(that *UpsertDomainRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if this.TtlSeconds != that.TtlSeconds {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpsertDomainRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpsertDomainRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpsertDomainResponse) EqualVT(that *UpsertDomainResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpsertDomainResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpsertDomainResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DomainsRequest) EqualVT(that *DomainsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DomainsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DomainsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DomainsResponse) EqualVT(that *DomainsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Domains) != len(that.Domains) {
+		return false
+	}
+	for i, vx := range this.Domains {
+		vy := that.Domains[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.Domain{}
+			}
+			if q == nil {
+				q = &v1.Domain{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.Domain) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DomainsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DomainsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireLRPRequest) EqualVT(that *DesireLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireLRPResponse) EqualVT(that *DesireLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdateDesiredLRPRequest) EqualVT(that *UpdateDesiredLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if equal, ok := interface{}(this.Update).(interface {
+		EqualVT(*v1.DesiredLRPUpdate) bool
+	}); ok {
+		if !equal.EqualVT(that.Update) {
+			return false
+		}
+	} else if !proto.Equal(this.Update, that.Update) {
+		return false
+	}
+	if equal, ok := interface{}(this.ExpectedModificationTag).(interface {
+		EqualVT(*v1.ModificationTag) bool
+	}); ok {
+		if !equal.EqualVT(that.ExpectedModificationTag) {
+			return false
+		}
+	} else if !proto.Equal(this.ExpectedModificationTag, that.ExpectedModificationTag) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdateDesiredLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdateDesiredLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdateDesiredLRPResponse) EqualVT(that *UpdateDesiredLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdateDesiredLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdateDesiredLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveDesiredLRPRequest) EqualVT(that *RemoveDesiredLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Force != that.Force {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveDesiredLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveDesiredLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveDesiredLRPResponse) EqualVT(that *RemoveDesiredLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveDesiredLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveDesiredLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPsRequest) EqualVT(that *DesiredLRPsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Filter.EqualVT(that.Filter) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPsResponse) EqualVT(that *DesiredLRPsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.DesiredLrps) != len(that.DesiredLrps) {
+		return false
+	}
+	for i, vx := range this.DesiredLrps {
+		vy := that.DesiredLrps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.DesiredLRP{}
+			}
+			if q == nil {
+				q = &v1.DesiredLRP{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPByProcessGuidRequest) EqualVT(that *DesiredLRPByProcessGuidRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPByProcessGuidRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPByProcessGuidRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPByProcessGuidResponse) EqualVT(that *DesiredLRPByProcessGuidResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPByProcessGuidResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPByProcessGuidResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPSchedulingInfosRequest) EqualVT(that *DesiredLRPSchedulingInfosRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Filter.EqualVT(that.Filter) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPSchedulingInfosRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPSchedulingInfosRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPSchedulingInfosResponse) EqualVT(that *DesiredLRPSchedulingInfosResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.SchedulingInfos) != len(that.SchedulingInfos) {
+		return false
+	}
+	for i, vx := range this.SchedulingInfos {
+		vy := that.SchedulingInfos[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.DesiredLRPSchedulingInfo{}
+			}
+			if q == nil {
+				q = &v1.DesiredLRPSchedulingInfo{}
+			}
+			if equal, ok := interface{}(p).(interface {
+				EqualVT(*v1.DesiredLRPSchedulingInfo) bool
+			}); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPSchedulingInfosResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPSchedulingInfosResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPsRequest) EqualVT(that *ActualLRPsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Filter.EqualVT(that.Filter) {
+		return false
+	}
+	if p, q := this.Index, that.Index; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPsResponse) EqualVT(that *ActualLRPsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.ActualLrps) != len(that.ActualLrps) {
+		return false
+	}
+	for i, vx := range this.ActualLrps {
+		vy := that.ActualLrps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.ActualLRP{}
+			}
+			if q == nil {
+				q = &v1.ActualLRP{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ClaimActualLRPRequest) EqualVT(that *ClaimActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if this.IncludeDesiredLrp != that.IncludeDesiredLrp {
+		return false
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ClaimActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ClaimActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ClaimActualLRPResponse) EqualVT(that *ClaimActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.ActualLrp).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.ActualLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.ActualLrp, that.ActualLrp) {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ClaimActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ClaimActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartActualLRPRequest) EqualVT(that *StartActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if equal, ok := interface{}(this.NetInfo).(interface {
+		EqualVT(*v1.ActualLRPNetInfo) bool
+	}); ok {
+		if !equal.EqualVT(that.NetInfo) {
+			return false
+		}
+	} else if !proto.Equal(this.NetInfo, that.NetInfo) {
+		return false
+	}
+	if this.Routable != that.Routable {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ClaimActualLRPsRequest) EqualVT(that *ClaimActualLRPsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Claims) != len(that.Claims) {
+		return false
+	}
+	for i, vx := range this.Claims {
+		vy := that.Claims[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &ClaimActualLRPRequest{}
+			}
+			if q == nil {
+				q = &ClaimActualLRPRequest{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ClaimActualLRPsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ClaimActualLRPsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ClaimActualLRPsResponse) EqualVT(that *ClaimActualLRPsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Results) != len(that.Results) {
+		return false
+	}
+	for i, vx := range this.Results {
+		vy := that.Results[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &ClaimActualLRPResult{}
+			}
+			if q == nil {
+				q = &ClaimActualLRPResult{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ClaimActualLRPsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ClaimActualLRPsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ClaimActualLRPResult) EqualVT(that *ClaimActualLRPResult) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Response.EqualVT(that.Response) {
+		return false
+	}
+	if !this.Error.EqualVT(that.Error) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ClaimActualLRPResult) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ClaimActualLRPResult)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartActualLRPsRequest) EqualVT(that *StartActualLRPsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Starts) != len(that.Starts) {
+		return false
+	}
+	for i, vx := range this.Starts {
+		vy := that.Starts[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &StartActualLRPRequest{}
+			}
+			if q == nil {
+				q = &StartActualLRPRequest{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartActualLRPsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartActualLRPsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartActualLRPsResponse) EqualVT(that *StartActualLRPsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Results) != len(that.Results) {
+		return false
+	}
+	for i, vx := range this.Results {
+		vy := that.Results[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &StartActualLRPResult{}
+			}
+			if q == nil {
+				q = &StartActualLRPResult{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartActualLRPsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartActualLRPsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartActualLRPResult) EqualVT(that *StartActualLRPResult) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Response.EqualVT(that.Response) {
+		return false
+	}
+	if !this.Error.EqualVT(that.Error) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartActualLRPResult) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartActualLRPResult)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *BatchItemError) EqualVT(that *BatchItemError) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Code != that.Code {
+		return false
+	}
+	if this.Message != that.Message {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *BatchItemError) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*BatchItemError)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartActualLRPResponse) EqualVT(that *StartActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.ActualLrp).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.ActualLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.ActualLrp, that.ActualLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CrashActualLRPRequest) EqualVT(that *CrashActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if this.ErrorMessage != that.ErrorMessage {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CrashActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CrashActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CrashActualLRPResponse) EqualVT(that *CrashActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.ActualLrp).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.ActualLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.ActualLrp, that.ActualLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CrashActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CrashActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *FailActualLRPRequest) EqualVT(that *FailActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementError).(interface{ EqualVT(*v1.PlacementError) bool }); ok {
+		if !equal.EqualVT(that.PlacementError) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementError, that.PlacementError) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *FailActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*FailActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *FailActualLRPResponse) EqualVT(that *FailActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *FailActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*FailActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveActualLRPRequest) EqualVT(that *RemoveActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveActualLRPResponse) EqualVT(that *RemoveActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RetireActualLRPRequest) EqualVT(that *RetireActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RetireActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RetireActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RetireActualLRPResponse) EqualVT(that *RetireActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RetireActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RetireActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateClaimedActualLRPRequest) EqualVT(that *EvacuateClaimedActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateClaimedActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateClaimedActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateClaimedActualLRPResponse) EqualVT(that *EvacuateClaimedActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.KeepContainer != that.KeepContainer {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateClaimedActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateClaimedActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateRunningActualLRPRequest) EqualVT(that *EvacuateRunningActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if equal, ok := interface{}(this.NetInfo).(interface {
+		EqualVT(*v1.ActualLRPNetInfo) bool
+	}); ok {
+		if !equal.EqualVT(that.NetInfo) {
+			return false
+		}
+	} else if !proto.Equal(this.NetInfo, that.NetInfo) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateRunningActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateRunningActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateRunningActualLRPResponse) EqualVT(that *EvacuateRunningActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.KeepContainer != that.KeepContainer {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateRunningActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateRunningActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateStoppedActualLRPRequest) EqualVT(that *EvacuateStoppedActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateStoppedActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateStoppedActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateStoppedActualLRPResponse) EqualVT(that *EvacuateStoppedActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.KeepContainer != that.KeepContainer {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateStoppedActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateStoppedActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateCrashedActualLRPRequest) EqualVT(that *EvacuateCrashedActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if this.ErrorMessage != that.ErrorMessage {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateCrashedActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateCrashedActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateCrashedActualLRPResponse) EqualVT(that *EvacuateCrashedActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.KeepContainer != that.KeepContainer {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateCrashedActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateCrashedActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveEvacuatingActualLRPRequest) EqualVT(that *RemoveEvacuatingActualLRPRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveEvacuatingActualLRPRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveEvacuatingActualLRPRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RemoveEvacuatingActualLRPResponse) EqualVT(that *RemoveEvacuatingActualLRPResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RemoveEvacuatingActualLRPResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RemoveEvacuatingActualLRPResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireTaskRequest) EqualVT(that *DesireTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if equal, ok := interface{}(this.Definition).(interface{ EqualVT(*v1.TaskDefinition) bool }); ok {
+		if !equal.EqualVT(that.Definition) {
+			return false
+		}
+	} else if !proto.Equal(this.Definition, that.Definition) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireTaskResponse) EqualVT(that *DesireTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TasksRequest) EqualVT(that *TasksRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Filter.EqualVT(that.Filter) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TasksRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TasksRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TasksResponse) EqualVT(that *TasksResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Tasks) != len(that.Tasks) {
+		return false
+	}
+	for i, vx := range this.Tasks {
+		vy := that.Tasks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.Task{}
+			}
+			if q == nil {
+				q = &v1.Task{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.Task) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TasksResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TasksResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskByGuidRequest) EqualVT(that *TaskByGuidRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskByGuidRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskByGuidRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskByGuidResponse) EqualVT(that *TaskByGuidResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Task).(interface{ EqualVT(*v1.Task) bool }); ok {
+		if !equal.EqualVT(that.Task) {
+			return false
+		}
+	} else if !proto.Equal(this.Task, that.Task) {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskByGuidResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskByGuidResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartTaskRequest) EqualVT(that *StartTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StartTaskResponse) EqualVT(that *StartTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ShouldStart != that.ShouldStart {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StartTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StartTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelTaskRequest) EqualVT(that *CancelTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelTaskResponse) EqualVT(that *CancelTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RejectTaskRequest) EqualVT(that *RejectTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.RejectionReason != that.RejectionReason {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementError).(interface{ EqualVT(*v1.PlacementError) bool }); ok {
+		if !equal.EqualVT(that.PlacementError) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementError, that.PlacementError) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RejectTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RejectTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RejectTaskResponse) EqualVT(that *RejectTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RejectTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RejectTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CompleteTaskRequest) EqualVT(that *CompleteTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if this.Failed != that.Failed {
+		return false
+	}
+	if this.FailureReason != that.FailureReason {
+		return false
+	}
+	if this.Result != that.Result {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CompleteTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CompleteTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CompleteTaskResponse) EqualVT(that *CompleteTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CompleteTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CompleteTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ResolvingTaskRequest) EqualVT(that *ResolvingTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ResolvingTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ResolvingTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ResolvingTaskResponse) EqualVT(that *ResolvingTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ResolvingTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ResolvingTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeleteTaskRequest) EqualVT(that *DeleteTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeleteTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeleteTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeleteTaskResponse) EqualVT(that *DeleteTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeleteTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeleteTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CellsRequest) EqualVT(that *CellsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.KnownRevision != that.KnownRevision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CellsResponse) EqualVT(that *CellsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Cells) != len(that.Cells) {
+		return false
+	}
+	for i, vx := range this.Cells {
+		vy := that.Cells[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.CellPresence{}
+			}
+			if q == nil {
+				q = &v1.CellPresence{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.CellPresence) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	if this.Unchanged != that.Unchanged {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TagsRequest) EqualVT(that *TagsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TagsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TagsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TagsResponse) EqualVT(that *TagsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Tags) != len(that.Tags) {
+		return false
+	}
+	for i, vx := range this.Tags {
+		vy := that.Tags[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TagsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TagsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ReportRoutesPublishedRequest) EqualVT(that *ReportRoutesPublishedRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.EmitterId != that.EmitterId {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ReportRoutesPublishedRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ReportRoutesPublishedRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ReportRoutesPublishedResponse) EqualVT(that *ReportRoutesPublishedResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ReportRoutesPublishedResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ReportRoutesPublishedResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ResolveLinksRequest) EqualVT(that *ResolveLinksRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ResolveLinksRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ResolveLinksRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ResolveLinksResponse) EqualVT(that *ResolveLinksResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Links) != len(that.Links) {
+		return false
+	}
+	for i, vx := range this.Links {
+		vy, ok := that.Links[i]
+		if !ok {
+			return false
+		}
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.ResolvedLink{}
+			}
+			if q == nil {
+				q = &v1.ResolvedLink{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.ResolvedLink) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if len(this.Instances) != len(that.Instances) {
+		return false
+	}
+	for i, vx := range this.Instances {
+		vy := that.Instances[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v1.InstanceLinks{}
+			}
+			if q == nil {
+				q = &v1.InstanceLinks{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v1.InstanceLinks) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ResolveLinksResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ResolveLinksResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SubscribeToEventsRequest) EqualVT(that *SubscribeToEventsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.SinceRevision != that.SinceRevision {
+		return false
+	}
+	if !this.Filter.EqualVT(that.Filter) {
+		return false
+	}
+	if len(this.Kinds) != len(that.Kinds) {
+		return false
+	}
+	for i, vx := range this.Kinds {
+		vy := that.Kinds[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SubscribeToEventsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SubscribeToEventsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SubscribeToEventsResponse) EqualVT(that *SubscribeToEventsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	if len(this.Events) != len(that.Events) {
+		return false
+	}
+	for i, vx := range this.Events {
+		vy := that.Events[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Event{}
+			}
+			if q == nil {
+				q = &Event{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.Bookmark != that.Bookmark {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SubscribeToEventsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SubscribeToEventsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StreamLogsRequest) EqualVT(that *StreamLogsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if p, q := this.Index, that.Index; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if p, q := this.Tail, that.Tail; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.Since).EqualVT((*timestamppb1.Timestamp)(that.Since)) {
+		return false
+	}
+	if this.Follow != that.Follow {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StreamLogsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StreamLogsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StreamLogsResponse) EqualVT(that *StreamLogsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Lines) != len(that.Lines) {
+		return false
+	}
+	for i, vx := range this.Lines {
+		vy := that.Lines[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v11.LogLine{}
+			}
+			if q == nil {
+				q = &v11.LogLine{}
+			}
+			if equal, ok := interface{}(p).(interface{ EqualVT(*v11.LogLine) bool }); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StreamLogsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StreamLogsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *InstanceMetricsRequest) EqualVT(that *InstanceMetricsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if p, q := this.Index, that.Index; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *InstanceMetricsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*InstanceMetricsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *InstanceMetricsResponse) EqualVT(that *InstanceMetricsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Containers) != len(that.Containers) {
+		return false
+	}
+	for i, vx := range this.Containers {
+		vy := that.Containers[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &v11.ContainerMetrics{}
+			}
+			if q == nil {
+				q = &v11.ContainerMetrics{}
+			}
+			if equal, ok := interface{}(p).(interface {
+				EqualVT(*v11.ContainerMetrics) bool
+			}); ok {
+				if !equal.EqualVT(q) {
+					return false
+				}
+			} else if !proto.Equal(p, q) {
+				return false
+			}
+		}
+	}
+	if len(this.Unreachable) != len(that.Unreachable) {
+		return false
+	}
+	for i, vx := range this.Unreachable {
+		vy := that.Unreachable[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *InstanceMetricsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*InstanceMetricsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ExecRequest) EqualVT(that *ExecRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Start).(interface{ EqualVT(*v11.ExecStart) bool }); ok {
+		if !equal.EqualVT(that.Start) {
+			return false
+		}
+	} else if !proto.Equal(this.Start, that.Start) {
+		return false
+	}
+	if string(this.Stdin) != string(that.Stdin) {
+		return false
+	}
+	if equal, ok := interface{}(this.Resize).(interface{ EqualVT(*v11.TerminalSize) bool }); ok {
+		if !equal.EqualVT(that.Resize) {
+			return false
+		}
+	} else if !proto.Equal(this.Resize, that.Resize) {
+		return false
+	}
+	if this.CloseStdin != that.CloseStdin {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ExecRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ExecRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ExecResponse) EqualVT(that *ExecResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if string(this.Stdout) != string(that.Stdout) {
+		return false
+	}
+	if string(this.Stderr) != string(that.Stderr) {
+		return false
+	}
+	if p, q := this.ExitCode, that.ExitCode; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ExecResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ExecResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *Filter) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

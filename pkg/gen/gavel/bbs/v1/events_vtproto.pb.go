@@ -488,6 +488,703 @@ func (m *LinksChanged) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *Event) EqualVT(that *Event) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Kind == nil && that.Kind != nil {
+		return false
+	} else if this.Kind != nil {
+		if that.Kind == nil {
+			return false
+		}
+		if !this.Kind.(interface{ EqualVT(isEvent_Kind) bool }).EqualVT(that.Kind) {
+			return false
+		}
+	}
+	if this.Revision != that.Revision {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Event) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Event)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Event_DesiredLrpCreated) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_DesiredLrpCreated)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.DesiredLrpCreated, that.DesiredLrpCreated; p != q {
+		if p == nil {
+			p = &DesiredLRPCreated{}
+		}
+		if q == nil {
+			q = &DesiredLRPCreated{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_DesiredLrpChanged) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_DesiredLrpChanged)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.DesiredLrpChanged, that.DesiredLrpChanged; p != q {
+		if p == nil {
+			p = &DesiredLRPChanged{}
+		}
+		if q == nil {
+			q = &DesiredLRPChanged{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_DesiredLrpRemoved) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_DesiredLrpRemoved)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.DesiredLrpRemoved, that.DesiredLrpRemoved; p != q {
+		if p == nil {
+			p = &DesiredLRPRemoved{}
+		}
+		if q == nil {
+			q = &DesiredLRPRemoved{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_ActualLrpCreated) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_ActualLrpCreated)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.ActualLrpCreated, that.ActualLrpCreated; p != q {
+		if p == nil {
+			p = &ActualLRPCreated{}
+		}
+		if q == nil {
+			q = &ActualLRPCreated{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_ActualLrpChanged) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_ActualLrpChanged)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.ActualLrpChanged, that.ActualLrpChanged; p != q {
+		if p == nil {
+			p = &ActualLRPChanged{}
+		}
+		if q == nil {
+			q = &ActualLRPChanged{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_ActualLrpRemoved) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_ActualLrpRemoved)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.ActualLrpRemoved, that.ActualLrpRemoved; p != q {
+		if p == nil {
+			p = &ActualLRPRemoved{}
+		}
+		if q == nil {
+			q = &ActualLRPRemoved{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_ActualLrpCrashed) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_ActualLrpCrashed)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.ActualLrpCrashed, that.ActualLrpCrashed; p != q {
+		if p == nil {
+			p = &ActualLRPCrashed{}
+		}
+		if q == nil {
+			q = &ActualLRPCrashed{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_TaskCreated) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_TaskCreated)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.TaskCreated, that.TaskCreated; p != q {
+		if p == nil {
+			p = &TaskCreated{}
+		}
+		if q == nil {
+			q = &TaskCreated{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_TaskChanged) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_TaskChanged)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.TaskChanged, that.TaskChanged; p != q {
+		if p == nil {
+			p = &TaskChanged{}
+		}
+		if q == nil {
+			q = &TaskChanged{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_TaskRemoved) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_TaskRemoved)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.TaskRemoved, that.TaskRemoved; p != q {
+		if p == nil {
+			p = &TaskRemoved{}
+		}
+		if q == nil {
+			q = &TaskRemoved{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_CellAppeared) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_CellAppeared)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.CellAppeared, that.CellAppeared; p != q {
+		if p == nil {
+			p = &CellAppeared{}
+		}
+		if q == nil {
+			q = &CellAppeared{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_CellDisappeared) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_CellDisappeared)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.CellDisappeared, that.CellDisappeared; p != q {
+		if p == nil {
+			p = &CellDisappeared{}
+		}
+		if q == nil {
+			q = &CellDisappeared{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Event_LinksChanged) EqualVT(thatIface isEvent_Kind) bool {
+	that, ok := thatIface.(*Event_LinksChanged)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.LinksChanged, that.LinksChanged; p != q {
+		if p == nil {
+			p = &LinksChanged{}
+		}
+		if q == nil {
+			q = &LinksChanged{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *DesiredLRPCreated) EqualVT(that *DesiredLRPCreated) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPCreated) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPCreated)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPChanged) EqualVT(that *DesiredLRPChanged) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Before).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.Before) {
+			return false
+		}
+	} else if !proto.Equal(this.Before, that.Before) {
+		return false
+	}
+	if equal, ok := interface{}(this.After).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.After) {
+			return false
+		}
+	} else if !proto.Equal(this.After, that.After) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPChanged) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPChanged)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPRemoved) EqualVT(that *DesiredLRPRemoved) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.DesiredLrp).(interface{ EqualVT(*v1.DesiredLRP) bool }); ok {
+		if !equal.EqualVT(that.DesiredLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.DesiredLrp, that.DesiredLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPRemoved) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPRemoved)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPCreated) EqualVT(that *ActualLRPCreated) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.ActualLrp).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.ActualLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.ActualLrp, that.ActualLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPCreated) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPCreated)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPChanged) EqualVT(that *ActualLRPChanged) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Before).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.Before) {
+			return false
+		}
+	} else if !proto.Equal(this.Before, that.Before) {
+		return false
+	}
+	if equal, ok := interface{}(this.After).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.After) {
+			return false
+		}
+	} else if !proto.Equal(this.After, that.After) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPChanged) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPChanged)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPRemoved) EqualVT(that *ActualLRPRemoved) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.ActualLrp).(interface{ EqualVT(*v1.ActualLRP) bool }); ok {
+		if !equal.EqualVT(that.ActualLrp) {
+			return false
+		}
+	} else if !proto.Equal(this.ActualLrp, that.ActualLrp) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPRemoved) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPRemoved)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPCrashed) EqualVT(that *ActualLRPCrashed) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Key).(interface{ EqualVT(*v1.ActualLRPKey) bool }); ok {
+		if !equal.EqualVT(that.Key) {
+			return false
+		}
+	} else if !proto.Equal(this.Key, that.Key) {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	if this.CrashCount != that.CrashCount {
+		return false
+	}
+	if this.CrashReason != that.CrashReason {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPCrashed) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPCrashed)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskCreated) EqualVT(that *TaskCreated) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Task).(interface{ EqualVT(*v1.Task) bool }); ok {
+		if !equal.EqualVT(that.Task) {
+			return false
+		}
+	} else if !proto.Equal(this.Task, that.Task) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskCreated) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskCreated)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskChanged) EqualVT(that *TaskChanged) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Before).(interface{ EqualVT(*v1.Task) bool }); ok {
+		if !equal.EqualVT(that.Before) {
+			return false
+		}
+	} else if !proto.Equal(this.Before, that.Before) {
+		return false
+	}
+	if equal, ok := interface{}(this.After).(interface{ EqualVT(*v1.Task) bool }); ok {
+		if !equal.EqualVT(that.After) {
+			return false
+		}
+	} else if !proto.Equal(this.After, that.After) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskChanged) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskChanged)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskRemoved) EqualVT(that *TaskRemoved) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Task).(interface{ EqualVT(*v1.Task) bool }); ok {
+		if !equal.EqualVT(that.Task) {
+			return false
+		}
+	} else if !proto.Equal(this.Task, that.Task) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskRemoved) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskRemoved)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CellAppeared) EqualVT(that *CellAppeared) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Cell).(interface{ EqualVT(*v1.CellPresence) bool }); ok {
+		if !equal.EqualVT(that.Cell) {
+			return false
+		}
+	} else if !proto.Equal(this.Cell, that.Cell) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellAppeared) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellAppeared)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CellDisappeared) EqualVT(that *CellDisappeared) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Cell).(interface{ EqualVT(*v1.CellPresence) bool }); ok {
+		if !equal.EqualVT(that.Cell) {
+			return false
+		}
+	} else if !proto.Equal(this.Cell, that.Cell) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellDisappeared) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellDisappeared)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LinksChanged) EqualVT(that *LinksChanged) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if len(this.Errors) != len(that.Errors) {
+		return false
+	}
+	for i, vx := range this.Errors {
+		vy := that.Errors[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LinksChanged) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LinksChanged)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *Event) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

@@ -368,6 +368,623 @@ func (m *HTTPCheck) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *Action) EqualVT(that *Action) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Kind == nil && that.Kind != nil {
+		return false
+	} else if this.Kind != nil {
+		if that.Kind == nil {
+			return false
+		}
+		if !this.Kind.(interface{ EqualVT(isAction_Kind) bool }).EqualVT(that.Kind) {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Action) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Action)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Action_Run) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Run)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Run, that.Run; p != q {
+		if p == nil {
+			p = &RunAction{}
+		}
+		if q == nil {
+			q = &RunAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Download) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Download)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Download, that.Download; p != q {
+		if p == nil {
+			p = &DownloadAction{}
+		}
+		if q == nil {
+			q = &DownloadAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Serial) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Serial)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Serial, that.Serial; p != q {
+		if p == nil {
+			p = &SerialAction{}
+		}
+		if q == nil {
+			q = &SerialAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Parallel) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Parallel)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Parallel, that.Parallel; p != q {
+		if p == nil {
+			p = &ParallelAction{}
+		}
+		if q == nil {
+			q = &ParallelAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Codependent) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Codependent)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Codependent, that.Codependent; p != q {
+		if p == nil {
+			p = &CodependentAction{}
+		}
+		if q == nil {
+			q = &CodependentAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Try) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Try)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Try, that.Try; p != q {
+		if p == nil {
+			p = &TryAction{}
+		}
+		if q == nil {
+			q = &TryAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Action_Timeout) EqualVT(thatIface isAction_Kind) bool {
+	that, ok := thatIface.(*Action_Timeout)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Timeout, that.Timeout; p != q {
+		if p == nil {
+			p = &TimeoutAction{}
+		}
+		if q == nil {
+			q = &TimeoutAction{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *RunAction) EqualVT(that *RunAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Path != that.Path {
+		return false
+	}
+	if len(this.Args) != len(that.Args) {
+		return false
+	}
+	for i, vx := range this.Args {
+		vy := that.Args[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Dir != that.Dir {
+		return false
+	}
+	if len(this.Env) != len(that.Env) {
+		return false
+	}
+	for i, vx := range this.Env {
+		vy := that.Env[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &EnvironmentVariable{}
+			}
+			if q == nil {
+				q = &EnvironmentVariable{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.User != that.User {
+		return false
+	}
+	if this.LogSource != that.LogSource {
+		return false
+	}
+	if this.SuppressLogOutput != that.SuppressLogOutput {
+		return false
+	}
+	if this.NofileLimit != that.NofileLimit {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RunAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RunAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DownloadAction) EqualVT(that *DownloadAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.From != that.From {
+		return false
+	}
+	if this.To != that.To {
+		return false
+	}
+	if this.CacheKey != that.CacheKey {
+		return false
+	}
+	if this.User != that.User {
+		return false
+	}
+	if this.ChecksumAlgorithm != that.ChecksumAlgorithm {
+		return false
+	}
+	if this.ChecksumValue != that.ChecksumValue {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DownloadAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DownloadAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SerialAction) EqualVT(that *SerialAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Actions) != len(that.Actions) {
+		return false
+	}
+	for i, vx := range this.Actions {
+		vy := that.Actions[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Action{}
+			}
+			if q == nil {
+				q = &Action{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SerialAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SerialAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ParallelAction) EqualVT(that *ParallelAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Actions) != len(that.Actions) {
+		return false
+	}
+	for i, vx := range this.Actions {
+		vy := that.Actions[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Action{}
+			}
+			if q == nil {
+				q = &Action{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ParallelAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ParallelAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CodependentAction) EqualVT(that *CodependentAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Actions) != len(that.Actions) {
+		return false
+	}
+	for i, vx := range this.Actions {
+		vy := that.Actions[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Action{}
+			}
+			if q == nil {
+				q = &Action{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CodependentAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CodependentAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TryAction) EqualVT(that *TryAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Action.EqualVT(that.Action) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TryAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TryAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TimeoutAction) EqualVT(that *TimeoutAction) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Action.EqualVT(that.Action) {
+		return false
+	}
+	if this.TimeoutMs != that.TimeoutMs {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TimeoutAction) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TimeoutAction)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CheckDefinition) EqualVT(that *CheckDefinition) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Checks) != len(that.Checks) {
+		return false
+	}
+	for i, vx := range this.Checks {
+		vy := that.Checks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Check{}
+			}
+			if q == nil {
+				q = &Check{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.ReadinessChecks) != len(that.ReadinessChecks) {
+		return false
+	}
+	for i, vx := range this.ReadinessChecks {
+		vy := that.ReadinessChecks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Check{}
+			}
+			if q == nil {
+				q = &Check{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.LogSource != that.LogSource {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CheckDefinition) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CheckDefinition)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Check) EqualVT(that *Check) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Kind == nil && that.Kind != nil {
+		return false
+	} else if this.Kind != nil {
+		if that.Kind == nil {
+			return false
+		}
+		if !this.Kind.(interface{ EqualVT(isCheck_Kind) bool }).EqualVT(that.Kind) {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Check) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Check)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Check_Tcp) EqualVT(thatIface isCheck_Kind) bool {
+	that, ok := thatIface.(*Check_Tcp)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Tcp, that.Tcp; p != q {
+		if p == nil {
+			p = &TCPCheck{}
+		}
+		if q == nil {
+			q = &TCPCheck{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *Check_Http) EqualVT(thatIface isCheck_Kind) bool {
+	that, ok := thatIface.(*Check_Http)
+	if !ok {
+		return false
+	}
+	if this == that {
+		return true
+	}
+	if this == nil && that != nil || this != nil && that == nil {
+		return false
+	}
+	if p, q := this.Http, that.Http; p != q {
+		if p == nil {
+			p = &HTTPCheck{}
+		}
+		if q == nil {
+			q = &HTTPCheck{}
+		}
+		if !p.EqualVT(q) {
+			return false
+		}
+	}
+	return true
+}
+
+func (this *TCPCheck) EqualVT(that *TCPCheck) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Port != that.Port {
+		return false
+	}
+	if this.ConnectTimeoutMs != that.ConnectTimeoutMs {
+		return false
+	}
+	if this.IntervalMs != that.IntervalMs {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TCPCheck) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TCPCheck)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *HTTPCheck) EqualVT(that *HTTPCheck) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Port != that.Port {
+		return false
+	}
+	if this.Path != that.Path {
+		return false
+	}
+	if this.RequestTimeoutMs != that.RequestTimeoutMs {
+		return false
+	}
+	if this.IntervalMs != that.IntervalMs {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *HTTPCheck) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*HTTPCheck)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *Action) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

@@ -138,6 +138,184 @@ func (m *ActualLRP) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *ActualLRPKey) EqualVT(that *ActualLRPKey) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPKey) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPKey)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPInstanceKey) EqualVT(that *ActualLRPInstanceKey) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPInstanceKey) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPInstanceKey)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PortMapping) EqualVT(that *PortMapping) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ContainerPort != that.ContainerPort {
+		return false
+	}
+	if this.HostPort != that.HostPort {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PortMapping) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PortMapping)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRPNetInfo) EqualVT(that *ActualLRPNetInfo) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Address != that.Address {
+		return false
+	}
+	if this.InstanceAddress != that.InstanceAddress {
+		return false
+	}
+	if len(this.Ports) != len(that.Ports) {
+		return false
+	}
+	for i, vx := range this.Ports {
+		vy := that.Ports[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &PortMapping{}
+			}
+			if q == nil {
+				q = &PortMapping{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRPNetInfo) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRPNetInfo)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ActualLRP) EqualVT(that *ActualLRP) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Key.EqualVT(that.Key) {
+		return false
+	}
+	if !this.InstanceKey.EqualVT(that.InstanceKey) {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if this.Presence != that.Presence {
+		return false
+	}
+	if !this.NetInfo.EqualVT(that.NetInfo) {
+		return false
+	}
+	if this.Zone != that.Zone {
+		return false
+	}
+	if this.CrashCount != that.CrashCount {
+		return false
+	}
+	if this.CrashReason != that.CrashReason {
+		return false
+	}
+	if !this.PlacementError.EqualVT(that.PlacementError) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.Since).EqualVT((*timestamppb1.Timestamp)(that.Since)) {
+		return false
+	}
+	if this.Routable != that.Routable {
+		return false
+	}
+	if !this.ModificationTag.EqualVT(that.ModificationTag) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.DrainingSince).EqualVT((*timestamppb1.Timestamp)(that.DrainingSince)) {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if !this.Trace.EqualVT(that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ActualLRP) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ActualLRP)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *ActualLRPKey) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

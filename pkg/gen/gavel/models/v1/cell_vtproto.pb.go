@@ -94,6 +94,114 @@ func (m *Domain) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *CellCapacity) EqualVT(that *CellCapacity) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if this.Containers != that.Containers {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellCapacity) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellCapacity)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CellPresence) EqualVT(that *CellPresence) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if this.RepAddress != that.RepAddress {
+		return false
+	}
+	if this.Zone != that.Zone {
+		return false
+	}
+	if !this.Capacity.EqualVT(that.Capacity) {
+		return false
+	}
+	if len(this.PlacementTags) != len(that.PlacementTags) {
+		return false
+	}
+	for i, vx := range this.PlacementTags {
+		vy := that.PlacementTags[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.PreloadedRootfses) != len(that.PreloadedRootfses) {
+		return false
+	}
+	for i, vx := range this.PreloadedRootfses {
+		vy, ok := that.PreloadedRootfses[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.RootfsProviders) != len(that.RootfsProviders) {
+		return false
+	}
+	for i, vx := range this.RootfsProviders {
+		vy := that.RootfsProviders[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Address != that.Address {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CellPresence) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CellPresence)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Domain) EqualVT(that *Domain) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.TtlSeconds != that.TtlSeconds {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Domain) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Domain)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *CellCapacity) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

@@ -137,6 +137,156 @@ func (m *TraceContext) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *ModificationTag) EqualVT(that *ModificationTag) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Epoch != that.Epoch {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ModificationTag) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ModificationTag)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementConstraint) EqualVT(that *PlacementConstraint) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Require) != len(that.Require) {
+		return false
+	}
+	for i, vx := range this.Require {
+		vy := that.Require[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Disallow) != len(that.Disallow) {
+		return false
+	}
+	for i, vx := range this.Disallow {
+		vy := that.Disallow[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementConstraint) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementConstraint)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementError) EqualVT(that *PlacementError) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Code != that.Code {
+		return false
+	}
+	if this.Message != that.Message {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementError) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementError)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EnvironmentVariable) EqualVT(that *EnvironmentVariable) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.Value != that.Value {
+		return false
+	}
+	if this.Secret != that.Secret {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EnvironmentVariable) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EnvironmentVariable)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Resources) EqualVT(that *Resources) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if this.MaxPids != that.MaxPids {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Resources) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Resources)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TraceContext) EqualVT(that *TraceContext) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Traceparent != that.Traceparent {
+		return false
+	}
+	if this.Tracestate != that.Tracestate {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TraceContext) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TraceContext)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *ModificationTag) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

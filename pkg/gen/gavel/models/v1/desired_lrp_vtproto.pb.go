@@ -350,6 +350,518 @@ func (m *PortsUpdate) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *DesiredLRP) EqualVT(that *DesiredLRP) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if this.Instances != that.Instances {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if this.MaxPids != that.MaxPids {
+		return false
+	}
+	if !this.PlacementConstraint.EqualVT(that.PlacementConstraint) {
+		return false
+	}
+	if len(this.Properties) != len(that.Properties) {
+		return false
+	}
+	for i, vx := range this.Properties {
+		vy, ok := that.Properties[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Labels) != len(that.Labels) {
+		return false
+	}
+	for i, vx := range this.Labels {
+		vy, ok := that.Labels[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Annotation != that.Annotation {
+		return false
+	}
+	if len(this.Routes) != len(that.Routes) {
+		return false
+	}
+	for i, vx := range this.Routes {
+		vy, ok := that.Routes[i]
+		if !ok {
+			return false
+		}
+		if string(vx) != string(vy) {
+			return false
+		}
+	}
+	if len(this.Ports) != len(that.Ports) {
+		return false
+	}
+	for i, vx := range this.Ports {
+		vy := that.Ports[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Env) != len(that.Env) {
+		return false
+	}
+	for i, vx := range this.Env {
+		vy := that.Env[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &EnvironmentVariable{}
+			}
+			if q == nil {
+				q = &EnvironmentVariable{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if !this.Setup.EqualVT(that.Setup) {
+		return false
+	}
+	if !this.Action.EqualVT(that.Action) {
+		return false
+	}
+	if !this.Monitor.EqualVT(that.Monitor) {
+		return false
+	}
+	if !this.CheckDefinition.EqualVT(that.CheckDefinition) {
+		return false
+	}
+	if this.StartTimeoutMs != that.StartTimeoutMs {
+		return false
+	}
+	if !this.Links.EqualVT(that.Links) {
+		return false
+	}
+	if this.LogGuid != that.LogGuid {
+		return false
+	}
+	if !this.ModificationTag.EqualVT(that.ModificationTag) {
+		return false
+	}
+	if this.Privileged != that.Privileged {
+		return false
+	}
+	if this.CpuWeight != that.CpuWeight {
+		return false
+	}
+	if len(this.LogDrains) != len(that.LogDrains) {
+		return false
+	}
+	for i, vx := range this.LogDrains {
+		vy := that.LogDrains[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if !this.SpreadWith.EqualVT(that.SpreadWith) {
+		return false
+	}
+	if this.ImageUsername != that.ImageUsername {
+		return false
+	}
+	if this.ImagePassword != that.ImagePassword {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRP) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRP)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SpreadWith) EqualVT(that *SpreadWith) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.TotalInstances != that.TotalInstances {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SpreadWith) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SpreadWith)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPSchedulingInfo) EqualVT(that *DesiredLRPSchedulingInfo) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if this.LogGuid != that.LogGuid {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if this.Instances != that.Instances {
+		return false
+	}
+	if !this.Resources.EqualVT(that.Resources) {
+		return false
+	}
+	if !this.PlacementConstraint.EqualVT(that.PlacementConstraint) {
+		return false
+	}
+	if len(this.Labels) != len(that.Labels) {
+		return false
+	}
+	for i, vx := range this.Labels {
+		vy, ok := that.Labels[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Annotation != that.Annotation {
+		return false
+	}
+	if len(this.Routes) != len(that.Routes) {
+		return false
+	}
+	for i, vx := range this.Routes {
+		vy, ok := that.Routes[i]
+		if !ok {
+			return false
+		}
+		if string(vx) != string(vy) {
+			return false
+		}
+	}
+	if !this.ModificationTag.EqualVT(that.ModificationTag) {
+		return false
+	}
+	if !this.SpreadWith.EqualVT(that.SpreadWith) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPSchedulingInfo) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPSchedulingInfo)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPRunInfo) EqualVT(that *DesiredLRPRunInfo) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if len(this.Properties) != len(that.Properties) {
+		return false
+	}
+	for i, vx := range this.Properties {
+		vy, ok := that.Properties[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Ports) != len(that.Ports) {
+		return false
+	}
+	for i, vx := range this.Ports {
+		vy := that.Ports[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Env) != len(that.Env) {
+		return false
+	}
+	for i, vx := range this.Env {
+		vy := that.Env[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &EnvironmentVariable{}
+			}
+			if q == nil {
+				q = &EnvironmentVariable{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if !this.Setup.EqualVT(that.Setup) {
+		return false
+	}
+	if !this.Action.EqualVT(that.Action) {
+		return false
+	}
+	if !this.Monitor.EqualVT(that.Monitor) {
+		return false
+	}
+	if !this.CheckDefinition.EqualVT(that.CheckDefinition) {
+		return false
+	}
+	if this.StartTimeoutMs != that.StartTimeoutMs {
+		return false
+	}
+	if !this.Links.EqualVT(that.Links) {
+		return false
+	}
+	if this.Privileged != that.Privileged {
+		return false
+	}
+	if this.CpuWeight != that.CpuWeight {
+		return false
+	}
+	if len(this.LogDrains) != len(that.LogDrains) {
+		return false
+	}
+	for i, vx := range this.LogDrains {
+		vy := that.LogDrains[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.ImageUsername != that.ImageUsername {
+		return false
+	}
+	if this.ImagePassword != that.ImagePassword {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPRunInfo) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPRunInfo)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesiredLRPUpdate) EqualVT(that *DesiredLRPUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if p, q := this.Instances, that.Instances; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !this.Routes.EqualVT(that.Routes) {
+		return false
+	}
+	if p, q := this.Annotation, that.Annotation; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !this.Labels.EqualVT(that.Labels) {
+		return false
+	}
+	if p, q := this.Rootfs, that.Rootfs; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !this.Ports.EqualVT(that.Ports) {
+		return false
+	}
+	if !this.PlacementConstraint.EqualVT(that.PlacementConstraint) {
+		return false
+	}
+	if !this.SpreadWith.EqualVT(that.SpreadWith) {
+		return false
+	}
+	if !this.LogDrains.EqualVT(that.LogDrains) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesiredLRPUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesiredLRPUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SpreadWithUpdate) EqualVT(that *SpreadWithUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.SpreadWith.EqualVT(that.SpreadWith) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SpreadWithUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SpreadWithUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LogDrainsUpdate) EqualVT(that *LogDrainsUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.LogDrains) != len(that.LogDrains) {
+		return false
+	}
+	for i, vx := range this.LogDrains {
+		vy := that.LogDrains[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LogDrainsUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LogDrainsUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RoutesUpdate) EqualVT(that *RoutesUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Routes) != len(that.Routes) {
+		return false
+	}
+	for i, vx := range this.Routes {
+		vy, ok := that.Routes[i]
+		if !ok {
+			return false
+		}
+		if string(vx) != string(vy) {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RoutesUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RoutesUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LabelsUpdate) EqualVT(that *LabelsUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Labels) != len(that.Labels) {
+		return false
+	}
+	for i, vx := range this.Labels {
+		vy, ok := that.Labels[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LabelsUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LabelsUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PortsUpdate) EqualVT(that *PortsUpdate) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Ports) != len(that.Ports) {
+		return false
+	}
+	for i, vx := range this.Ports {
+		vy := that.Ports[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PortsUpdate) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PortsUpdate)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *DesiredLRP) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

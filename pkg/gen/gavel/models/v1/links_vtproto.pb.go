@@ -179,6 +179,263 @@ func (m *LinkNode) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *Links) EqualVT(that *Links) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Provides) != len(that.Provides) {
+		return false
+	}
+	for i, vx := range this.Provides {
+		vy := that.Provides[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LinkProvide{}
+			}
+			if q == nil {
+				q = &LinkProvide{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Consumes) != len(that.Consumes) {
+		return false
+	}
+	for i, vx := range this.Consumes {
+		vy := that.Consumes[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LinkConsume{}
+			}
+			if q == nil {
+				q = &LinkConsume{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.SignalOnChange != that.SignalOnChange {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Links) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Links)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LinkProvide) EqualVT(that *LinkProvide) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.Type != that.Type {
+		return false
+	}
+	if this.As != that.As {
+		return false
+	}
+	if this.Shared != that.Shared {
+		return false
+	}
+	if len(this.Properties) != len(that.Properties) {
+		return false
+	}
+	for i, vx := range this.Properties {
+		vy, ok := that.Properties[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Port != that.Port {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LinkProvide) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LinkProvide)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LinkConsume) EqualVT(that *LinkConsume) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.Type != that.Type {
+		return false
+	}
+	if this.From != that.From {
+		return false
+	}
+	if this.Network != that.Network {
+		return false
+	}
+	if this.Optional != that.Optional {
+		return false
+	}
+	if this.Colocated != that.Colocated {
+		return false
+	}
+	if !this.Custom.EqualVT(that.Custom) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LinkConsume) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LinkConsume)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ResolvedLink) EqualVT(that *ResolvedLink) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Nodes) != len(that.Nodes) {
+		return false
+	}
+	for i, vx := range this.Nodes {
+		vy := that.Nodes[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LinkNode{}
+			}
+			if q == nil {
+				q = &LinkNode{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Properties) != len(that.Properties) {
+		return false
+	}
+	for i, vx := range this.Properties {
+		vy, ok := that.Properties[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if !this.Node.EqualVT(that.Node) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ResolvedLink) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ResolvedLink)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *InstanceLinks) EqualVT(that *InstanceLinks) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if len(this.Links) != len(that.Links) {
+		return false
+	}
+	for i, vx := range this.Links {
+		vy, ok := that.Links[i]
+		if !ok {
+			return false
+		}
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &ResolvedLink{}
+			}
+			if q == nil {
+				q = &ResolvedLink{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *InstanceLinks) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*InstanceLinks)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LinkNode) EqualVT(that *LinkNode) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.Id != that.Id {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.Az != that.Az {
+		return false
+	}
+	if this.Address != that.Address {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LinkNode) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LinkNode)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *Links) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

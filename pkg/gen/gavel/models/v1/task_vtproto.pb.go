@@ -108,6 +108,175 @@ func (m *Task) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *TaskDefinition) EqualVT(that *TaskDefinition) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if !this.Action.EqualVT(that.Action) {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if this.MaxPids != that.MaxPids {
+		return false
+	}
+	if this.CpuWeight != that.CpuWeight {
+		return false
+	}
+	if !this.PlacementConstraint.EqualVT(that.PlacementConstraint) {
+		return false
+	}
+	if len(this.Properties) != len(that.Properties) {
+		return false
+	}
+	for i, vx := range this.Properties {
+		vy, ok := that.Properties[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Labels) != len(that.Labels) {
+		return false
+	}
+	for i, vx := range this.Labels {
+		vy, ok := that.Labels[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if this.ResultFile != that.ResultFile {
+		return false
+	}
+	if this.CompletionCallbackUrl != that.CompletionCallbackUrl {
+		return false
+	}
+	if this.Annotation != that.Annotation {
+		return false
+	}
+	if len(this.Env) != len(that.Env) {
+		return false
+	}
+	for i, vx := range this.Env {
+		vy := that.Env[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &EnvironmentVariable{}
+			}
+			if q == nil {
+				q = &EnvironmentVariable{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.Privileged != that.Privileged {
+		return false
+	}
+	if this.LogGuid != that.LogGuid {
+		return false
+	}
+	if this.MaxRejections != that.MaxRejections {
+		return false
+	}
+	if len(this.LogDrains) != len(that.LogDrains) {
+		return false
+	}
+	for i, vx := range this.LogDrains {
+		vy := that.LogDrains[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.ImageUsername != that.ImageUsername {
+		return false
+	}
+	if this.ImagePassword != that.ImagePassword {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskDefinition) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskDefinition)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Task) EqualVT(that *Task) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if !this.Definition.EqualVT(that.Definition) {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if this.Failed != that.Failed {
+		return false
+	}
+	if this.FailureReason != that.FailureReason {
+		return false
+	}
+	if this.Result != that.Result {
+		return false
+	}
+	if this.RejectionCount != that.RejectionCount {
+		return false
+	}
+	if !this.PlacementError.EqualVT(that.PlacementError) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.CreatedAt).EqualVT((*timestamppb1.Timestamp)(that.CreatedAt)) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.UpdatedAt).EqualVT((*timestamppb1.Timestamp)(that.UpdatedAt)) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.FirstCompletedAt).EqualVT((*timestamppb1.Timestamp)(that.FirstCompletedAt)) {
+		return false
+	}
+	if !this.ModificationTag.EqualVT(that.ModificationTag) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Task) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Task)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *TaskDefinition) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

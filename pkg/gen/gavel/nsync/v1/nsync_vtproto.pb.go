@@ -1068,6 +1068,1375 @@ func (m *SetDefaultPlacementPoolResponse) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *HealthCheck) EqualVT(that *HealthCheck) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Type != that.Type {
+		return false
+	}
+	if this.HttpEndpoint != that.HttpEndpoint {
+		return false
+	}
+	if this.IntervalMs != that.IntervalMs {
+		return false
+	}
+	if this.TimeoutMs != that.TimeoutMs {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *HealthCheck) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*HealthCheck)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *App) EqualVT(that *App) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Guid != that.Guid {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.SpaceGuid != that.SpaceGuid {
+		return false
+	}
+	if this.Stack != that.Stack {
+		return false
+	}
+	if this.DockerImage != that.DockerImage {
+		return false
+	}
+	if this.Command != that.Command {
+		return false
+	}
+	if this.Instances != that.Instances {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if len(this.Env) != len(that.Env) {
+		return false
+	}
+	for i, vx := range this.Env {
+		vy, ok := that.Env[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Ports) != len(that.Ports) {
+		return false
+	}
+	for i, vx := range this.Ports {
+		vy := that.Ports[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if !(*structpb1.Value)(this.Routes).EqualVT((*structpb1.Value)(that.Routes)) {
+		return false
+	}
+	if !this.HealthCheck.EqualVT(that.HealthCheck) {
+		return false
+	}
+	if this.Version != that.Version {
+		return false
+	}
+	if len(this.SecretEnv) != len(that.SecretEnv) {
+		return false
+	}
+	for i, vx := range this.SecretEnv {
+		vy := that.SecretEnv[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *App) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*App)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppRecord) EqualVT(that *AppRecord) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if this.PendingVersion != that.PendingVersion {
+		return false
+	}
+	if equal, ok := interface{}(this.PendingConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PendingConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PendingConstraint, that.PendingConstraint) {
+		return false
+	}
+	if this.PendingRootfs != that.PendingRootfs {
+		return false
+	}
+	if this.PendingSinceUnixMs != that.PendingSinceUnixMs {
+		return false
+	}
+	if equal, ok := interface{}(this.LastError).(interface{ EqualVT(*v1.PlacementError) bool }); ok {
+		if !equal.EqualVT(that.LastError) {
+			return false
+		}
+	} else if !proto.Equal(this.LastError, that.LastError) {
+		return false
+	}
+	if this.DrainingVersion != that.DrainingVersion {
+		return false
+	}
+	if this.DrainUntilUnixMs != that.DrainUntilUnixMs {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	if !this.Queued.EqualVT(that.Queued) {
+		return false
+	}
+	if len(this.Deployments) != len(that.Deployments) {
+		return false
+	}
+	for i, vx := range this.Deployments {
+		vy := that.Deployments[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Deployment{}
+			}
+			if q == nil {
+				q = &Deployment{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Versions) != len(that.Versions) {
+		return false
+	}
+	for i, vx := range this.Versions {
+		vy := that.Versions[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &AppVersion{}
+			}
+			if q == nil {
+				q = &AppVersion{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppRecord) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppRecord)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppVersion) EqualVT(that *AppVersion) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Version != that.Version {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if this.CreatedUnixMs != that.CreatedUnixMs {
+		return false
+	}
+	if this.Healthy != that.Healthy {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppVersion) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppVersion)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeploymentOptions) EqualVT(that *DeploymentOptions) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Strategy != that.Strategy {
+		return false
+	}
+	if this.MaxInFlight != that.MaxInFlight {
+		return false
+	}
+	if this.Canaries != that.Canaries {
+		return false
+	}
+	if this.MinHealthyTimeMs != that.MinHealthyTimeMs {
+		return false
+	}
+	if this.ProgressDeadlineMs != that.ProgressDeadlineMs {
+		return false
+	}
+	if this.NoAutoRevert != that.NoAutoRevert {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeploymentOptions) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeploymentOptions)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Deployment) EqualVT(that *Deployment) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Id != that.Id {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	if this.FromVersion != that.FromVersion {
+		return false
+	}
+	if this.ToVersion != that.ToVersion {
+		return false
+	}
+	if !this.Options.EqualVT(that.Options) {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if this.Message != that.Message {
+		return false
+	}
+	if this.RevertOf != that.RevertOf {
+		return false
+	}
+	if this.Promoted != that.Promoted {
+		return false
+	}
+	if this.NewDesired != that.NewDesired {
+		return false
+	}
+	if this.OldDesired != that.OldDesired {
+		return false
+	}
+	if this.NewHealthy != that.NewHealthy {
+		return false
+	}
+	if this.OldLeft != that.OldLeft {
+		return false
+	}
+	if this.ReadyObserved != that.ReadyObserved {
+		return false
+	}
+	if this.ReadySinceUnixMs != that.ReadySinceUnixMs {
+		return false
+	}
+	if this.CreatedUnixMs != that.CreatedUnixMs {
+		return false
+	}
+	if this.ProgressUnixMs != that.ProgressUnixMs {
+		return false
+	}
+	if this.FinishedUnixMs != that.FinishedUnixMs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementError).(interface{ EqualVT(*v1.PlacementError) bool }); ok {
+		if !equal.EqualVT(that.PlacementError) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementError, that.PlacementError) {
+		return false
+	}
+	if this.CancelRequested != that.CancelRequested {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Deployment) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Deployment)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeployAppRequest) EqualVT(that *DeployAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if !this.Options.EqualVT(that.Options) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeployAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeployAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeployAppResponse) EqualVT(that *DeployAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	if this.Outcome != that.Outcome {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeployAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeployAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *GetDeploymentRequest) EqualVT(that *GetDeploymentRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *GetDeploymentRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*GetDeploymentRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *GetDeploymentResponse) EqualVT(that *GetDeploymentResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	if !this.Queued.EqualVT(that.Queued) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *GetDeploymentResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*GetDeploymentResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ListDeploymentsRequest) EqualVT(that *ListDeploymentsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ListDeploymentsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ListDeploymentsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ListDeploymentsResponse) EqualVT(that *ListDeploymentsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Deployments) != len(that.Deployments) {
+		return false
+	}
+	for i, vx := range this.Deployments {
+		vy := that.Deployments[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Deployment{}
+			}
+			if q == nil {
+				q = &Deployment{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ListDeploymentsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ListDeploymentsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PromoteDeploymentRequest) EqualVT(that *PromoteDeploymentRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PromoteDeploymentRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PromoteDeploymentRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PromoteDeploymentResponse) EqualVT(that *PromoteDeploymentResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PromoteDeploymentResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PromoteDeploymentResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelDeploymentRequest) EqualVT(that *CancelDeploymentRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelDeploymentRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelDeploymentRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelDeploymentResponse) EqualVT(that *CancelDeploymentResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelDeploymentResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelDeploymentResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RollbackAppRequest) EqualVT(that *RollbackAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	if this.Version != that.Version {
+		return false
+	}
+	if !this.Options.EqualVT(that.Options) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RollbackAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RollbackAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RollbackAppResponse) EqualVT(that *RollbackAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RollbackAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RollbackAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppVersionsRequest) EqualVT(that *AppVersionsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppVersionsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppVersionsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppVersionsResponse) EqualVT(that *AppVersionsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Versions) != len(that.Versions) {
+		return false
+	}
+	for i, vx := range this.Versions {
+		vy := that.Versions[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &AppVersion{}
+			}
+			if q == nil {
+				q = &AppVersion{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppVersionsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppVersionsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppInfo) EqualVT(that *AppInfo) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Desired != that.Desired {
+		return false
+	}
+	if this.Running != that.Running {
+		return false
+	}
+	if this.Crashed != that.Crashed {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementError).(interface{ EqualVT(*v1.PlacementError) bool }); ok {
+		if !equal.EqualVT(that.PlacementError) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementError, that.PlacementError) {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if this.RestartToApply != that.RestartToApply {
+		return false
+	}
+	if this.PendingVersion != that.PendingVersion {
+		return false
+	}
+	if this.CountsUnknown != that.CountsUnknown {
+		return false
+	}
+	if !this.Deployment.EqualVT(that.Deployment) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppInfo) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppInfo)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireAppRequest) EqualVT(that *DesireAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DesireAppResponse) EqualVT(that *DesireAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DesireAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DesireAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdateAppRequest) EqualVT(that *UpdateAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Guid != that.Guid {
+		return false
+	}
+	if p, q := this.Instances, that.Instances; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !(*structpb1.Value)(this.Routes).EqualVT((*structpb1.Value)(that.Routes)) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdateAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdateAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdateAppResponse) EqualVT(that *UpdateAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdateAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdateAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RestartAppRequest) EqualVT(that *RestartAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Guid != that.Guid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RestartAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RestartAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RestartAppResponse) EqualVT(that *RestartAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.App.EqualVT(that.App) {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RestartAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RestartAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StopAppRequest) EqualVT(that *StopAppRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Guid != that.Guid {
+		return false
+	}
+	if this.Delete != that.Delete {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StopAppRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StopAppRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StopAppResponse) EqualVT(that *StopAppResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StopAppResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StopAppResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppsRequest) EqualVT(that *AppsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.SpaceGuid != that.SpaceGuid {
+		return false
+	}
+	if len(this.Guids) != len(that.Guids) {
+		return false
+	}
+	for i, vx := range this.Guids {
+		vy := that.Guids[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *AppsResponse) EqualVT(that *AppsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Apps) != len(that.Apps) {
+		return false
+	}
+	for i, vx := range this.Apps {
+		vy := that.Apps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &AppInfo{}
+			}
+			if q == nil {
+				q = &AppInfo{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *AppsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*AppsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RunTaskRequest) EqualVT(that *RunTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.AppGuid != that.AppGuid {
+		return false
+	}
+	if this.Command != that.Command {
+		return false
+	}
+	if this.MemoryMb != that.MemoryMb {
+		return false
+	}
+	if this.DiskMb != that.DiskMb {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RunTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RunTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RunTaskResponse) EqualVT(that *RunTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RunTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RunTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementPool) EqualVT(that *PlacementPool) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if len(this.Require) != len(that.Require) {
+		return false
+	}
+	for i, vx := range this.Require {
+		vy := that.Require[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Disallow) != len(that.Disallow) {
+		return false
+	}
+	for i, vx := range this.Disallow {
+		vy := that.Disallow[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementPool) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementPool)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementPoolInfo) EqualVT(that *PlacementPoolInfo) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Pool.EqualVT(that.Pool) {
+		return false
+	}
+	if len(this.SpaceGuids) != len(that.SpaceGuids) {
+		return false
+	}
+	for i, vx := range this.SpaceGuids {
+		vy := that.SpaceGuids[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.IsDefault != that.IsDefault {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementPoolInfo) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementPoolInfo)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CreatePlacementPoolRequest) EqualVT(that *CreatePlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Pool.EqualVT(that.Pool) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CreatePlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CreatePlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CreatePlacementPoolResponse) EqualVT(that *CreatePlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CreatePlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CreatePlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdatePlacementPoolRequest) EqualVT(that *UpdatePlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Pool.EqualVT(that.Pool) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdatePlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdatePlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UpdatePlacementPoolResponse) EqualVT(that *UpdatePlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UpdatePlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UpdatePlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeletePlacementPoolRequest) EqualVT(that *DeletePlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Name != that.Name {
+		return false
+	}
+	if this.Force != that.Force {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeletePlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeletePlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *DeletePlacementPoolResponse) EqualVT(that *DeletePlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *DeletePlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*DeletePlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementPoolsRequest) EqualVT(that *PlacementPoolsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementPoolsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementPoolsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PlacementPoolsResponse) EqualVT(that *PlacementPoolsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Pools) != len(that.Pools) {
+		return false
+	}
+	for i, vx := range this.Pools {
+		vy := that.Pools[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &PlacementPoolInfo{}
+			}
+			if q == nil {
+				q = &PlacementPoolInfo{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.DefaultPool != that.DefaultPool {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PlacementPoolsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PlacementPoolsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *BindPlacementPoolRequest) EqualVT(that *BindPlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.SpaceGuid != that.SpaceGuid {
+		return false
+	}
+	if this.Pool != that.Pool {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *BindPlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*BindPlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *BindPlacementPoolResponse) EqualVT(that *BindPlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *BindPlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*BindPlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UnbindPlacementPoolRequest) EqualVT(that *UnbindPlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.SpaceGuid != that.SpaceGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UnbindPlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UnbindPlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *UnbindPlacementPoolResponse) EqualVT(that *UnbindPlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *UnbindPlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*UnbindPlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SetDefaultPlacementPoolRequest) EqualVT(that *SetDefaultPlacementPoolRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Pool != that.Pool {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SetDefaultPlacementPoolRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SetDefaultPlacementPoolRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *SetDefaultPlacementPoolResponse) EqualVT(that *SetDefaultPlacementPoolResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *SetDefaultPlacementPoolResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*SetDefaultPlacementPoolResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *HealthCheck) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

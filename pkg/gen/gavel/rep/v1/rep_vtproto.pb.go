@@ -647,6 +647,838 @@ func (m *LogLine) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *LRPInstance) EqualVT(that *LRPInstance) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Key).(interface{ EqualVT(*v1.ActualLRPKey) bool }); ok {
+		if !equal.EqualVT(that.Key) {
+			return false
+		}
+	} else if !proto.Equal(this.Key, that.Key) {
+		return false
+	}
+	if equal, ok := interface{}(this.Resources).(interface{ EqualVT(*v1.Resources) bool }); ok {
+		if !equal.EqualVT(that.Resources) {
+			return false
+		}
+	} else if !proto.Equal(this.Resources, that.Resources) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LRPInstance) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LRPInstance)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TaskWork) EqualVT(that *TaskWork) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.Domain != that.Domain {
+		return false
+	}
+	if equal, ok := interface{}(this.Resources).(interface{ EqualVT(*v1.Resources) bool }); ok {
+		if !equal.EqualVT(that.Resources) {
+			return false
+		}
+	} else if !proto.Equal(this.Resources, that.Resources) {
+		return false
+	}
+	if this.Rootfs != that.Rootfs {
+		return false
+	}
+	if equal, ok := interface{}(this.PlacementConstraint).(interface {
+		EqualVT(*v1.PlacementConstraint) bool
+	}); ok {
+		if !equal.EqualVT(that.PlacementConstraint) {
+			return false
+		}
+	} else if !proto.Equal(this.PlacementConstraint, that.PlacementConstraint) {
+		return false
+	}
+	if len(this.TraceContext) != len(that.TraceContext) {
+		return false
+	}
+	for i, vx := range this.TraceContext {
+		vy, ok := that.TraceContext[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if equal, ok := interface{}(this.Trace).(interface{ EqualVT(*v1.TraceContext) bool }); ok {
+		if !equal.EqualVT(that.Trace) {
+			return false
+		}
+	} else if !proto.Equal(this.Trace, that.Trace) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TaskWork) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TaskWork)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StateRequest) EqualVT(that *StateRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Summary != that.Summary {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StateRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StateRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StateResponse) EqualVT(that *StateResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	if this.Zone != that.Zone {
+		return false
+	}
+	if equal, ok := interface{}(this.TotalResources).(interface{ EqualVT(*v1.CellCapacity) bool }); ok {
+		if !equal.EqualVT(that.TotalResources) {
+			return false
+		}
+	} else if !proto.Equal(this.TotalResources, that.TotalResources) {
+		return false
+	}
+	if equal, ok := interface{}(this.AvailableResources).(interface{ EqualVT(*v1.CellCapacity) bool }); ok {
+		if !equal.EqualVT(that.AvailableResources) {
+			return false
+		}
+	} else if !proto.Equal(this.AvailableResources, that.AvailableResources) {
+		return false
+	}
+	if len(this.PlacementTags) != len(that.PlacementTags) {
+		return false
+	}
+	for i, vx := range this.PlacementTags {
+		vy := that.PlacementTags[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.PreloadedRootfses) != len(that.PreloadedRootfses) {
+		return false
+	}
+	for i, vx := range this.PreloadedRootfses {
+		vy := that.PreloadedRootfses[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.RootfsProviders) != len(that.RootfsProviders) {
+		return false
+	}
+	for i, vx := range this.RootfsProviders {
+		vy := that.RootfsProviders[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.Lrps) != len(that.Lrps) {
+		return false
+	}
+	for i, vx := range this.Lrps {
+		vy := that.Lrps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LRPInstance{}
+			}
+			if q == nil {
+				q = &LRPInstance{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Tasks) != len(that.Tasks) {
+		return false
+	}
+	for i, vx := range this.Tasks {
+		vy := that.Tasks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &TaskWork{}
+			}
+			if q == nil {
+				q = &TaskWork{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.StartingContainerCount != that.StartingContainerCount {
+		return false
+	}
+	if this.Evacuating != that.Evacuating {
+		return false
+	}
+	if len(this.Notes) != len(that.Notes) {
+		return false
+	}
+	for i, vx := range this.Notes {
+		vy := that.Notes[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if len(this.LrpInstances) != len(that.LrpInstances) {
+		return false
+	}
+	for i, vx := range this.LrpInstances {
+		vy, ok := that.LrpInstances[i]
+		if !ok {
+			return false
+		}
+		if vx != vy {
+			return false
+		}
+	}
+	if this.PresenceLapsed != that.PresenceLapsed {
+		return false
+	}
+	if this.Isolation != that.Isolation {
+		return false
+	}
+	if len(this.Enforced) != len(that.Enforced) {
+		return false
+	}
+	for i, vx := range this.Enforced {
+		vy := that.Enforced[i]
+		if vx != vy {
+			return false
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StateResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StateResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PerformRequest) EqualVT(that *PerformRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Lrps) != len(that.Lrps) {
+		return false
+	}
+	for i, vx := range this.Lrps {
+		vy := that.Lrps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LRPInstance{}
+			}
+			if q == nil {
+				q = &LRPInstance{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Tasks) != len(that.Tasks) {
+		return false
+	}
+	for i, vx := range this.Tasks {
+		vy := that.Tasks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &TaskWork{}
+			}
+			if q == nil {
+				q = &TaskWork{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if this.IncludeState != that.IncludeState {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PerformRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PerformRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *PerformResponse) EqualVT(that *PerformResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.FailedLrps) != len(that.FailedLrps) {
+		return false
+	}
+	for i, vx := range this.FailedLrps {
+		vy := that.FailedLrps[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LRPInstance{}
+			}
+			if q == nil {
+				q = &LRPInstance{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.FailedTasks) != len(that.FailedTasks) {
+		return false
+	}
+	for i, vx := range this.FailedTasks {
+		vy := that.FailedTasks[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &TaskWork{}
+			}
+			if q == nil {
+				q = &TaskWork{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if !this.State.EqualVT(that.State) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *PerformResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*PerformResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StopLRPInstanceRequest) EqualVT(that *StopLRPInstanceRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if equal, ok := interface{}(this.Key).(interface{ EqualVT(*v1.ActualLRPKey) bool }); ok {
+		if !equal.EqualVT(that.Key) {
+			return false
+		}
+	} else if !proto.Equal(this.Key, that.Key) {
+		return false
+	}
+	if equal, ok := interface{}(this.InstanceKey).(interface {
+		EqualVT(*v1.ActualLRPInstanceKey) bool
+	}); ok {
+		if !equal.EqualVT(that.InstanceKey) {
+			return false
+		}
+	} else if !proto.Equal(this.InstanceKey, that.InstanceKey) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StopLRPInstanceRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StopLRPInstanceRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StopLRPInstanceResponse) EqualVT(that *StopLRPInstanceResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StopLRPInstanceResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StopLRPInstanceResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelTaskRequest) EqualVT(that *CancelTaskRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelTaskRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelTaskRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *CancelTaskResponse) EqualVT(that *CancelTaskResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *CancelTaskResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*CancelTaskResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateRequest) EqualVT(that *EvacuateRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *EvacuateResponse) EqualVT(that *EvacuateResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *EvacuateResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*EvacuateResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *InstanceMetricsRequest) EqualVT(that *InstanceMetricsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if p, q := this.Index, that.Index; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *InstanceMetricsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*InstanceMetricsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *InstanceMetricsResponse) EqualVT(that *InstanceMetricsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Containers) != len(that.Containers) {
+		return false
+	}
+	for i, vx := range this.Containers {
+		vy := that.Containers[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &ContainerMetrics{}
+			}
+			if q == nil {
+				q = &ContainerMetrics{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *InstanceMetricsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*InstanceMetricsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ContainerMetrics) EqualVT(that *ContainerMetrics) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if this.State != that.State {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.SampledAt).EqualVT((*timestamppb1.Timestamp)(that.SampledAt)) {
+		return false
+	}
+	if this.CpuPercent != that.CpuPercent {
+		return false
+	}
+	if this.CpuSeconds != that.CpuSeconds {
+		return false
+	}
+	if this.MemoryBytes != that.MemoryBytes {
+		return false
+	}
+	if this.MemoryLimitBytes != that.MemoryLimitBytes {
+		return false
+	}
+	if this.DiskBytes != that.DiskBytes {
+		return false
+	}
+	if this.DiskLimitBytes != that.DiskLimitBytes {
+		return false
+	}
+	if this.CellId != that.CellId {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ContainerMetrics) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ContainerMetrics)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ExecRequest) EqualVT(that *ExecRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !this.Start.EqualVT(that.Start) {
+		return false
+	}
+	if string(this.Stdin) != string(that.Stdin) {
+		return false
+	}
+	if !this.Resize.EqualVT(that.Resize) {
+		return false
+	}
+	if this.CloseStdin != that.CloseStdin {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ExecRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ExecRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ExecStart) EqualVT(that *ExecStart) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if len(this.Command) != len(that.Command) {
+		return false
+	}
+	for i, vx := range this.Command {
+		vy := that.Command[i]
+		if vx != vy {
+			return false
+		}
+	}
+	if this.Tty != that.Tty {
+		return false
+	}
+	if !this.Size.EqualVT(that.Size) {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ExecStart) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ExecStart)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *TerminalSize) EqualVT(that *TerminalSize) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Rows != that.Rows {
+		return false
+	}
+	if this.Cols != that.Cols {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *TerminalSize) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*TerminalSize)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *ExecResponse) EqualVT(that *ExecResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if string(this.Stdout) != string(that.Stdout) {
+		return false
+	}
+	if string(this.Stderr) != string(that.Stderr) {
+		return false
+	}
+	if p, q := this.ExitCode, that.ExitCode; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *ExecResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*ExecResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StreamLogsRequest) EqualVT(that *StreamLogsRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if p, q := this.Index, that.Index; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if this.TaskGuid != that.TaskGuid {
+		return false
+	}
+	if p, q := this.Tail, that.Tail; (p == nil && q != nil) || (p != nil && (q == nil || *p != *q)) {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.Since).EqualVT((*timestamppb1.Timestamp)(that.Since)) {
+		return false
+	}
+	if this.Follow != that.Follow {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StreamLogsRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StreamLogsRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *StreamLogsResponse) EqualVT(that *StreamLogsResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if len(this.Lines) != len(that.Lines) {
+		return false
+	}
+	for i, vx := range this.Lines {
+		vy := that.Lines[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &LogLine{}
+			}
+			if q == nil {
+				q = &LogLine{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *StreamLogsResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*StreamLogsResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *LogLine) EqualVT(that *LogLine) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if !(*timestamppb1.Timestamp)(this.Timestamp).EqualVT((*timestamppb1.Timestamp)(that.Timestamp)) {
+		return false
+	}
+	if this.Source != that.Source {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.Stream != that.Stream {
+		return false
+	}
+	if this.Text != that.Text {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *LogLine) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*LogLine)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *LRPInstance) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil

@@ -160,6 +160,221 @@ func (m *WatchRoutesResponse) CloneMessageVT() proto.Message {
 	return m.CloneVT()
 }
 
+func (this *Endpoint) EqualVT(that *Endpoint) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.ProcessGuid != that.ProcessGuid {
+		return false
+	}
+	if this.Index != that.Index {
+		return false
+	}
+	if this.InstanceGuid != that.InstanceGuid {
+		return false
+	}
+	if this.Address != that.Address {
+		return false
+	}
+	if this.Port != that.Port {
+		return false
+	}
+	if this.ContainerPort != that.ContainerPort {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Endpoint) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Endpoint)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *Route) EqualVT(that *Route) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.Protocol != that.Protocol {
+		return false
+	}
+	if this.Hostname != that.Hostname {
+		return false
+	}
+	if this.IncomingPort != that.IncomingPort {
+		return false
+	}
+	if this.TlsOnly != that.TlsOnly {
+		return false
+	}
+	if len(this.Endpoints) != len(that.Endpoints) {
+		return false
+	}
+	for i, vx := range this.Endpoints {
+		vy := that.Endpoints[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Endpoint{}
+			}
+			if q == nil {
+				q = &Endpoint{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *Route) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*Route)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RoutingTableRequest) EqualVT(that *RoutingTableRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RoutingTableRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RoutingTableRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *RoutingTableResponse) EqualVT(that *RoutingTableResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TableId != that.TableId {
+		return false
+	}
+	if this.Version != that.Version {
+		return false
+	}
+	if len(this.Routes) != len(that.Routes) {
+		return false
+	}
+	for i, vx := range this.Routes {
+		vy := that.Routes[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Route{}
+			}
+			if q == nil {
+				q = &Route{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *RoutingTableResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*RoutingTableResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *WatchRoutesRequest) EqualVT(that *WatchRoutesRequest) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TableId != that.TableId {
+		return false
+	}
+	if this.SinceVersion != that.SinceVersion {
+		return false
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *WatchRoutesRequest) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*WatchRoutesRequest)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
+func (this *WatchRoutesResponse) EqualVT(that *WatchRoutesResponse) bool {
+	if this == that {
+		return true
+	} else if this == nil || that == nil {
+		return false
+	}
+	if this.TableId != that.TableId {
+		return false
+	}
+	if this.Version != that.Version {
+		return false
+	}
+	if this.Snapshot != that.Snapshot {
+		return false
+	}
+	if len(this.Upserts) != len(that.Upserts) {
+		return false
+	}
+	for i, vx := range this.Upserts {
+		vy := that.Upserts[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Route{}
+			}
+			if q == nil {
+				q = &Route{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	if len(this.Removals) != len(that.Removals) {
+		return false
+	}
+	for i, vx := range this.Removals {
+		vy := that.Removals[i]
+		if p, q := vx, vy; p != q {
+			if p == nil {
+				p = &Route{}
+			}
+			if q == nil {
+				q = &Route{}
+			}
+			if !p.EqualVT(q) {
+				return false
+			}
+		}
+	}
+	return string(this.unknownFields) == string(that.unknownFields)
+}
+
+func (this *WatchRoutesResponse) EqualMessageVT(thatMsg proto.Message) bool {
+	that, ok := thatMsg.(*WatchRoutesResponse)
+	if !ok {
+		return false
+	}
+	return this.EqualVT(that)
+}
 func (m *Endpoint) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
 		return nil, nil
