@@ -10,6 +10,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -311,8 +312,12 @@ func (c *Cache) Revision() int64 {
 	return c.rev
 }
 
-// WaitFor blocks until the cache reflects rev or ctx ends.
-func (c *Cache) WaitFor(ctx context.Context, rev int64) error {
+// WaitFor blocks until the cache reflects rev, ctx ends, or within passes (0: no bound), when
+// it returns context.DeadlineExceeded. A cache already there returns at once, without a timer:
+// every committed change waits here (Store.Update), and deriving a timed context for each was
+// a share of the BBS's CPU.
+func (c *Cache) WaitFor(ctx context.Context, rev int64, within time.Duration) error {
+	var bound <-chan time.Time
 	for {
 		c.mu.RLock()
 		cur, ch := c.rev, c.notify
@@ -320,10 +325,17 @@ func (c *Cache) WaitFor(ctx context.Context, rev int64) error {
 		if cur >= rev {
 			return nil
 		}
+		if bound == nil && within > 0 {
+			t := time.NewTimer(within)
+			defer t.Stop()
+			bound = t.C
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-bound:
+			return context.DeadlineExceeded
 		}
 	}
 }

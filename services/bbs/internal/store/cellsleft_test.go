@@ -129,7 +129,7 @@ func TestCellsLeftDoesNotHoldTheWatch(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
-	if err := st.Cache().WaitFor(ctx, rev); err != nil {
+	if err := st.Cache().WaitFor(ctx, rev, 0); err != nil {
 		t.Fatalf("the cache did not reflect a write while CellsLeft was held: %v", err)
 	}
 	if st.Cell("cell-b") != nil {

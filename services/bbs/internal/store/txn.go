@@ -255,12 +255,8 @@ func (s *Store) Update(ctx context.Context, fn func(t *Txn) error) (int64, error
 		if resp.ok {
 			rev := resp.rev
 			committed := time.Now()
-			if s.cache.Revision() < rev { // a cache already there needs no timer to wait with
-				wctx, cancel := context.WithTimeout(ctx, s.opts.ReadYourWritesTimeout)
-				if err := s.cache.WaitFor(wctx, rev); err != nil && ctx.Err() == nil {
-					s.log.Warn("cache is lagging behind a committed write", "revision", rev)
-				}
-				cancel()
+			if err := s.cache.WaitFor(ctx, rev, s.opts.ReadYourWritesTimeout); err != nil && ctx.Err() == nil {
+				s.log.Warn("cache is lagging behind a committed write", "revision", rev)
 			}
 			if s.opts.ObserveWrite != nil {
 				s.opts.ObserveWrite(committed.Sub(queued), time.Since(committed))

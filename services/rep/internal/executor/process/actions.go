@@ -246,17 +246,17 @@ const busyAttempts = 8
 // cmd is started again after a short wait, up to busyAttempts in all. It returns the command
 // that started, or the last error.
 func startExec(cmd *exec.Cmd) (*exec.Cmd, error) {
-	first := true
 	err := retry.Do(context.Background(), retry.Policy{Initial: time.Millisecond}, busyAttempts, func() error {
-		if !first { // a Cmd starts once: the next attempt is a copy
-			cmd = &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdin: cmd.Stdin,
-				Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr}
-		}
-		first = false
 		err := cmd.Start()
-		if err != nil && !errors.Is(err, syscall.ETXTBSY) {
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.ETXTBSY) {
 			return retry.Permanent(err)
 		}
+		// A Cmd starts once: the next attempt is a copy.
+		cmd = &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdin: cmd.Stdin,
+			Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr}
 		return err
 	}, nil)
 	return cmd, err
